@@ -1,0 +1,58 @@
+# binlake set-up and entry points. Every target installs what it needs, idempotently.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+JARS := .cache/jars
+export DAGSTER_HOME := $(CURDIR)/var/dagster
+
+.PHONY: setup demo test test-unit drills-long stack-up stack-down stack-status dev lint bench
+
+setup: .cache/apt.stamp $(VENV)/.installed $(JARS)/kafka/.stamp $(JARS)/delta/.stamp $(DAGSTER_HOME)/dagster.yaml
+
+.cache/apt.stamp: setup/apt.sh
+	@mkdir -p .cache
+	bash setup/apt.sh
+	@touch $@
+
+$(VENV)/.installed: pyproject.toml
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[dev]'
+	@touch $@
+
+$(JARS)/%/.stamp: setup/maven/%/pom.xml .cache/apt.stamp
+	rm -rf $(JARS)/$*
+	cd setup/maven/$* && mvn -q -B dependency:copy-dependencies -DoutputDirectory=$(CURDIR)/$(JARS)/$*
+	@touch $@
+
+$(DAGSTER_HOME)/dagster.yaml: setup/dagster.yaml
+	@mkdir -p $(DAGSTER_HOME)
+	cp setup/dagster.yaml $@
+
+## The main job, end to end on the embedded local stack.
+demo: setup
+	$(PY) -m binlog_assets.dev.demo
+
+## The whole test suite (unit + integration on the real broker and Spark/Delta).
+test: setup
+	$(PY) -m pytest -q
+
+test-unit: setup
+	$(PY) -m pytest -q -m "not integration"
+
+stack-up: setup
+	$(PY) -m binlog_assets.dev.stack up
+
+stack-down:
+	$(PY) -m binlog_assets.dev.stack down
+
+stack-status:
+	$(PY) -m binlog_assets.dev.stack status
+
+## The Dagster UI over workspace.yaml (starts the local broker first).
+dev: stack-up
+	$(VENV)/bin/dagster dev -w workspace.yaml
+
+lint: setup
+	$(VENV)/bin/ruff check .

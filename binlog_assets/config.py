@@ -1,0 +1,209 @@
+"""Pipeline configuration: one YAML file turned into validated, typed models.
+
+The file is named by `BINLAKE_CONFIG` (default: `binlake.yaml` at the repository root).
+Everything is checked when the code location loads: an unknown field, a bad value, an
+invalid regex or an unknown librdkafka property fails with `ConfigError` naming the
+field by its path (`sources[0].tables[1].ordering`), never later inside a run.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from binlog_assets.dev.paths import REPO_ROOT
+
+CONFIG_ENV = "BINLAKE_CONFIG"
+DEFAULT_CONFIG_PATH = REPO_ROOT / "binlake.yaml"
+
+Ordering = Literal["partition", "table", "key"]
+Format = Literal["debezium", "maxwell", "canal", "dts"]
+SchemaEvolution = Literal["evolve", "exception", "ignore"]
+
+_IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+class ConfigError(ValueError):
+    """A configuration problem; the message names the offending field."""
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class TableConfig(_Model):
+    """One source table (or a regex over sharded tables) and the replica it feeds."""
+
+    source: str = Field(description="`db.table`, or a regex fully matching sharded names")
+    replica: str = Field(description="replica table name in the lakehouse")
+    ordering: Ordering | None = Field(None, description="overrides the source's ordering")
+    key_columns: tuple[str, ...] | None = Field(None, description="primary key override")
+    schema_evolution: SchemaEvolution = "evolve"
+    history: bool = Field(False, description="also keep an SCD type 2 history table")
+
+    @field_validator("source")
+    @classmethod
+    def _source_compiles(cls, v: str) -> str:
+        try:
+            re.compile(v)
+        except re.error as e:
+            raise ValueError(f"not a valid table name or regex: {e}") from e
+        return v
+
+    @field_validator("replica")
+    @classmethod
+    def _replica_identifier(cls, v: str) -> str:
+        if not _IDENT.match(v):
+            raise ValueError("must be a plain identifier ([A-Za-z_][A-Za-z0-9_]*)")
+        return v
+
+
+class SourceConfig(_Model):
+    """A set of Kafka topics in one change-event format."""
+
+    name: str
+    topics: tuple[str, ...] = Field(min_length=1)
+    format: Format = "debezium"
+    ordering: Ordering = "key"
+    lanes: int = Field(16, ge=1, le=1024)
+    max_in_flight: int = Field(10_000, ge=1)
+    max_retries: int = Field(3, ge=0)
+    strict: bool = Field(False, description="fail the run on a bad message instead of DLQ")
+    dead_letter_topic: str | None = None
+    tables: tuple[TableConfig, ...] = ()
+
+    @field_validator("name")
+    @classmethod
+    def _name_identifier(cls, v: str) -> str:
+        if not _IDENT.match(v):
+            raise ValueError("must be a plain identifier ([A-Za-z_][A-Za-z0-9_]*)")
+        return v
+
+    @property
+    def dlq_topic(self) -> str:
+        return self.dead_letter_topic or f"binlake.dlq.{self.name}"
+
+
+class LakehouseConfig(_Model):
+    path: str = Field("var/lakehouse", description="root of the warehouse and the catalog")
+    database: str = "binlake"
+    tombstone_retention_hours: float = Field(168.0, gt=0)
+
+    @field_validator("database")
+    @classmethod
+    def _db_identifier(cls, v: str) -> str:
+        if not _IDENT.match(v):
+            raise ValueError("must be a plain identifier ([A-Za-z_][A-Za-z0-9_]*)")
+        return v
+
+    def resolved_path(self) -> Path:
+        p = Path(self.path)
+        return p if p.is_absolute() or "://" in self.path else (REPO_ROOT / p).resolve()
+
+
+class SparkConfig(_Model):
+    master: str = "local[2]"
+    conf: dict[str, str | int | float | bool] = Field(default_factory=dict)
+
+
+class DagsterConfig(_Model):
+    lag_threshold: int = Field(1, ge=0, description="records of lag that trigger a run")
+    max_staleness_seconds: int = Field(300, ge=0)
+    max_records_per_run: int | None = Field(None, ge=1)
+    max_seconds_per_run: float | None = Field(None, gt=0)
+
+
+class PipelineConfig(_Model):
+    """The whole pipeline: Kafka client settings, the lakehouse, Spark and the sources."""
+
+    kafka: dict[str, str | int | float | bool] = Field(default_factory=dict)
+    lakehouse: LakehouseConfig = LakehouseConfig()
+    spark: SparkConfig = SparkConfig()
+    dagster: DagsterConfig = DagsterConfig()
+    sources: tuple[SourceConfig, ...] = ()
+
+    @field_validator("kafka")
+    @classmethod
+    def _kafka_keys_known(cls, v: dict[str, Any]) -> dict[str, Any]:
+        # librdkafka knows its own properties best: a client built without brokers
+        # rejects an unknown key at once and never touches the network. A consumer
+        # accepts producer-only keys (it warns and ignores them), so one probe covers both.
+        from confluent_kafka import Consumer, KafkaException
+
+        probe = {k: val for k, val in v.items() if k != "bootstrap.servers"}
+        try:
+            Consumer({**probe, "group.id": "binlake-config-probe", "log_level": 0}).close()
+        except (KafkaException, ValueError, TypeError) as e:
+            raise ValueError(f"librdkafka rejects it: {e}") from e
+        return v
+
+    @model_validator(mode="after")
+    def _unique_names(self) -> PipelineConfig:
+        names = [s.name for s in self.sources]
+        dup = {n for n in names if names.count(n) > 1}
+        if dup:
+            raise ValueError(f"sources: duplicate source name(s) {sorted(dup)}")
+        topics = [t for s in self.sources for t in s.topics]
+        dup = {t for t in topics if topics.count(t) > 1}
+        if dup:
+            raise ValueError(f"sources: topic(s) {sorted(dup)} belong to more than one source")
+        return self
+
+    @property
+    def bootstrap_servers(self) -> str | None:
+        v = self.kafka.get("bootstrap.servers")
+        return str(v) if v else None
+
+    def source(self, name: str) -> SourceConfig:
+        for s in self.sources:
+            if s.name == name:
+                return s
+        raise KeyError(f"no source named {name!r}; configured: {[s.name for s in self.sources]}")
+
+    def source_for_topic(self, topic: str) -> SourceConfig:
+        for s in self.sources:
+            if topic in s.topics:
+                return s
+        raise KeyError(f"topic {topic!r} belongs to no configured source")
+
+
+def _field_path(loc: tuple[Any, ...]) -> str:
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        else:
+            out += f".{part}" if out else str(part)
+    return out or "(root)"
+
+
+def parse_config(data: Any, origin: str = "<config>") -> PipelineConfig:
+    """Validate a parsed YAML document; raises ConfigError naming each bad field."""
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{origin}: the top level must be a mapping, got {type(data).__name__}")
+    try:
+        return PipelineConfig.model_validate(data)
+    except ValidationError as e:
+        problems = "; ".join(f"{_field_path(err['loc'])}: {err['msg']}" for err in e.errors())
+        raise ConfigError(f"{origin}: {problems}") from None
+
+
+def load_config(path: str | os.PathLike[str] | None = None) -> PipelineConfig:
+    """Read and validate the pipeline config from `path`, `$BINLAKE_CONFIG` or the default."""
+    p = Path(path or os.environ.get(CONFIG_ENV) or DEFAULT_CONFIG_PATH)
+    try:
+        text = p.read_text()
+    except FileNotFoundError:
+        raise ConfigError(f"config file {p} not found (set {CONFIG_ENV})") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{p}: not valid YAML: {e}") from None
+    return parse_config(data, origin=str(p))

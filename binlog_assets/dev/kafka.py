@@ -1,0 +1,225 @@
+"""The embedded Apache Kafka broker: one real node in KRaft mode on loopback.
+
+The dev tooling (`python -m binlog_assets.dev.stack`) and the test fixtures start the
+same broker: the Kafka jars Maven resolved into `.cache/jars/kafka`, a data directory
+formatted with `kafka.tools.StorageTool`, and `kafka.Kafka` as a child JVM. Nothing
+here runs when the user's config names `bootstrap.servers`.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+from binlog_assets.dev.paths import jars_dir
+
+_LOG4J2 = """\
+status = warn
+appender.file.type = File
+appender.file.name = file
+appender.file.fileName = {log_file}
+appender.file.layout.type = PatternLayout
+appender.file.layout.pattern = [%d] %p %m (%c)%n
+rootLogger.level = INFO
+rootLogger.appenderRef.file.ref = file
+logger.kafka.name = kafka
+logger.kafka.level = WARN
+logger.apache.name = org.apache.kafka
+logger.apache.level = WARN
+"""
+
+
+def free_port() -> int:
+    """A loopback TCP port nothing listens on right now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _port_open(port: int) -> bool:
+    with socket.socket() as s:
+        s.settimeout(0.2)
+        return s.connect_ex(("127.0.0.1", port)) == 0
+
+
+@dataclass
+class KafkaBroker:
+    """A single-node KRaft broker whose state lives under `data_dir`.
+
+    `start()` is idempotent: a broker already running from the same directory (its pid
+    file names a live process) is reused, so `make demo` twice does not start two.
+    """
+
+    data_dir: Path
+    port: int | None = None
+    controller_port: int | None = None
+    heap: str = "768m"
+
+    @property
+    def pid_file(self) -> Path:
+        return self.data_dir / "broker.pid"
+
+    @property
+    def port_file(self) -> Path:
+        return self.data_dir / "broker.port"
+
+    @property
+    def log_file(self) -> Path:
+        return self.data_dir / "broker.log"
+
+    @property
+    def bootstrap_servers(self) -> str:
+        if self.port is None:
+            raise RuntimeError("broker not started")
+        return f"127.0.0.1:{self.port}"
+
+    def running_pid(self) -> int | None:
+        """The pid of a live broker started from this directory, if any."""
+        try:
+            pid = int(self.pid_file.read_text())
+            os.kill(pid, 0)
+        except (FileNotFoundError, ValueError, ProcessLookupError, PermissionError):
+            return None
+        return pid
+
+    def start(self, timeout: float = 60.0) -> float:
+        """Start (or reuse) the broker; returns the seconds it took to accept clients."""
+        began = time.monotonic()
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        if self.running_pid() is not None and self.port_file.exists():
+            self.port = int(self.port_file.read_text())
+            self._wait_ready(began, timeout)
+            return time.monotonic() - began
+        self.port = self.port or free_port()
+        self.controller_port = self.controller_port or free_port()
+        props = self._write_config()
+        logs = self.data_dir / "logs"
+        if not (logs / "meta.properties").exists():
+            self._java(
+                "kafka.tools.StorageTool", "format", "--config", str(props),
+                "--cluster-id", _cluster_id(), "--ignore-formatted",
+            ).check_returncode()
+        cmd = self._java_cmd("kafka.Kafka", str(props))
+        with open(self.data_dir / "broker.stdout", "ab") as out:
+            proc = subprocess.Popen(
+                cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+            )
+        self.pid_file.write_text(str(proc.pid))
+        self.port_file.write_text(str(self.port))
+        try:
+            self._wait_ready(began, timeout, proc)
+        except BaseException:
+            self.stop()
+            raise
+        return time.monotonic() - began
+
+    def stop(self, timeout: float = 30.0) -> None:
+        """SIGTERM the broker (a clean shutdown), SIGKILL it if it lingers."""
+        pid = self.running_pid()
+        if pid is None:
+            self.pid_file.unlink(missing_ok=True)
+            return
+        os.kill(pid, signal.SIGTERM)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                os.kill(pid, 0)
+            except ProcessLookupError:
+                break
+            _reap(pid)
+            time.sleep(0.1)
+        else:
+            os.kill(pid, signal.SIGKILL)
+            _reap(pid)
+        self.pid_file.unlink(missing_ok=True)
+
+    def status(self) -> str:
+        pid = self.running_pid()
+        if pid is None:
+            return f"kafka: stopped (data in {self.data_dir})"
+        port = self.port_file.read_text() if self.port_file.exists() else "?"
+        return f"kafka: running pid={pid} bootstrap.servers=127.0.0.1:{port} data={self.data_dir}"
+
+    def _write_config(self) -> Path:
+        log4j = self.data_dir / "log4j2.properties"
+        log4j.write_text(_LOG4J2.format(log_file=self.log_file))
+        props = self.data_dir / "server.properties"
+        lines = {
+            "process.roles": "broker,controller",
+            "node.id": "1",
+            "controller.quorum.voters": f"1@127.0.0.1:{self.controller_port}",
+            "listeners": (
+                f"PLAINTEXT://127.0.0.1:{self.port},CONTROLLER://127.0.0.1:{self.controller_port}"
+            ),
+            "advertised.listeners": f"PLAINTEXT://127.0.0.1:{self.port}",
+            "controller.listener.names": "CONTROLLER",
+            "inter.broker.listener.name": "PLAINTEXT",
+            "listener.security.protocol.map": "CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT",
+            "log.dirs": str(self.data_dir / "logs"),
+            "num.partitions": "1",
+            "auto.create.topics.enable": "true",
+            "offsets.topic.replication.factor": "1",
+            "offsets.topic.num.partitions": "4",
+            "transaction.state.log.replication.factor": "1",
+            "transaction.state.log.min.isr": "1",
+            "transaction.state.log.num.partitions": "4",
+            "share.coordinator.state.topic.replication.factor": "1",
+            "share.coordinator.state.topic.min.isr": "1",
+            "group.initial.rebalance.delay.ms": "0",
+            # Compaction drills need the cleaner to act within a test, not after hours.
+            "log.cleaner.backoff.ms": "500",
+        }
+        props.write_text("".join(f"{k}={v}\n" for k, v in lines.items()))
+        return props
+
+    def _java_cmd(self, main: str, *args: str) -> list[str]:
+        return [
+            "java", f"-Xmx{self.heap}", "-Xms128m", "-XX:+UseG1GC",
+            "-XX:TieredStopAtLevel=1" if main != "kafka.Kafka" else "-XX:+UseStringDeduplication",
+            f"-Dlog4j2.configurationFile={self.data_dir / 'log4j2.properties'}",
+            "-Djava.awt.headless=true",
+            "-cp", f"{jars_dir('kafka')}/*", main, *args,
+        ]
+
+    def _java(self, main: str, *args: str) -> subprocess.CompletedProcess[bytes]:
+        return subprocess.run(self._java_cmd(main, *args), capture_output=True, timeout=120)
+
+    def _wait_ready(
+        self, began: float, timeout: float, proc: subprocess.Popen[bytes] | None = None
+    ) -> None:
+        from confluent_kafka.admin import AdminClient
+
+        while time.monotonic() - began < timeout:
+            if proc is not None and proc.poll() is not None:
+                tail = (self.data_dir / "broker.stdout").read_text(errors="replace")[-2000:]
+                raise RuntimeError(f"kafka broker exited with {proc.returncode}:\n{tail}")
+            if self.port and _port_open(self.port):
+                try:
+                    AdminClient({"bootstrap.servers": self.bootstrap_servers}).list_topics(
+                        timeout=2
+                    )
+                    return
+                except Exception:  # noqa: BLE001 - not ready yet; retried until timeout
+                    pass
+            time.sleep(0.2)
+        raise TimeoutError(f"kafka broker on {self.bootstrap_servers} not ready in {timeout}s")
+
+
+def _cluster_id() -> str:
+    # Kafka wants a base64url-encoded 16-byte UUID without padding.
+    import base64
+
+    return base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+
+
+def _reap(pid: int) -> None:
+    try:
+        os.waitpid(pid, os.WNOHANG)
+    except ChildProcessError:
+        pass

@@ -1,0 +1,103 @@
+"""The one change-event model every format decodes into, and the binlog position order.
+
+Every decoder (Debezium, Maxwell, Canal, DTS) turns a Kafka record into zero or more
+`ChangeEvent`s. Downstream code (lanes, handlers, the changelog, the replica MERGE) only
+ever sees this model, so the ordering rules live here once: a `Position` compares as a
+tuple of integers, never as strings, and snapshot reads rank below streamed changes.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
+
+# Operations a ChangeEvent can carry. `ddl` is a schema change (a barrier for its table).
+OP_CREATE = "c"
+OP_UPDATE = "u"
+OP_DELETE = "d"
+OP_READ = "r"  # snapshot read
+OP_TRUNCATE = "t"
+OP_DDL = "ddl"
+OPS = frozenset({OP_CREATE, OP_UPDATE, OP_DELETE, OP_READ, OP_TRUNCATE, OP_DDL})
+
+# Phase ranks snapshot reads below every streamed event of the same key.
+PHASE_SNAPSHOT = 0
+PHASE_STREAM = 1
+
+_BINLOG_SUFFIX = re.compile(r"\.(\d+)$")
+
+
+class DecodeError(ValueError):
+    """A message that cannot become ChangeEvents; the message says which field is wrong."""
+
+
+class Position(NamedTuple):
+    """A total order over one binlog: compared field by field as integers.
+
+    `file` is the binlog file's numeric suffix (mysql-bin.000123 -> 123), `pos` the byte
+    offset within it (or a GTID sequence number where that is all a source has), `row`
+    the row index inside one binlog event. Formats without any binlog coordinate use
+    zeros and let the Kafka offset (the ChangeEvent's tie-breaker) decide.
+    """
+
+    phase: int = PHASE_STREAM
+    file: int = 0
+    pos: int = 0
+    row: int = 0
+
+
+def binlog_file_index(name: str) -> int:
+    """`mysql-bin.000123` -> 123. Raises DecodeError when the name has no numeric suffix."""
+    m = _BINLOG_SUFFIX.search(name or "")
+    if m is None:
+        raise DecodeError(f"binlog file name {name!r} has no numeric suffix")
+    return int(m.group(1))
+
+
+@dataclass(slots=True)
+class ChangeEvent:
+    """One row change (or DDL) with its source position and Kafka coordinates.
+
+    `key` holds the primary-key values in `key_columns` order; for a table without a
+    declared key it is empty and the ordering key falls back to the table.
+    `row_index` tells apart several events decoded from one Kafka record (a Canal message
+    with many rows, a primary-key change split into delete + create).
+    """
+
+    table: str  # "db.table"
+    op: str
+    key: tuple[Any, ...]
+    key_columns: tuple[str, ...]
+    before: dict[str, Any] | None
+    after: dict[str, Any] | None
+    position: Position
+    source_ts: int | None  # milliseconds since the epoch, from the source database
+    topic: str = ""
+    partition: int = 0
+    offset: int = -1
+    row_index: int = 0
+    ddl: str | None = None
+    column_types: dict[str, str] | None = None  # column -> source type name, when known
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def database(self) -> str:
+        return self.table.split(".", 1)[0]
+
+    @property
+    def table_name(self) -> str:
+        return self.table.split(".", 1)[1] if "." in self.table else self.table
+
+    def sort_key(self) -> tuple[Position, int, int]:
+        """Total order: position, then Kafka offset, then row within one record."""
+        return (self.position, self.offset, self.row_index)
+
+
+def qualified_table(database: str | None, table: str | None) -> str:
+    """Join database and table into `db.table`, rejecting missing parts."""
+    if not database:
+        raise DecodeError("missing database name")
+    if not table:
+        raise DecodeError("missing table name")
+    return f"{database}.{table}"

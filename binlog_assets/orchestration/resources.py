@@ -1,0 +1,35 @@
+"""Dagster resources: the pipeline config, Kafka client settings, and Spark.
+
+Config and environment are resolved here and nowhere else: assets ask the resource for
+a validated `PipelineConfig` and for librdkafka settings that already point at the
+right cluster (the user's, or the embedded broker).
+"""
+
+from __future__ import annotations
+
+from functools import cached_property
+
+import dagster as dg
+from dagster_pyspark import LazyPySparkResource
+
+from binlog_assets.config import PipelineConfig, load_config
+from binlog_assets.dev.stack import kafka_client_config
+from binlog_assets.lakehouse.spark import spark_conf
+
+
+class BinlakeResource(dg.ConfigurableResource):
+    """The validated pipeline config and Kafka settings, for assets and sensors."""
+
+    config_path: str | None = None
+
+    @cached_property
+    def pipeline(self) -> PipelineConfig:
+        return load_config(self.config_path)
+
+    def kafka_conf(self) -> dict[str, str | int | float | bool]:
+        return kafka_client_config(self.pipeline)
+
+
+def spark_resource(config: PipelineConfig) -> LazyPySparkResource:
+    """dagster-pyspark's lazy session (nothing starts until an asset asks for it)."""
+    return LazyPySparkResource(spark_config=spark_conf(config))

@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# System packages the stack needs, installed from Debian's archive only when missing:
+# a JDK 17+ (Kafka 4 and Spark 4) and Maven (resolves the jars from Maven Central).
+set -euo pipefail
+need=()
+command -v java >/dev/null 2>&1 || need+=(openjdk-17-jre-headless)
+command -v mvn >/dev/null 2>&1 || need+=(maven)
+python3 -c 'import venv, ensurepip' >/dev/null 2>&1 || need+=(python3-venv)
+if [ ${#need[@]} -gt 0 ]; then
+  SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
+  $SUDO apt-get update -q
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -q "${need[@]}"
+fi

@@ -1,0 +1,102 @@
+"""The embedded broker is a real Kafka: round trips, commits and transactions."""
+
+from __future__ import annotations
+
+import uuid
+
+from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient, NewTopic
+
+from binlog_assets.dev.kafka import KafkaBroker
+
+
+def _topic(broker: KafkaBroker, partitions: int = 1) -> str:
+    name = f"t-{uuid.uuid4().hex[:8]}"
+    admin = AdminClient({"bootstrap.servers": broker.bootstrap_servers})
+    for f in admin.create_topics([NewTopic(name, num_partitions=partitions)]).values():
+        f.result()
+    return name
+
+
+def _consumer(broker: KafkaBroker, group: str, **extra) -> Consumer:
+    return Consumer({"bootstrap.servers": broker.bootstrap_servers, "group.id": group,
+                     "enable.auto.commit": False, "auto.offset.reset": "earliest", **extra})
+
+
+def _drain(consumer: Consumer, want: int, rounds: int = 40) -> list:
+    got = []
+    for _ in range(rounds):
+        for m in consumer.consume(num_messages=100, timeout=0.5):
+            assert m.error() is None, m.error()
+            got.append(m)
+        if len(got) >= want:
+            break
+    return got
+
+
+def test_produce_consume_commit_round_trip(kafka_broker: KafkaBroker) -> None:
+    topic = _topic(kafka_broker)
+    p = Producer({"bootstrap.servers": kafka_broker.bootstrap_servers})
+    for i in range(10):
+        p.produce(topic, key=str(i).encode(), value=f"v{i}".encode())
+    assert p.flush(10) == 0
+
+    c = _consumer(kafka_broker, "g1")
+    try:
+        c.assign([TopicPartition(topic, 0, 0)])
+        msgs = _drain(c, 10)
+        assert [m.value() for m in msgs] == [f"v{i}".encode() for i in range(10)]
+        c.commit(offsets=[TopicPartition(topic, 0, 7, metadata="done:8,9")], asynchronous=False)
+        committed = c.committed([TopicPartition(topic, 0)], timeout=10)[0]
+        assert committed.offset == 7
+        assert committed.metadata == "done:8,9"
+    finally:
+        c.close()
+
+    # A new consumer of the group resumes at the committed offset.
+    c2 = _consumer(kafka_broker, "g1")
+    try:
+        c2.subscribe([topic])
+        msgs = _drain(c2, 3)
+        assert [m.offset() for m in msgs] == [7, 8, 9]
+    finally:
+        c2.close()
+
+
+def test_transactional_produce_hides_aborted_and_leaves_offset_gaps(
+    kafka_broker: KafkaBroker,
+) -> None:
+    topic = _topic(kafka_broker)
+    p = Producer({"bootstrap.servers": kafka_broker.bootstrap_servers,
+                  "transactional.id": f"tx-{uuid.uuid4().hex[:6]}"})
+    p.init_transactions(30)
+    p.begin_transaction()
+    p.produce(topic, value=b"committed-1")
+    p.produce(topic, value=b"committed-2")
+    p.commit_transaction(30)
+    p.begin_transaction()
+    p.produce(topic, value=b"aborted")
+    p.abort_transaction(30)
+    p.begin_transaction()
+    p.produce(topic, value=b"committed-3")
+    p.commit_transaction(30)
+
+    c = _consumer(kafka_broker, "g-tx", **{"isolation.level": "read_committed"})
+    try:
+        c.assign([TopicPartition(topic, 0, 0)])
+        msgs = _drain(c, 3)
+        assert [m.value() for m in msgs] == [b"committed-1", b"committed-2", b"committed-3"]
+        offsets = [m.offset() for m in msgs]
+        # Commit markers and the aborted record occupy offsets nobody receives.
+        assert offsets[2] - offsets[1] > 1
+        _, high = c.get_watermark_offsets(TopicPartition(topic, 0), cached=False)
+        assert high > offsets[-1] + 1
+    finally:
+        c.close()
+
+
+def test_start_is_idempotent(kafka_broker: KafkaBroker) -> None:
+    again = KafkaBroker(kafka_broker.data_dir)
+    again.start(timeout=30)
+    assert again.bootstrap_servers == kafka_broker.bootstrap_servers
+    assert again.running_pid() == kafka_broker.running_pid()

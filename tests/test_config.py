@@ -1,0 +1,63 @@
+"""Config errors fail at load and name the field."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from binlog_assets.config import ConfigError, load_config, parse_config
+from binlog_assets.dev.paths import REPO_ROOT
+
+
+def test_repository_default_config_is_valid() -> None:
+    cfg = load_config(REPO_ROOT / "binlake.yaml")
+    assert cfg.sources and cfg.sources[0].format == "debezium"
+    assert cfg.bootstrap_servers is None  # the embedded broker
+
+
+@pytest.mark.parametrize(
+    ("data", "field"),
+    [
+        ({"kafka": {"no.such.property": 1}}, "kafka"),
+        ({"lakehouse": {"pth": "x"}}, "lakehouse.pth"),
+        ({"lakehouse": {"database": "bad; drop"}}, "lakehouse.database"),
+        ({"sources": [{"name": "s", "topics": []}]}, "sources[0].topics"),
+        ({"sources": [{"name": "s", "topics": ["t"], "format": "avro"}]}, "sources[0].format"),
+        ({"sources": [{"name": "s", "topics": ["t"], "lanes": 0}]}, "sources[0].lanes"),
+        ({"sources": [{"name": "s", "topics": ["t"],
+                       "tables": [{"source": "a.b", "replica": "r", "ordering": "row"}]}]},
+         "sources[0].tables[0].ordering"),
+        ({"sources": [{"name": "s", "topics": ["t"],
+                       "tables": [{"source": "shop_(\\d+.orders", "replica": "r"}]}]},
+         "sources[0].tables[0].source"),
+        ({"sources": [{"name": "s", "topics": ["t"],
+                       "tables": [{"source": "a.b", "replica": "r`x"}]}]},
+         "sources[0].tables[0].replica"),
+    ],
+)
+def test_bad_config_names_the_field(data: dict, field: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        parse_config(data)
+    assert f"{field}:" in str(err.value)
+
+
+def test_duplicate_topics_across_sources_rejected() -> None:
+    with pytest.raises(ConfigError, match="belong to more than one source"):
+        parse_config({"sources": [{"name": "a", "topics": ["t"]}, {"name": "b", "topics": ["t"]}]})
+
+
+def test_librdkafka_keys_pass_through() -> None:
+    cfg = parse_config({"kafka": {"bootstrap.servers": "b:9092", "linger.ms": 5,
+                                  "security.protocol": "PLAINTEXT", "fetch.min.bytes": 1}})
+    assert cfg.kafka["linger.ms"] == 5
+    assert cfg.bootstrap_servers == "b:9092"
+
+
+def test_missing_and_invalid_files(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="not found"):
+        load_config(tmp_path / "nope.yaml")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("kafka: [unclosed")
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        load_config(bad)

@@ -1,0 +1,28 @@
+"""The code location loads through workspace.yaml and every job resolves."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+from binlog_assets.dev.paths import REPO_ROOT
+
+
+def test_definitions_load_and_jobs_resolve(binlake_env: Path) -> None:
+    from binlog_assets.definitions import defs
+
+    jobs = {j.name for j in defs.resolve_all_job_defs()}
+    assert "smoke_job" in jobs
+    for name in jobs:
+        assert defs.resolve_job_def(name) is not None
+
+
+def test_workspace_yaml_validates_with_dagster_cli(binlake_env: Path) -> None:
+    dagster = Path(sys.executable).parent / "dagster"
+    proc = subprocess.run(
+        [str(dagster), "definitions", "validate", "-w", "workspace.yaml"],
+        cwd=REPO_ROOT, capture_output=True, text=True, timeout=300,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "binlog_assets.definitions" in proc.stdout + proc.stderr
