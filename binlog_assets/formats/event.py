@@ -78,7 +78,8 @@ class ChangeEvent:
     offset: int = -1
     row_index: int = 0
     ddl: str | None = None
-    column_types: dict[str, str] | None = None  # column -> source type name, when known
+    # column -> canonical type (int, bigint, decimal(p,s), string, ...); shared, read-only
+    column_types: dict[str, str] | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
     @property

@@ -1,0 +1,159 @@
+"""What every format decoder shares: the `decode` entry point and the rules common to all.
+
+`ChangeDecoder.decode` is the one interface callers see. It counts Kafka tombstones,
+turns any unexpected failure inside a format's `_decode` into a `DecodeError` (so a bad
+message never escapes as a bare KeyError or TypeError), and gives each format the same
+helpers: per-table primary-key overrides, a cache of binlog file name -> numeric index,
+and the split of an update that changed a row's primary key into delete + create.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from typing import Any, ClassVar
+
+from binlog_assets.formats.event import (
+    OP_CREATE,
+    OP_DELETE,
+    ChangeEvent,
+    DecodeError,
+    binlog_file_index,
+)
+
+Headers = list[tuple[str, bytes]]
+
+# Binlog files rotate, so the name cache only grows slowly; the bound guards a
+# pathological stream of distinct names.
+_MAX_CACHED_FILES = 10_000
+
+
+class ChangeDecoder:
+    """Base of the format decoders; subclasses set `name` and implement `_decode`."""
+
+    name: ClassVar[str] = ""
+
+    def __init__(self, key_columns: Mapping[str, Sequence[str]] | None = None) -> None:
+        """`key_columns` maps "db.table" to its primary-key columns, overriding the record's."""
+        self.skipped: Counter[str] = Counter()
+        self._key_overrides: dict[str, tuple[str, ...]] = {}
+        for table, columns in (key_columns or {}).items():
+            if isinstance(columns, str):
+                raise ValueError(f"key_columns[{table!r}] must be a list of column names")
+            self._key_overrides[table] = tuple(columns)
+        self._binlog_files: dict[str, int] = {}
+
+    def decode(
+        self,
+        value: bytes | None,
+        *,
+        topic: str = "",
+        partition: int = 0,
+        offset: int = -1,
+        key: bytes | None = None,
+        headers: Headers | None = None,
+    ) -> list[ChangeEvent]:
+        """Decode one Kafka record into its row changes; [] for records that are not changes."""
+        if value is None:
+            return self._skip("tombstone")
+        try:
+            return self._decode(value, topic, partition, offset, key, headers)
+        except DecodeError:
+            raise
+        except Exception as exc:  # a decode boundary: any surprise means a malformed record
+            raise DecodeError(
+                f"{self.name}: malformed record: {type(exc).__name__}: {exc}"
+            ) from exc
+
+    def _decode(
+        self,
+        value: bytes,
+        topic: str,
+        partition: int,
+        offset: int,
+        key: bytes | None,
+        headers: Headers | None,
+    ) -> list[ChangeEvent]:
+        raise NotImplementedError
+
+    def _skip(self, reason: str) -> list[ChangeEvent]:
+        self.skipped[reason] += 1
+        return []
+
+    def _fail(self, message: str) -> DecodeError:
+        return DecodeError(f"{self.name}: {message}")
+
+    def _binlog_index(self, file_name: Any, field: str) -> int:
+        index = self._binlog_files.get(file_name) if type(file_name) is str else None
+        if index is None:
+            if type(file_name) is not str:
+                raise self._fail(f"field {field!r} must be a binlog file name")
+            try:
+                index = binlog_file_index(file_name)
+            except DecodeError as exc:
+                raise self._fail(f"field {field!r}: {exc}") from None
+            if len(self._binlog_files) >= _MAX_CACHED_FILES:
+                self._binlog_files.clear()
+            self._binlog_files[file_name] = index
+        return index
+
+    def _table(self, database: Any, table: Any, db_field: str, table_field: str) -> str:
+        if not database or type(database) is not str:
+            raise self._fail(f"missing or invalid field {db_field!r}")
+        if not table or type(table) is not str:
+            raise self._fail(f"missing or invalid field {table_field!r}")
+        return f"{database}.{table}"
+
+    def _declared_key_columns(self, declared: Any, field: str) -> tuple[str, ...]:
+        if declared is None:
+            return ()
+        if type(declared) is not list or not all(type(column) is str for column in declared):
+            raise self._fail(f"field {field!r} must be a list of column names or null")
+        return tuple(declared)
+
+    def _row_key(self, image: dict[str, Any], columns: tuple[str, ...], image_name: str) -> tuple:
+        try:
+            return tuple([image[column] for column in columns])
+        except KeyError as exc:
+            raise self._fail(
+                f"key column {exc.args[0]!r} missing from {image_name!r}"
+            ) from None
+
+
+def split_key_change(update: ChangeEvent, old_key: tuple) -> list[ChangeEvent]:
+    """An update that moved a row to a new primary key: delete the old key, create the new.
+
+    Keyed downstream state (lanes, the replica MERGE) addresses rows by key, so the old
+    key must disappear; the create follows at the next row index of the same record.
+    """
+    delete = ChangeEvent(
+        table=update.table,
+        op=OP_DELETE,
+        key=old_key,
+        key_columns=update.key_columns,
+        before=update.before,
+        after=None,
+        position=update.position,
+        source_ts=update.source_ts,
+        topic=update.topic,
+        partition=update.partition,
+        offset=update.offset,
+        row_index=update.row_index,
+        column_types=update.column_types,
+    )
+    create = ChangeEvent(
+        table=update.table,
+        op=OP_CREATE,
+        key=update.key,
+        key_columns=update.key_columns,
+        before=None,
+        after=update.after,
+        position=update.position,
+        source_ts=update.source_ts,
+        topic=update.topic,
+        partition=update.partition,
+        offset=update.offset,
+        row_index=update.row_index + 1,
+        column_types=update.column_types,
+    )
+    return [delete, create]

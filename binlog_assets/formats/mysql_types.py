@@ -1,0 +1,109 @@
+"""MySQL column type names, as the producers spell them, mapped to binlake's canonical types.
+
+Canal sends every value as text with the column's MySQL type beside it (`int(11)`,
+`VARCHAR(255)`, `decimal(10,2)`, `bigint(20) unsigned`); Maxwell's and Debezium's DDL records
+describe columns with the same names. `mysql_type` turns one such name into the canonical
+type name (`int`, `bigint`, `double`, `float`, `decimal(p,s)`, `string`, `boolean`, `date`,
+`timestamp`, `binary`, `json`) and a parser for the text form of its values. Names repeat
+on every message, so results are cached.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from datetime import date, datetime
+from decimal import Decimal
+from functools import lru_cache
+from typing import Any, NamedTuple
+
+_MODIFIERS = frozenset({"unsigned", "signed", "zerofill"})
+_INT_TYPES = frozenset({"tinyint", "smallint", "mediumint", "int", "integer", "year", "bool",
+                        "boolean"})
+_STRING_TYPES = frozenset({"char", "varchar", "tinytext", "text", "mediumtext", "longtext",
+                           "enum", "set", "time", "character", "nchar", "nvarchar"})
+_BINARY_TYPES = frozenset({"binary", "varbinary", "tinyblob", "blob", "mediumblob",
+                           "longblob"})
+_DECIMAL_TYPES = frozenset({"decimal", "numeric", "dec", "fixed"})
+_DOUBLE_TYPES = frozenset({"double", "double precision", "real"})
+_TIMESTAMP_TYPES = frozenset({"datetime", "timestamp"})
+
+# MySQL writes an unknown date as all zeros; no calendar value exists for it.
+_ZERO_DATE = "0000-00-00"
+
+
+class MysqlType(NamedTuple):
+    """A column type: its canonical name (None when binlake has none) and a text parser."""
+
+    canonical: str | None
+    parse: Callable[[str], Any]
+
+
+def _parse_date(text: str) -> date | None:
+    if text.startswith(_ZERO_DATE):
+        return None
+    return date.fromisoformat(text)
+
+
+def _parse_datetime(text: str) -> datetime | None:
+    if text.startswith(_ZERO_DATE):
+        return None
+    return datetime.fromisoformat(text)
+
+
+def _parse_binary(text: str) -> bytes:
+    # Canal renders binary columns as ISO-8859-1 text: one character per byte.
+    return text.encode("latin-1")
+
+
+def _keep_text(text: str) -> str:
+    return text
+
+
+@lru_cache(maxsize=4096)
+def mysql_type(
+    type_name: str, precision: int | None = None, scale: int | None = None
+) -> MysqlType:
+    """Canonical type and text parser for a MySQL type name such as `decimal(10,2) unsigned`.
+
+    `precision`/`scale` fill in a decimal's digits when the name itself carries none
+    (Debezium's and Maxwell's DDL records give them as separate fields).
+    """
+    head, _, rest = type_name.lower().partition("(")
+    args, _, tail = rest.rpartition(")")
+    words = head.split()
+    base = " ".join(w for w in words if w not in _MODIFIERS)
+    unsigned = "unsigned" in words or "unsigned" in tail.split()
+    p, _, s = args.partition(",")
+    p, s = p.strip(), s.strip()
+    if base in _INT_TYPES:
+        # An unsigned INT can exceed the 32-bit range.
+        wide = unsigned and base in ("int", "integer")
+        return MysqlType("bigint" if wide else "int", int)
+    if base == "bigint":
+        # An unsigned BIGINT can exceed the 64-bit range.
+        return MysqlType("decimal(20,0)" if unsigned else "bigint", int)
+    if base in _DECIMAL_TYPES:
+        if p.isascii() and p.isdigit():
+            digits = int(p)
+        else:
+            digits = precision if type(precision) is int and precision > 0 else 10
+        if s.isascii() and s.isdigit():
+            places = int(s)
+        else:
+            places = scale if type(scale) is int and scale >= 0 else 0
+        return MysqlType(f"decimal({digits},{places})", Decimal)
+    if base == "float":
+        return MysqlType("float", float)
+    if base in _DOUBLE_TYPES:
+        return MysqlType("double", float)
+    if base == "date":
+        return MysqlType("date", _parse_date)
+    if base in _TIMESTAMP_TYPES:
+        return MysqlType("timestamp", _parse_datetime)
+    if base in _STRING_TYPES:
+        return MysqlType("string", _keep_text)
+    if base == "json":
+        return MysqlType("json", _keep_text)
+    if base in _BINARY_TYPES:
+        return MysqlType("binary", _parse_binary)
+    return MysqlType(None, _keep_text)

@@ -1,0 +1,326 @@
+from __future__ import annotations
+
+import base64
+from datetime import UTC, date, datetime
+from decimal import Decimal
+from typing import Any
+
+import orjson
+import pytest
+
+from binlog_assets.formats.debezium import DebeziumDecoder
+from binlog_assets.formats.event import PHASE_SNAPSHOT, PHASE_STREAM, DecodeError, Position
+
+PRODUCTS = "inventory.products"
+FIXTURE = "debezium-data-schema-include.txt"
+
+
+def envelope(op: str = "c", before: Any = None, after: Any = None, **source: Any) -> dict:
+    src = {"version": "2.7.0.Final", "connector": "mysql", "name": "dbserver1",
+           "ts_ms": 1700000000000, "snapshot": "false", "db": "inventory",
+           "table": "products", "server_id": 223344, "file": "mysql-bin.000003",
+           "pos": 154, "row": 0}
+    src.update(source)
+    return {"before": before, "after": after, "source": src, "op": op,
+            "ts_ms": 1700000000123, "transaction": None}
+
+
+def encode(doc: Any) -> bytes:
+    return orjson.dumps(doc)
+
+
+def test_schema_include_fixture_ends_with_101_to_110_live(flink_lines, decode_lines, replay):
+    decoder = DebeziumDecoder(key_columns={PRODUCTS: ["id"]})
+    events = decode_lines(decoder, flink_lines(FIXTURE))
+
+    state = replay(events)
+    assert set(state) == {(PRODUCTS, (i,)) for i in range(101, 111)}
+    assert state[(PRODUCTS, (106,))] == {
+        "id": 106, "name": "hammer", "description": "18oz carpenter hammer", "weight": 1.0}
+    assert state[(PRODUCTS, (107,))]["weight"] == 5.099999904632568
+    assert state[(PRODUCTS, (110,))] == {
+        "id": 110, "name": "jacket", "description": "new water resistent white wind breaker",
+        "weight": 0.5}
+    assert state[(PRODUCTS, (101,))]["weight"] == 3.140000104904175
+    assert not decoder.skipped
+
+
+def test_schema_include_fixture_positions_types_and_order(flink_lines, decode_lines):
+    events = decode_lines(DebeziumDecoder(key_columns={PRODUCTS: ["id"]}),
+                          flink_lines(FIXTURE))
+
+    assert [e.position.phase for e in events] == [PHASE_SNAPSHOT] * 9 + [PHASE_STREAM] * 7
+    assert events[0].position == Position(PHASE_SNAPSHOT, 3, 154, 0)
+    assert events[-1].position == Position(PHASE_STREAM, 3, 2443, 0)
+    assert events[-1].op == "d" and events[-1].key == (111,)
+    assert sorted(events, key=lambda e: e.sort_key()) == events
+    assert events[0].column_types == {
+        "id": "int", "name": "string", "description": "string", "weight": "double"}
+    # Snapshot rows carry source.ts_ms 0 (unknown), so the envelope's ts_ms stands in.
+    assert events[0].source_ts == 1589355606100
+    assert events[9].source_ts == 1589361987000
+    assert [e.offset for e in events] == list(range(16))
+
+
+def test_schema_less_records_take_key_columns_from_the_kafka_key(flink_lines, replay):
+    decoder = DebeziumDecoder()
+    events = []
+    for offset, line in enumerate(flink_lines(FIXTURE)):
+        payload = orjson.loads(line)["payload"]
+        row = payload["after"] or payload["before"]
+        key: dict[str, Any] = {"id": row["id"]}
+        if offset % 2:  # the schema-wrapped key form, as JsonConverter writes it
+            key = {"schema": {"type": "struct", "fields": [{"type": "int32", "field": "id"}]},
+                   "payload": key}
+        events += decoder.decode(encode(payload), offset=offset, key=encode(key))
+
+    assert {e.key_columns for e in events} == {("id",)}
+    assert set(replay(events)) == {(PRODUCTS, (i,)) for i in range(101, 111)}
+    assert all(e.column_types is None for e in events)
+
+
+def test_without_known_key_columns_the_key_is_empty():
+    [event] = DebeziumDecoder().decode(encode(envelope(after={"id": 1})))
+    assert event.key == () and event.key_columns == ()
+
+
+def test_tombstone_is_skipped_and_counted():
+    decoder = DebeziumDecoder()
+    assert decoder.decode(None, key=b'{"id": 1}') == []
+    assert decoder.decode(encode({"schema": None, "payload": None})) == []
+    assert decoder.skipped["tombstone"] == 2
+
+
+@pytest.mark.parametrize("op", ["m", "x"])
+def test_unknown_ops_are_skipped_and_counted(op):
+    decoder = DebeziumDecoder()
+    assert decoder.decode(encode(envelope(op=op))) == []
+    assert decoder.skipped == {f"unknown_op:{op}": 1}
+
+
+def test_truncate_is_table_level():
+    [event] = DebeziumDecoder(key_columns={PRODUCTS: ["id"]}).decode(encode(envelope(op="t")))
+    assert (event.op, event.table, event.key, event.before, event.after) == (
+        "t", PRODUCTS, (), None, None)
+
+
+def test_update_changing_the_primary_key_splits_into_delete_and_create():
+    doc = envelope(op="u", before={"id": 1, "name": "a"}, after={"id": 2, "name": "a"})
+    delete, create = DebeziumDecoder(key_columns={PRODUCTS: ["id"]}).decode(
+        encode(doc), offset=7)
+
+    assert (delete.op, delete.key, delete.row_index) == ("d", (1,), 0)
+    assert delete.before == {"id": 1, "name": "a"} and delete.after is None
+    assert (create.op, create.key, create.row_index) == ("c", (2,), 1)
+    assert create.after == {"id": 2, "name": "a"} and create.before is None
+    assert delete.position == create.position and delete.offset == create.offset == 7
+    assert delete.sort_key() < create.sort_key()
+
+
+def test_key_change_split_also_works_with_a_kafka_key():
+    doc = envelope(op="u", before={"id": 1}, after={"id": 2})
+    events = DebeziumDecoder().decode(encode(doc), key=b'{"id": 2}')
+    assert [(e.op, e.key) for e in events] == [("d", (1,)), ("c", (2,))]
+
+
+def test_update_without_known_key_columns_is_not_split():
+    doc = envelope(op="u", before={"id": 1}, after={"id": 2})
+    [event] = DebeziumDecoder().decode(encode(doc))
+    assert event.op == "u"
+
+
+def test_delete_with_newkey_header_stays_a_plain_delete():
+    doc = envelope(op="d", before={"id": 1})
+    [event] = DebeziumDecoder(key_columns={PRODUCTS: ["id"]}).decode(
+        encode(doc), headers=[("__debezium.newkey", b'{"id": 2}')])
+    assert (event.op, event.key, event.after) == ("d", (1,), None)
+
+
+def _decimal_b64(unscaled: int) -> str:
+    raw = unscaled.to_bytes((unscaled.bit_length() + 8) // 8, "big", signed=True)
+    return base64.b64encode(raw).decode()
+
+
+ROW_FIELDS = [
+    {"type": "int64", "optional": False, "field": "id"},
+    {"type": "bytes", "optional": True, "name": "org.apache.kafka.connect.data.Decimal",
+     "parameters": {"scale": "2", "connect.decimal.precision": "10"}, "field": "price"},
+    {"type": "int32", "optional": True, "name": "io.debezium.time.Date", "field": "born"},
+    {"type": "int64", "optional": True, "name": "io.debezium.time.Timestamp", "field": "ts"},
+    {"type": "int64", "optional": True, "name": "io.debezium.time.MicroTimestamp",
+     "field": "ts_us"},
+    {"type": "string", "optional": True, "name": "io.debezium.time.ZonedTimestamp",
+     "field": "zoned"},
+    {"type": "bytes", "optional": True, "field": "blob"},
+    {"type": "string", "optional": True, "name": "io.debezium.data.Json", "field": "doc"},
+    {"type": "float32", "optional": True, "field": "ratio"},
+]
+
+
+def with_schema(payload: dict, fields: list[dict] = ROW_FIELDS) -> bytes:
+    row = {"type": "struct", "fields": fields, "optional": True, "name": "db.t.Value"}
+    schema = {"type": "struct", "name": "db.t.Envelope", "fields": [
+        {**row, "field": "before"}, {**row, "field": "after"},
+        {"type": "struct", "fields": [], "field": "source"},
+        {"type": "string", "field": "op"}]}
+    return encode({"schema": schema, "payload": payload})
+
+
+def test_schema_logical_types_become_python_values():
+    after = {"id": 1, "price": _decimal_b64(-123456), "born": 18262, "ts": 1589355606100,
+             "ts_us": 1589355606100123, "zoned": "2020-05-13T09:40:06.5+02:00",
+             "blob": base64.b64encode(b"\x00\xffab").decode(), "doc": '{"a": 1}',
+             "ratio": None}
+    [event] = DebeziumDecoder().decode(with_schema(envelope(after=after)))
+
+    assert event.after == {
+        "id": 1, "price": Decimal("-1234.56"), "born": date(2020, 1, 1),
+        "ts": datetime(2020, 5, 13, 7, 40, 6, 100000),
+        "ts_us": datetime(2020, 5, 13, 7, 40, 6, 100123),
+        "zoned": datetime(2020, 5, 13, 7, 40, 6, 500000, tzinfo=UTC),
+        "blob": b"\x00\xffab", "doc": '{"a": 1}', "ratio": None}
+    assert event.column_types == {
+        "id": "bigint", "price": "decimal(10,2)", "born": "date", "ts": "timestamp",
+        "ts_us": "timestamp", "zoned": "timestamp", "blob": "binary", "doc": "json",
+        "ratio": "float"}
+
+
+def test_wide_decimals_keep_every_digit():
+    fields = [{"type": "bytes", "name": "org.apache.kafka.connect.data.Decimal",
+               "parameters": {"scale": "30"}, "field": "amount"}]
+    unscaled = 12345678901234567890123456789012345678901234567890
+    [event] = DebeziumDecoder().decode(
+        with_schema(envelope(after={"amount": _decimal_b64(unscaled)}), fields))
+    assert event.after["amount"] == Decimal("12345678901234567890.123456789012345678901234567890")
+    assert event.column_types == {"amount": "decimal(38,30)"}
+
+
+def test_converter_plan_is_built_once_per_row_schema():
+    decoder = DebeziumDecoder()
+    [first] = decoder.decode(with_schema(envelope(after={"id": 1, "born": 0})))
+    [second] = decoder.decode(with_schema(envelope(after={"id": 2, "born": 1})))
+    other_fields = [{"type": "int32", "field": "id"}]
+    [third] = decoder.decode(with_schema(envelope(after={"id": 3}), other_fields))
+
+    assert first.column_types is second.column_types
+    assert third.column_types == {"id": "int"}
+    assert second.after["born"] == date(1970, 1, 2)
+
+
+def test_repeated_schema_blocks_decode_like_the_first():
+    decoder = DebeziumDecoder()
+    values = [with_schema(envelope(after={"id": i, "born": i})) for i in range(3)]
+    # A schema holding a nested "payload" key, a value with a key after the payload and
+    # an indented value must not be mistaken for the plain {"schema":…,"payload":…} layout.
+    tricky = [{"type": "int32", "field": "id", "parameters": {"x": "1", "payload": "2"}}]
+    values += [with_schema(envelope(after={"id": 7}), tricky)] * 2
+    extra = orjson.loads(values[0])
+    values.append(orjson.dumps({**extra, "extra": 1}))
+    values.append(orjson.dumps(orjson.loads(values[1]), option=orjson.OPT_INDENT_2))
+
+    events = [e for value in values for e in decoder.decode(value)]
+    assert [(e.op, e.after) for e in events] == [
+        ("c", {"id": 0, "born": date(1970, 1, 1)}), ("c", {"id": 1, "born": date(1970, 1, 2)}),
+        ("c", {"id": 2, "born": date(1970, 1, 3)}), ("c", {"id": 7}), ("c", {"id": 7}),
+        ("c", {"id": 0, "born": date(1970, 1, 1)}), ("c", {"id": 1, "born": date(1970, 1, 2)})]
+
+
+def test_schema_change_record_becomes_ddl_per_table():
+    record = {
+        "source": {"db": "inventory", "table": "products", "file": "mysql-bin.000004",
+                   "pos": 99, "row": 0, "snapshot": "false", "ts_ms": 1700000000000},
+        "databaseName": "inventory", "schemaName": None,
+        "ddl": "ALTER TABLE products ADD COLUMN price DECIMAL(10,2)",
+        "tableChanges": [{"type": "ALTER", "id": '"inventory"."products"', "table": {
+            "primaryKeyColumnNames": ["id"],
+            "columns": [{"name": "id", "typeName": "INT", "jdbcType": 4},
+                        {"name": "price", "typeName": "DECIMAL", "length": 10, "scale": 2},
+                        {"name": "geo", "typeName": "GEOMETRY"}]}}],
+    }
+    [event] = DebeziumDecoder().decode(encode(record), offset=3)
+
+    assert (event.op, event.table, event.key, event.key_columns) == (
+        "ddl", PRODUCTS, (), ("id",))
+    assert event.ddl == record["ddl"]
+    assert event.position == Position(PHASE_STREAM, 4, 99, 0)
+    assert event.column_types == {"id": "int", "price": "decimal(10,2)"}
+
+
+def test_schema_change_without_a_table_is_skipped():
+    decoder = DebeziumDecoder()
+    record = {"source": {"db": "inventory", "file": "mysql-bin.000004", "pos": 4},
+              "databaseName": "inventory", "ddl": "CREATE DATABASE inventory",
+              "tableChanges": []}
+    assert decoder.decode(encode(record)) == []
+    assert decoder.skipped == {"debezium:ddl_without_table": 1}
+
+
+@pytest.mark.parametrize(
+    ("value", "field"),
+    [
+        (b"{not json", "JSON"),
+        (b"[1, 2]", "JSON object"),
+        (encode({k: v for k, v in envelope().items() if k != "op"}), "'op'"),
+        (encode(envelope(after={"id": 1}, table=None)), "source.table"),
+        (encode(envelope(after={"id": 1}, db="")), "source.db"),
+        (encode({**envelope(), "source": "inventory"}), "'source'"),
+        (encode(envelope(after=[1, 2])), "'after'"),
+        (encode(envelope(op="d", before=None)), "'before'"),
+        (encode(envelope(after={"id": 1}, pos="154")), "source.pos"),
+        (encode(envelope(after={"id": 1}, file="mysql-bin")), "source.file"),
+        (encode(envelope(after={"id": 1}, ts_ms="now")), "source.ts_ms"),
+        (encode({"schema": {}, "payload": [1]}), "payload"),
+        (with_schema(envelope(after={"id": 1, "born": "yesterday"})), "after.born"),
+    ],
+    ids=["invalid-json", "not-object", "no-op", "no-table", "no-db", "source-not-object",
+         "after-not-object", "delete-without-before", "pos-string", "file-without-suffix",
+         "ts-string", "payload-not-object", "value-against-schema"],
+)
+def test_malformed_records_raise_decode_error_naming_the_field(value, field):
+    with pytest.raises(DecodeError, match="^debezium: ") as excinfo:
+        DebeziumDecoder().decode(value)
+    assert field in str(excinfo.value)
+
+
+def test_key_column_missing_from_image_is_named():
+    with pytest.raises(DecodeError, match="key column 'id' missing from 'after'"):
+        DebeziumDecoder(key_columns={PRODUCTS: ["id"]}).decode(encode(envelope(after={"x": 1})))
+
+
+def test_bad_kafka_key_is_a_decode_error():
+    with pytest.raises(DecodeError, match="key"):
+        DebeziumDecoder().decode(encode(envelope(after={"id": 1})), key=b"101")
+
+
+def _position(**source: Any) -> Position:
+    op = source.pop("op", "c")
+    [event] = DebeziumDecoder().decode(encode(envelope(op=op, after={"id": 1}, **source)))
+    return event.position
+
+
+def test_positions_compare_as_numbers_not_strings():
+    assert _position(file="mysql-bin.000010", pos=4) > _position(file="mysql-bin.000009",
+                                                                  pos=999999)
+    assert _position(pos=100000) > _position(pos=99999)
+    assert _position(pos=500, row=10) > _position(pos=500, row=9)
+
+
+@pytest.mark.parametrize(
+    "snapshot", ["true", "last", "first", "first_in_data_collection",
+                 "last_in_data_collection", "incremental", True])
+def test_snapshot_reads_rank_below_streamed_events(snapshot):
+    snap = _position(snapshot=snapshot, file="mysql-bin.000099", pos=999999)
+    assert snap.phase == PHASE_SNAPSHOT
+    assert snap < _position(file="mysql-bin.000001", pos=4)
+
+
+@pytest.mark.parametrize("snapshot", ["false", None, False])
+def test_not_a_snapshot(snapshot):
+    assert _position(snapshot=snapshot).phase == PHASE_STREAM
+    assert _position(snapshot=snapshot, op="r").phase == PHASE_SNAPSHOT
+
+
+def test_transaction_metadata_records_are_skipped():
+    decoder = DebeziumDecoder()
+    assert decoder.decode(encode({"status": "BEGIN", "id": "571:53195829", "ts_ms": 1})) == []
+    assert decoder.skipped == {"debezium:transaction": 1}

@@ -1,0 +1,159 @@
+"""The decoder registry, the interface every decoder shares, and robustness to bad input."""
+
+from __future__ import annotations
+
+import inspect
+from collections import Counter
+from typing import Any
+
+import orjson
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from binlog_assets.formats import (
+    DECODERS,
+    CanalDecoder,
+    DebeziumDecoder,
+    DtsDecoder,
+    MaxwellDecoder,
+    make_decoder,
+)
+from binlog_assets.formats.event import OPS, ChangeEvent, DecodeError
+
+
+def test_registry_names_every_decoder():
+    expected = {"debezium": DebeziumDecoder, "maxwell": MaxwellDecoder,
+                "canal": CanalDecoder, "dts": DtsDecoder}
+    assert expected == DECODERS
+    for name, decoder_class in DECODERS.items():
+        decoder = make_decoder(name)
+        assert type(decoder) is decoder_class and decoder.name == name
+        assert decoder.skipped == Counter()
+
+
+def test_make_decoder_passes_key_columns():
+    decoder = make_decoder("maxwell", key_columns={"test.product": ["name"]})
+    value = b'{"database":"test","table":"product","type":"insert","data":{"id":1,"name":"a"}}'
+    assert decoder.decode(value)[0].key == ("a",)
+
+
+def test_key_columns_must_be_lists_of_names():
+    with pytest.raises(ValueError, match="key_columns\\['d.t'\\]"):
+        make_decoder("canal", key_columns={"d.t": "id"})
+
+
+def test_unknown_format_names_the_known_ones():
+    with pytest.raises(ValueError, match="'avro-magic'.*canal, debezium, dts, maxwell"):
+        make_decoder("avro-magic")
+
+
+@pytest.mark.parametrize("decoder_class", DECODERS.values())
+def test_decode_signature(decoder_class):
+    parameters = inspect.signature(decoder_class.decode).parameters
+    assert list(parameters) == ["self", "value", "topic", "partition", "offset", "key",
+                                "headers"]
+    assert all(parameters[name].kind is inspect.Parameter.KEYWORD_ONLY
+               for name in ("topic", "partition", "offset", "key", "headers"))
+
+
+# Valid records of each format; the property tests below corrupt parts of them.
+BASES: dict[str, list[dict[str, Any]]] = {
+    "debezium": [
+        {"before": {"id": 1}, "after": {"id": 2}, "op": "u", "ts_ms": 5,
+         "source": {"db": "d", "table": "t", "file": "mysql-bin.000001", "pos": 4, "row": 0,
+                    "snapshot": "false", "ts_ms": 1}},
+        {"schema": {"type": "struct", "fields": [
+            {"field": "after", "type": "struct", "fields": [
+                {"field": "id", "type": "int32"},
+                {"field": "p", "type": "bytes", "name": "org.apache.kafka.connect.data.Decimal",
+                 "parameters": {"scale": "2"}}]}]},
+         "payload": {"after": {"id": 1, "p": "AQ=="}, "op": "c",
+                     "source": {"db": "d", "table": "t", "file": "mysql-bin.000001"}}},
+        {"source": {"db": "d", "file": "mysql-bin.000001", "pos": 4}, "databaseName": "d",
+         "ddl": "ALTER TABLE t ADD c INT", "tableChanges": [
+             {"id": '"d"."t"', "table": {"primaryKeyColumnNames": ["id"], "columns": [
+                 {"name": "id", "typeName": "INT"}]}}]},
+    ],
+    "maxwell": [
+        {"database": "d", "table": "t", "type": "update", "ts": 1, "xoffset": 0,
+         "position": "master.000001:4", "data": {"id": 2}, "old": {"id": 1},
+         "primary_key_columns": ["id"]},
+        {"database": "d", "table": "t", "type": "table-create", "sql": "CREATE TABLE t (i INT)",
+         "def": {"primary-key": ["i"], "columns": [{"type": "int", "name": "i"}]}},
+    ],
+    "canal": [
+        {"data": [{"id": "2", "d": "2020-01-01"}], "old": [{"id": "1"}], "database": "d",
+         "table": "t", "type": "UPDATE", "isDdl": False, "es": 1, "pkNames": ["id"],
+         "mysqlType": {"id": "int(11)", "d": "date"}},
+        {"data": None, "database": "d", "table": "t", "type": "ALTER", "isDdl": True,
+         "sql": "ALTER TABLE t ADD c INT", "es": 1},
+    ],
+    "dts": [
+        {"version": 0, "id": 1, "sourceTimestamp": 1, "sourcePosition": "4@1",
+         "safeSourcePosition": "", "sourceTxid": "", "operation": "UPDATE",
+         "source": {"sourceType": "MySQL", "version": "8"}, "objectName": "d.t",
+         "tags": {"pk_uk_info": '{"PRIMARY":["id"]}'},
+         "fields": [{"name": "id", "dataTypeNumber": 3}],
+         "beforeImages": [{"Integer": {"precision": 4, "value": "1"}}],
+         "afterImages": [{"Integer": {"precision": 4, "value": "2"}}]},
+    ],
+}
+
+FIELD_NAMES = sorted({name for bases in BASES.values() for base in bases for name in base}
+                     | {"db", "table", "file", "pos", "row", "snapshot", "id", "value",
+                        "precision", "charset", "Integer", "Character", "timestamp"})
+LEAVES = st.sampled_from(["c", "u", "d", "r", "t", "insert", "UPDATE", "DDL", "BEGIN",
+                          "mysql-bin.000002", "master.000002:7", "7@2", "AQ==", "2020-13-01",
+                          "int(11)", '"d"."t"', "{"])
+JSON_VALUES = st.recursive(
+    st.none() | st.booleans() | st.integers(-(2**63), 2**64 - 1) | st.floats(allow_nan=False)
+    | st.text(max_size=6) | LEAVES,
+    lambda children: st.lists(children, max_size=3)
+    | st.dictionaries(st.sampled_from(FIELD_NAMES), children, max_size=3),
+    max_leaves=8,
+)
+
+
+def _corrupt(base: Any, overrides: dict[str, Any], inner: dict[str, Any], depth: int) -> Any:
+    """Overlay `overrides` on the top level and `inner` on every nested object."""
+    if isinstance(base, dict):
+        out = {k: _corrupt(v, inner, inner, depth + 1) for k, v in base.items()}
+        out.update(overrides if depth == 0 else inner)
+        return out
+    if isinstance(base, list):
+        return [_corrupt(v, inner, inner, depth + 1) for v in base]
+    return base
+
+
+def _decode_is_total(name: str, value: bytes) -> None:
+    """Decoding yields valid events or a DecodeError that names what is wrong.
+
+    The base class turns any unforeseen exception into a generic "malformed record"
+    DecodeError; reaching it means a check that names the field is missing.
+    """
+    decoder = make_decoder(name, key_columns={"d.x": ["id"]})
+    try:
+        events = decoder.decode(value, key=b'{"id": 1}' if name == "debezium" else None)
+    except DecodeError as exc:
+        assert str(exc).startswith(f"{name}: ")
+        assert "malformed record:" not in str(exc)
+        return
+    assert all(isinstance(e, ChangeEvent) and e.op in OPS for e in events)
+
+
+@pytest.mark.parametrize("name", sorted(BASES))
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data())
+def test_corrupted_records_decode_or_raise_decode_error(name, data):
+    base = data.draw(st.sampled_from(BASES[name]))
+    overrides = data.draw(st.dictionaries(st.sampled_from(FIELD_NAMES), JSON_VALUES, max_size=3))
+    inner = data.draw(st.dictionaries(st.sampled_from(FIELD_NAMES), JSON_VALUES, max_size=2))
+    _decode_is_total(name, orjson.dumps(_corrupt(base, overrides, inner, 0)))
+
+
+@pytest.mark.parametrize("name", sorted(BASES))
+@settings(max_examples=100, deadline=None)
+@given(value=st.binary(max_size=64))
+def test_arbitrary_bytes_decode_or_raise_decode_error(name, value):
+    _decode_is_total(name, value)

@@ -1,0 +1,74 @@
+from __future__ import annotations
+
+from datetime import date, datetime
+from decimal import Decimal
+
+import pytest
+
+from binlog_assets.formats.mysql_types import mysql_type
+
+
+@pytest.mark.parametrize(
+    ("type_name", "canonical"),
+    [
+        ("int(11)", "int"),
+        ("INTEGER", "int"),
+        ("tinyint(1)", "int"),
+        ("year", "int"),
+        ("int(10) unsigned", "bigint"),
+        ("INT UNSIGNED", "bigint"),
+        ("bigint(20)", "bigint"),
+        ("bigint(20) unsigned zerofill", "decimal(20,0)"),
+        ("decimal(10,2)", "decimal(10,2)"),
+        ("NUMERIC(65, 30)", "decimal(65,30)"),
+        ("decimal", "decimal(10,0)"),
+        ("float", "float"),
+        ("double precision", "double"),
+        ("REAL", "double"),
+        ("date", "date"),
+        ("datetime(6)", "timestamp"),
+        ("TIMESTAMP", "timestamp"),
+        ("VARCHAR(255)", "string"),
+        ("enum('a','b,c')", "string"),
+        ("time(3)", "string"),
+        ("json", "json"),
+        ("varbinary(16)", "binary"),
+        ("longblob", "binary"),
+        ("bit(1)", None),
+        ("geometry", None),
+        ("", None),
+    ],
+)
+def test_canonical_type(type_name, canonical):
+    assert mysql_type(type_name).canonical == canonical
+
+
+def test_decimal_digits_from_separate_precision_and_scale():
+    assert mysql_type("DECIMAL", 12, 4).canonical == "decimal(12,4)"
+    assert mysql_type("decimal(8,1)", 12, 4).canonical == "decimal(8,1)"
+
+
+@pytest.mark.parametrize(
+    ("type_name", "text", "value"),
+    [
+        ("bigint unsigned", "18446744073709551615", 18446744073709551615),
+        ("decimal(30,10)", "12345678901234567890.0123456789",
+         Decimal("12345678901234567890.0123456789")),
+        ("double", "-1.5e3", -1500.0),
+        ("date", "2020-02-29", date(2020, 2, 29)),
+        ("date", "0000-00-00", None),
+        ("datetime(6)", "2020-05-13 12:34:56.000001", datetime(2020, 5, 13, 12, 34, 56, 1)),
+        ("timestamp", "0000-00-00 00:00:00", None),
+        ("blob", "\x00\xff", b"\x00\xff"),
+        ("varchar(3)", "abc", "abc"),
+    ],
+)
+def test_text_values_parse_to_python_values(type_name, text, value):
+    assert mysql_type(type_name).parse(text) == value
+
+
+@pytest.mark.parametrize(("type_name", "text"), [("int", "1.5"), ("date", "2020-02-30"),
+                                                  ("decimal(4,2)", "abc")])
+def test_text_that_does_not_fit_its_type_raises(type_name, text):
+    with pytest.raises((ValueError, ArithmeticError)):
+        mysql_type(type_name).parse(text)
