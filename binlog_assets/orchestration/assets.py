@@ -5,7 +5,6 @@ the configured source topics from the beginning up to the end offsets seen at it
 decodes the change events, and writes them to a Delta table with Spark.
 """
 
-from __future__ import annotations
 
 import dagster as dg
 from confluent_kafka import Consumer, TopicPartition
