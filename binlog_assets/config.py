@@ -70,7 +70,8 @@ class SourceConfig(_Model):
     topics: tuple[str, ...] = Field(min_length=1)
     format: Format = "debezium"
     ordering: Ordering = "key"
-    lanes: int = Field(16, ge=1, le=1024)
+    lanes: int = Field(16, ge=1, le=4096)
+    workers: int | None = Field(None, ge=1, le=256, description="threads serving the lanes")
     max_in_flight: int = Field(10_000, ge=1)
     max_retries: int = Field(3, ge=0)
     strict: bool = Field(False, description="fail the run on a bad message instead of DLQ")

@@ -9,10 +9,9 @@ and keeps every other answer so a disagreement can be reported, never silently d
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-
-import time
 from typing import TypeVar
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
@@ -115,10 +114,12 @@ def reset_source(consumer: Consumer, tp: TopicPartition, policy: str) -> Checkpo
     return read
 
 
-def resolve_checkpoint(sources: Sequence[CheckpointSource], *, all_sources: bool = False
+def resolve_checkpoint(sources: Sequence[CheckpointSource], *, all_sources: bool = True
                        ) -> Resolution:
-    """The first source with an answer wins. With `all_sources`, every later source is
-    read too (for the agreement check); otherwise reading stops at the winner."""
+    """The first source with an answer wins. With `all_sources` (the default) every later
+    source is read too, for the agreement check, and the done-beyond offsets of sources
+    that agree with the winner's offset are merged into it (only Kafka's commit metadata
+    carries them, but the changelog's transaction state ranks first)."""
     candidates: list[Checkpoint] = []
     for source in sources:
         cp = source()
@@ -129,4 +130,7 @@ def resolve_checkpoint(sources: Sequence[CheckpointSource], *, all_sources: bool
             break
     if not candidates:
         raise RuntimeError("no checkpoint source answered (not even the reset policy)")
-    return Resolution(candidates[0], tuple(candidates))
+    first = candidates[0]
+    done = frozenset().union(*(c.done_beyond for c in candidates if c.offset == first.offset))
+    chosen = Checkpoint(first.offset, first.source, done)
+    return Resolution(chosen, tuple(candidates))

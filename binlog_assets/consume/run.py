@@ -13,9 +13,10 @@ from __future__ import annotations
 
 import logging
 import time
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
 
@@ -47,6 +48,14 @@ class StrictModeFailure(RuntimeError):
     """A strict run met a bad message; nothing past it was committed."""
 
 
+class ContiguousSink(Protocol):
+    """Receives, at each commit point, every event of the offsets below `end_offset` not
+    yet given, in offset order, before Kafka's commit (the changelog writer)."""
+
+    def __call__(self, events: list[ChangeEvent], raw: dict[int, bytes],
+                 end_offset: int) -> None: ...
+
+
 @dataclass(frozen=True)
 class RunSettings:
     """What one bounded run needs besides the partition and its handlers."""
@@ -57,6 +66,7 @@ class RunSettings:
     ordering: str = "key"
     table_ordering: dict[str, str] = field(default_factory=dict)
     lanes: int = 16
+    workers: int | None = None  # threads serving the lanes; default min(lanes, 64)
     max_in_flight: int = 10_000
     error_policy: ErrorPolicy = field(default_factory=ErrorPolicy)
     dead_letter_topic: str | None = None
@@ -117,6 +127,7 @@ class BoundedRun:
         *,
         decoder: object | None = None,
         on_commit: Callable[[int, str], None] | None = None,
+        sink: ContiguousSink | None = None,
     ) -> None:
         from binlog_assets.formats import make_decoder
 
@@ -125,6 +136,10 @@ class BoundedRun:
         self.settings = settings
         self.decoder = decoder or make_decoder(settings.format, key_columns=settings.key_columns)
         self.on_commit = on_commit
+        self.sink = sink
+        # (offset, events, raw value) polled but not yet given to the sink.
+        self._sink_buffer: deque[tuple[int, list[ChangeEvent], bytes | None]] = deque()
+        self._sink_end: int | None = None
         self._dlq: DeadLetterPublisher | None = None
         self.peak_in_flight = 0
 
@@ -168,6 +183,7 @@ class BoundedRun:
             start = resolution.chosen
             _low, end = consumer.get_watermark_offsets(self.tp, timeout=30, cached=False)
             tracker = OffsetTracker(start.offset, start.done_beyond)
+            self._sink_end = start.offset
             summary = RunSummary(
                 self.tp.topic, self.tp.partition, start.offset, start.source, end,
                 start.offset, checkpoint_candidates=resolution.candidates,
@@ -176,8 +192,9 @@ class BoundedRun:
                 summary.seconds = time.monotonic() - began
                 return summary
             dispatcher = LaneDispatcher(
+                self.registry,
                 lanes=self.settings.lanes,
-                registry=self.registry,
+                workers=self.settings.workers,
                 on_done_many=tracker.done_many,
                 ordering=self.settings.ordering,
                 table_ordering=self.settings.table_ordering or None,
@@ -221,10 +238,12 @@ class BoundedRun:
             if dispatcher.failure is not None:
                 return
             # Backpressure pauses this partition only; the poll loop keeps running.
-            if not paused and dispatcher.is_full():
+            # Finished events wait in the sink buffer behind a slow one: count them too.
+            buffered = len(self._sink_buffer) > 4 * s.max_in_flight
+            if not paused and (dispatcher.is_full() or buffered):
                 consumer.pause([self.tp])
                 paused = True
-            elif paused and dispatcher.below_low_water():
+            elif paused and dispatcher.below_low_water() and not buffered:
                 consumer.resume([self.tp])
                 paused = False
             # Never fetch more than fits under max_in_flight: memory stays bounded.
@@ -266,7 +285,8 @@ class BoundedRun:
             next_offset = offset + 1
             received.append(offset)
             summary.records += 1
-            if tracker.is_already_done(offset):
+            already_done = tracker.is_already_done(offset)
+            if already_done and self.sink is None:
                 summary.skipped_already_done += 1
                 done_now.append(offset)
                 continue
@@ -275,6 +295,14 @@ class BoundedRun:
                                  offset=offset, key=msg.key(), headers=msg.headers())
             except DecodeError as e:
                 self._decode_failed(msg, e, summary)
+                done_now.append(offset)
+                continue
+            if self.sink is not None and decoded:
+                self._sink_buffer.append((offset, decoded, msg.value()))
+            if already_done:
+                # Handled by an earlier run; the changelog still gets its events, since
+                # that run's changelog write stopped at its contiguous point.
+                summary.skipped_already_done += 1
                 done_now.append(offset)
                 continue
             if decoded:
@@ -332,12 +360,26 @@ class BoundedRun:
         ) from dispatcher.failure
 
     # -- commit -----------------------------------------------------------------------
+    def _flush_sink(self, end_offset: int) -> None:
+        events: list[ChangeEvent] = []
+        raw: dict[int, bytes] = {}
+        buf = self._sink_buffer
+        while buf and buf[0][0] < end_offset:
+            offset, decoded, value = buf.popleft()
+            events.extend(decoded)
+            if value is not None:
+                raw[offset] = value
+        self.sink(events, raw, end_offset)
+        self._sink_end = end_offset
+
     def _commit(self, consumer: Consumer, tracker: OffsetTracker,
                 summary: RunSummary | None) -> None:
         if self._dlq is not None:
             self._dlq.flush()
         offset = tracker.committable()
         metadata = tracker.encode_metadata()
+        if self.sink is not None and offset > (self._sink_end or 0):
+            self._flush_sink(offset)
         target = [TopicPartition(self.tp.topic, self.tp.partition, offset, metadata=metadata)]
         retry_retriable(lambda: consumer.commit(offsets=target, asynchronous=False),
                         f"committing {self.tp.topic}[{self.tp.partition}]@{offset}")

@@ -8,6 +8,7 @@ here runs when the user's config names `bootstrap.servers`.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -219,7 +220,6 @@ def _cluster_id() -> str:
 
 
 def _reap(pid: int) -> None:
-    try:
+    # A broker we started is our child: reap it so it does not linger as a zombie.
+    with contextlib.suppress(ChildProcessError):
         os.waitpid(pid, os.WNOHANG)
-    except ChildProcessError:
-        pass

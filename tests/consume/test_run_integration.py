@@ -14,7 +14,7 @@ from pathlib import Path
 import orjson
 import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
-from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic
+from confluent_kafka.admin import AdminClient, NewTopic
 
 from binlog_assets.consume.checkpoint import retry_retriable
 from binlog_assets.consume.errors import ErrorPolicy

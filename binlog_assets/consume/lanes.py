@@ -1,0 +1,771 @@
+"""Parallel, per-key ordered dispatch of change events to their handlers: `LaneDispatcher`.
+
+An event's lane is `crc32(ordering key bytes) % lanes` (stable across processes, unlike
+Python's salted `hash()`), and a lane is serial: its events run one after another, in
+submission order, so per ordering key handlers observe events in position order
+(invariant 1) under any lane count. Lanes are many and cheap; `workers` threads run them,
+a lane on at most one worker at a time. Having more lanes than workers is what keeps
+workers busy when keys hash unevenly: an idle worker takes any lane with work.
+
+A DDL event is a barrier for its table. Under `table` or `partition` ordering all of the
+table's events share the DDL's lane, so lane order already is the barrier. Under `key`
+ordering the table is spread over lanes, so the dispatcher puts a fence in every busy
+lane, runs the DDL (on the table's lane) once every fence is passed, and gates every lane
+that receives a later event of the table until the DDL is done. A lane waiting at a gate
+is parked, not blocking a worker, and every wait points at earlier submissions, so the
+barrier cannot deadlock with any number of workers.
+
+An event is done when all of its table's handlers finished (they run concurrently when
+there are several), or when it was dead-lettered after its retries (see `errors.py`).
+Done offsets go to `on_done_many` in batches; a Kafka record decoded into several events
+is reported once, when its last event is done. `max_in_flight` bounds what the poll
+thread should submit: it checks `is_full()` and pauses the partition, and resumes at
+`below_low_water()`. `submit_many` itself never blocks.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import zlib
+from collections import Counter
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from operator import attrgetter
+from queue import SimpleQueue
+from types import TracebackType
+
+from binlog_assets.consume.errors import (
+    BreakerOpenError,
+    DeadLetter,
+    DispatcherStopped,
+    ErrorPolicy,
+    KeyBreaker,
+    dead_letter_reason,
+)
+from binlog_assets.consume.handlers import Handler, HandlerRegistry
+from binlog_assets.formats.event import OP_DDL, ChangeEvent
+
+log = logging.getLogger(__name__)
+
+ORDERING_PARTITION = "partition"
+ORDERING_TABLE = "table"
+ORDERING_KEY = "key"
+ORDERING_MODES = (ORDERING_PARTITION, ORDERING_TABLE, ORDERING_KEY)
+
+MAX_DEFAULT_WORKERS = 64
+
+# Hashing a key costs more than looking its lane up, and hot keys repeat. The cache is per
+# table and cleared when full, which bounds it without any bookkeeping per hit. It is keyed
+# by equality, so 1 and 1.0 would share a lane; a decoder gives a column one type anyway.
+_KEY_LANE_CACHE = 65_536
+
+_TABLE_OP = attrgetter("table", "op")
+
+# Lane states, changed only under the dispatcher lock.
+_IDLE = 0  # no entries, not on the ready queue, no worker on it
+_SCHEDULED = 1  # on the ready queue or being run by a worker
+_PARKED = 2  # waiting for a barrier; the barrier puts it back on the ready queue
+
+# Barrier control entries, queued in lanes between event batches.
+_FENCE = 0  # this lane has finished everything submitted before the DDL
+_AWAIT_FENCES = 1  # DDL lane: wait until every fence is passed
+_GATE = 2  # wait until the DDL is done
+_RELEASE = 3  # the DDL is done
+
+
+# Per table: (fixed lane, or -1 under key ordering; crc32 of the key prefix, which the
+# key's bytes continue; the table's own lane; key -> lane cache).
+_Route = tuple[int, int, int, dict[tuple, int]]
+
+
+def ordering_key_bytes(event: ChangeEvent, mode: str) -> bytes:
+    """The canonical bytes whose crc32 picks an event's lane.
+
+    `partition`: topic and partition; `table`: the table; `key`: the table and `repr` of
+    the key values (deterministic for the int, str, Decimal, bytes and datetime values
+    the decoders produce; a key without values falls back to its table). The dispatcher
+    computes the same crc32 incrementally.
+    """
+    if mode == ORDERING_PARTITION:
+        return f"partition\0{event.topic}\0{event.partition}".encode()
+    if mode == ORDERING_KEY and event.key:
+        return _key_prefix(event.table) + repr(event.key).encode()
+    if mode in (ORDERING_KEY, ORDERING_TABLE):
+        return _table_bytes(event.table)
+    raise ValueError(f"ordering must be one of {ORDERING_MODES}, got {mode!r}")
+
+
+@dataclass(frozen=True)
+class DispatchStats:
+    """Counters for the run's metadata; numbers stay numbers so the UI can chart them."""
+
+    handled: int  # events whose handlers all succeeded
+    skipped: int  # events of tables without handlers
+    retried: int  # handler retries (attempts after the first)
+    dead_lettered: int
+    dead_lettered_by_table: dict[str, int]
+    dead_lettered_by_reason: dict[str, int]
+    events_by_table_op: dict[str, dict[str, int]]  # table -> op -> events done
+    breakers_open: int  # keys whose later events are dead-lettered without retries
+
+
+class LaneDispatcher:
+    """Runs each event's handlers on its lane; see the module docstring.
+
+    `submit_many` is called from one thread (the poll thread), after the offsets were
+    given to the tracker as received. `on_done_many` and `dead_letter` are called from
+    worker threads, possibly concurrently; `OffsetTracker.done_many` is safe for that.
+    One dispatcher serves one topic-partition: offsets identify its events.
+    """
+
+    def __init__(
+        self,
+        registry: HandlerRegistry,
+        *,
+        lanes: int = 16,
+        workers: int | None = None,
+        on_done_many: Callable[[list[int]], None] | None = None,
+        ordering: str = ORDERING_KEY,
+        table_ordering: Mapping[str, str] | None = None,
+        max_in_flight: int = 10_000,
+        low_water: int | None = None,
+        policy: ErrorPolicy | None = None,
+        dead_letter: DeadLetter | None = None,
+        handler_threads: int | None = None,
+    ) -> None:
+        _require_count("lanes", lanes)
+        workers = min(lanes, MAX_DEFAULT_WORKERS) if workers is None else workers
+        _require_count("workers", workers)
+        _require_count("max_in_flight", max_in_flight)
+        low_water = max_in_flight // 2 if low_water is None else low_water
+        if not isinstance(low_water, int) or not 0 <= low_water < max_in_flight:
+            raise ValueError(
+                f"LaneDispatcher low_water must be an integer in [0, max_in_flight), "
+                f"got {low_water!r}"
+            )
+        _require_ordering("ordering", ordering)
+        for table, mode in (table_ordering or {}).items():
+            _require_ordering(f"table_ordering[{table!r}]", mode)
+
+        self._registry = registry
+        self._lane_count = lanes
+        self._on_done_many = on_done_many
+        self._ordering = ordering
+        self._table_ordering = dict(table_ordering or {})
+        self._max_in_flight = max_in_flight
+        self._low_water = low_water
+        self._policy = policy if policy is not None else ErrorPolicy()
+        self._dead_letter = dead_letter
+        self._handler_threads = handler_threads or workers
+
+        self._lock = threading.Lock()
+        self._changed = threading.Condition(self._lock)  # in-flight transitions, halts
+        self._stop = threading.Event()  # wakes retry backoffs on close or failure
+        self._halted = False
+        self._failure: BaseException | None = None
+        self._in_flight = 0
+        # Kafka records with several events (a Canal message's rows): offset -> events left.
+        self._multi: dict[int, int] = {}
+        self._last_offset: int | None = None
+        self._routes: dict[str, _Route] = {}
+        self._barriers: dict[str, _Barrier] = {}  # table -> its latest DDL barrier
+        self._lanes = [_Lane(i) for i in range(lanes)]
+        self._ready: SimpleQueue[_Lane | None] = SimpleQueue()
+        self._pool: ThreadPoolExecutor | None = None
+        self._stats = [_WorkerStats() for _ in range(workers)]
+        self._threads = [
+            threading.Thread(
+                target=self._work, args=(stats,), name=f"binlake-lane-worker-{i}", daemon=True
+            )
+            for i, stats in enumerate(self._stats)
+        ]
+        for thread in self._threads:
+            thread.start()
+
+    # -- the poll thread's side -------------------------------------------------------
+    def submit(self, event: ChangeEvent) -> None:
+        self.submit_many((event,))
+
+    def submit_many(self, events: Sequence[ChangeEvent]) -> None:
+        """Queue events in poll order; the events of one Kafka record go in one call."""
+        if self._halted:
+            raise DispatcherStopped("the dispatcher is stopped") from self._failure
+        if not events:
+            return
+        if events[0].offset == self._last_offset:
+            raise ValueError(
+                f"offset {events[0].offset} continues from the previous submit_many: the "
+                f"events of one Kafka record must be submitted together"
+            )
+        routes = self._routes
+        crc32 = zlib.crc32
+        lanes = self._lane_count
+        barriers = self._barriers
+        per_lane: dict[int, list[ChangeEvent]] = {}
+        multi: dict[int, int] = {}
+        special = False
+        previous = None
+        for event in events:
+            table = event.table
+            route = routes.get(table)
+            if route is None:
+                route = self._route(event)
+            fixed, seed, table_lane, key_lanes = route
+            if fixed >= 0:
+                lane = fixed
+            else:
+                key = event.key
+                lane = key_lanes.get(key)
+                if lane is None:
+                    lane = crc32(repr(key).encode(), seed) % lanes if key else table_lane
+                    if len(key_lanes) >= _KEY_LANE_CACHE:
+                        key_lanes.clear()
+                    key_lanes[key] = lane
+                if event.op == OP_DDL:
+                    special = True
+            if barriers and table in barriers:
+                special = True
+            offset = event.offset
+            if offset == previous:
+                multi[offset] = multi.get(offset, 1) + 1
+            previous = offset
+            batch = per_lane.get(lane)
+            if batch is None:
+                per_lane[lane] = [event]
+            else:
+                batch.append(event)
+        self._last_offset = previous
+        with self._lock:
+            self._in_flight += len(events)
+            if multi:
+                self._multi.update(multi)
+            if special:
+                self._enqueue_in_order(events)
+            else:
+                self._enqueue(per_lane)
+
+    def in_flight(self) -> int:
+        """Events submitted and not yet done."""
+        return self._in_flight
+
+    def is_full(self) -> bool:
+        """True at `max_in_flight`: the poll thread should pause the partition."""
+        return self._in_flight >= self._max_in_flight
+
+    def below_low_water(self) -> bool:
+        """True at or below the low-water mark: a paused partition may resume."""
+        return self._in_flight <= self._low_water
+
+    def drain(self, timeout: float | None = None) -> bool:
+        """Wait until everything submitted is done. False on timeout or when stopped."""
+        with self._changed:
+            self._changed.wait_for(lambda: self._in_flight == 0 or self._halted, timeout)
+            return self._in_flight == 0 and self._failure is None
+
+    def close(self, timeout: float = 10.0) -> None:
+        """Stop the workers. Events not yet started are dropped, and so never done."""
+        self._halt(None)
+        for _ in self._threads:
+            self._ready.put(None)
+        for thread in self._threads:
+            thread.join(timeout)
+        if self._pool is not None:
+            self._pool.shutdown(wait=False, cancel_futures=True)
+
+    def __enter__(self) -> LaneDispatcher:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    @property
+    def failure(self) -> BaseException | None:
+        """The strict-mode (or callback) failure that stopped the dispatcher, if any."""
+        return self._failure
+
+    @property
+    def dead_lettered(self) -> int:
+        return sum(sum(s.dead_lettered.values()) for s in self._stats)
+
+    def stats(self) -> DispatchStats:
+        by_table_op: dict[str, dict[str, int]] = {}
+        dead_by_table: Counter[str] = Counter()
+        dead_by_reason: Counter[str] = Counter()
+        for s in self._stats:
+            # dict() copies in one C call, so a worker's concurrent update cannot break it.
+            for (table, op), n in dict(s.by_table_op).items():
+                ops = by_table_op.setdefault(table, {})
+                ops[op] = ops.get(op, 0) + n
+            dead_by_table.update(dict(s.dead_lettered))
+            dead_by_reason.update(dict(s.dead_letter_reasons))
+        return DispatchStats(
+            handled=sum(s.handled for s in self._stats),
+            skipped=sum(s.skipped for s in self._stats),
+            retried=sum(s.retried for s in self._stats),
+            dead_lettered=sum(dead_by_table.values()),
+            dead_lettered_by_table=dict(dead_by_table),
+            dead_lettered_by_reason=dict(dead_by_reason),
+            events_by_table_op=by_table_op,
+            breakers_open=sum(
+                len(lane.breaker.open_keys()) for lane in self._lanes if lane.breaker is not None
+            ),
+        )
+
+    def lane_of(self, event: ChangeEvent) -> int:
+        """The lane `event` runs on: crc32(ordering_key_bytes(event, mode)) % lanes.
+
+        Key lanes are cached by key equality, as `submit_many` does, so both always agree.
+        """
+        fixed, seed, table_lane, key_lanes = self._routes.get(event.table) or self._route(event)
+        if fixed >= 0:
+            return fixed
+        key = event.key
+        if not key:
+            return table_lane
+        lane = key_lanes.get(key)
+        if lane is None:
+            lane = zlib.crc32(repr(key).encode(), seed) % self._lane_count
+        return lane
+
+    # -- queueing (under the lock) ----------------------------------------------------
+    def _route(self, event: ChangeEvent) -> _Route:
+        table = event.table
+        mode = self._table_ordering.get(table, self._ordering)
+        table_lane = zlib.crc32(_table_bytes(table)) % self._lane_count
+        if mode == ORDERING_KEY:
+            route = (-1, zlib.crc32(_key_prefix(table)), table_lane, {})
+        elif mode == ORDERING_TABLE:
+            route = (table_lane, 0, table_lane, {})
+        else:
+            lane = zlib.crc32(ordering_key_bytes(event, ORDERING_PARTITION)) % self._lane_count
+            route = (lane, 0, table_lane, {})
+        self._routes[table] = route
+        return route
+
+    def _enqueue(self, per_lane: dict[int, list[ChangeEvent]]) -> None:
+        lanes = self._lanes
+        for index, batch in per_lane.items():
+            self._append(lanes[index], batch)
+
+    def _append(self, lane: _Lane, entry: list[ChangeEvent] | _Control) -> None:
+        entries = lane.entries
+        if type(entry) is list and entries and type(entries[-1]) is list:
+            # Fewer, longer batches: the worker's per-batch cost is paid once.
+            entries[-1].extend(entry)
+        else:
+            entries.append(entry)
+        if lane.state == _IDLE:
+            lane.state = _SCHEDULED
+            self._ready.put(lane)
+
+    def _enqueue_in_order(self, events: Sequence[ChangeEvent]) -> None:
+        """The slow path for batches with a key-ordered DDL or a table behind a barrier."""
+        held: dict[int, list[ChangeEvent]] = {}  # per lane, not yet appended
+        for event in events:
+            table = event.table
+            barrier = self._barriers.get(table)
+            if barrier is not None and barrier.done:
+                del self._barriers[table]
+                barrier = None
+            lane = self.lane_of(event)
+            if event.op == OP_DDL and self._routes[table][0] < 0:
+                # Fences must follow everything submitted before the DDL, in every lane.
+                self._enqueue(held)
+                held = {}
+                self._place_barrier(event, self._routes[table][2])
+                continue
+            if barrier is not None and lane != barrier.lane and lane not in barrier.gated:
+                if lane in held:
+                    self._append(self._lanes[lane], held.pop(lane))
+                self._append(self._lanes[lane], _Control(_GATE, barrier))
+                barrier.gated.add(lane)
+            held.setdefault(lane, []).append(event)
+        self._enqueue(held)
+
+    def _place_barrier(self, event: ChangeEvent, ddl_lane: int) -> None:
+        barrier = _Barrier(event.table, ddl_lane)
+        for lane in self._lanes:
+            # An idle lane has finished everything submitted so far: no fence needed.
+            if lane.index != ddl_lane and lane.state != _IDLE:
+                self._append(lane, _Control(_FENCE, barrier))
+                barrier.fences_left += 1
+        barrier.fenced = barrier.fences_left == 0
+        lane = self._lanes[ddl_lane]
+        self._append(lane, _Control(_AWAIT_FENCES, barrier))
+        self._append(lane, [event])
+        self._append(lane, _Control(_RELEASE, barrier))
+        self._barriers[event.table] = barrier
+
+    def _wake(self, lanes: list[_Lane]) -> None:
+        for lane in lanes:
+            lane.state = _SCHEDULED
+            self._ready.put(lane)
+        lanes.clear()
+
+    def _halt(self, failure: BaseException | None) -> None:
+        with self._lock:
+            if failure is not None and self._failure is None:
+                self._failure = failure
+            self._halted = True
+            self._stop.set()
+            self._changed.notify_all()
+
+    # -- the workers' side ------------------------------------------------------------
+    def _work(self, stats: _WorkerStats) -> None:
+        get = self._ready.get
+        while (lane := get()) is not None:
+            try:
+                self._run_lane(lane, stats)
+            except BaseException as exc:
+                # A dispatcher bug: stop rather than hang. Once stopping, an interrupted
+                # fan-out (its pool futures cancelled by close) is expected, not a failure.
+                if not self._halted:
+                    self._halt(exc)
+
+    def _run_lane(self, lane: _Lane, stats: _WorkerStats) -> None:
+        with self._lock:
+            entries, lane.entries = lane.entries, []
+        done: list[int] = []  # one offset per finished event
+        parked = False
+        try:
+            for i, entry in enumerate(entries):
+                if self._halted:
+                    break
+                if type(entry) is list:
+                    self._run_batch(lane, entry, done, stats)
+                elif self._control(lane, entry, entries, i):
+                    parked = True
+                    break
+        except _Stopping:
+            pass
+        finally:
+            self._finish(lane, done, parked)
+
+    def _run_batch(
+        self, lane: _Lane, batch: list[ChangeEvent], done: list[int], stats: _WorkerStats
+    ) -> None:
+        handlers_for = self._registry.handlers_for
+        append = done.append
+        fast = 0
+        count = 0
+        table = handlers = None
+        try:
+            for event in batch:
+                if self._halted:
+                    break
+                if event.table != table:
+                    table = event.table
+                    handlers = handlers_for(table)
+                if len(handlers) == 1 and lane.breaker is None:
+                    # The common case: one handler, no failure, no breaker to consult.
+                    try:
+                        handlers[0].fn(event)
+                    except BaseException as exc:
+                        if not self._handle(lane, event, handlers, exc, stats):
+                            break
+                    else:
+                        fast += 1
+                elif not self._handle(lane, event, handlers, None, stats):
+                    break
+                append(event.offset)
+                count += 1
+        finally:
+            stats.handled += fast
+            finished = batch if count == len(batch) else batch[:count]
+            stats.by_table_op.update(map(_TABLE_OP, finished))
+
+    def _control(self, lane: _Lane, entry: _Control, entries: list, i: int) -> bool:
+        """Apply a barrier entry; True when the lane was parked to wait for the barrier."""
+        barrier = entry.barrier
+        with self._lock:
+            if entry.kind == _FENCE:
+                barrier.fences_left -= 1
+                if barrier.fences_left == 0:
+                    barrier.fenced = True
+                    self._wake(barrier.fence_waiters)
+                return False
+            if entry.kind == _RELEASE:
+                barrier.done = True
+                self._wake(barrier.done_waiters)
+                return False
+            if entry.kind == _AWAIT_FENCES:
+                ready, waiters = barrier.fenced, barrier.fence_waiters
+            else:
+                ready, waiters = barrier.done, barrier.done_waiters
+            if ready:
+                return False
+            # The entry itself stays first, so the lane re-checks it when woken.
+            lane.entries = entries[i:] + lane.entries
+            lane.state = _PARKED
+            waiters.append(lane)
+            return True
+
+    def _finish(self, lane: _Lane, done: list[int], parked: bool) -> None:
+        finished = len(done)
+        if done and self._multi:
+            with self._lock:
+                done = self._settle_multi(done)
+        if done and self._on_done_many is not None:
+            try:
+                self._on_done_many(done)
+            except BaseException as exc:
+                exc.add_note(f"binlake: on_done_many failed for offsets {done[0]}..{done[-1]}")
+                self._halt(exc)
+        with self._lock:
+            if finished:
+                before = self._in_flight
+                self._in_flight = after = before - finished
+                if after == 0 or after <= self._low_water < before:
+                    self._changed.notify_all()
+            if parked:
+                return
+            if lane.entries and not self._halted:
+                self._ready.put(lane)
+            else:
+                lane.state = _IDLE
+
+    def _settle_multi(self, done: list[int]) -> list[int]:
+        """Keep only offsets whose record has no event left (under the lock)."""
+        multi = self._multi
+        settled = []
+        for offset in done:
+            left = multi.get(offset)
+            if left is None:
+                settled.append(offset)
+            elif left > 1:
+                multi[offset] = left - 1
+            else:
+                del multi[offset]
+                settled.append(offset)
+        return settled
+
+    def _handle(
+        self,
+        lane: _Lane,
+        event: ChangeEvent,
+        handlers: tuple[Handler, ...],
+        first_error: BaseException | None,
+        stats: _WorkerStats,
+    ) -> bool:
+        """The general path: breaker, several handlers, retries, dead letters, strict stop.
+
+        Returns False when the dispatcher stopped and the event is not done.
+        """
+        key = (event.table, event.key)
+        breaker = lane.breaker
+        if breaker is not None and breaker.is_open(key):
+            error = BreakerOpenError(event.table, event.key, breaker.threshold)
+            return self._dead_letter_event(event, error, 0, stats)
+        if not handlers:
+            stats.skipped += 1
+            return True
+        if first_error is not None:
+            outcomes = [self._retry(handlers[0], event, first_error)]
+        elif len(handlers) == 1:
+            outcomes = [self._call(handlers[0], event)]
+        else:
+            outcomes = self._fan_out(handlers, event)
+        stats.retried += sum(attempts - 1 for _, attempts in outcomes)
+        failed = [
+            (handler, error, attempts)
+            for handler, (error, attempts) in zip(handlers, outcomes, strict=False)
+            if error is not None
+        ]
+        if not failed:
+            stats.handled += 1
+            if breaker is not None:
+                breaker.record_success(key)
+            return True
+        for handler, error, attempts in failed:
+            error.add_note(
+                f"binlake: handler {handler.name!r} failed on {event.table} "
+                f"{event.topic}[{event.partition}]@{event.offset} after {attempts} attempt(s)"
+            )
+        if len(failed) == 1:
+            error = failed[0][1]
+        else:
+            error = BaseExceptionGroup(
+                f"{len(failed)} handlers failed on {event.table}@{event.offset}",
+                [error for _, error, _ in failed],
+            )
+        attempts = max(attempts for _, _, attempts in failed)
+        if self._policy.strict or not isinstance(error, Exception):
+            self._halt(error)
+            return False
+        if not self._dead_letter_event(event, error, attempts, stats):
+            return False
+        if self._policy.breaker_threshold:
+            if lane.breaker is None:
+                lane.breaker = KeyBreaker(self._policy.breaker_threshold)
+            if lane.breaker.record_dead_letter(key):
+                log.warning(
+                    "breaker opened for %s key %r: later events of this key are "
+                    "dead-lettered without retries",
+                    event.table,
+                    event.key,
+                )
+        return True
+
+    def _call(self, handler: Handler, event: ChangeEvent) -> tuple[BaseException | None, int]:
+        try:
+            handler.fn(event)
+        except BaseException as exc:
+            return self._retry(handler, event, exc)
+        return None, 1
+
+    def _retry(
+        self, handler: Handler, event: ChangeEvent, error: BaseException
+    ) -> tuple[BaseException | None, int]:
+        """Retry after `error` with backoff: (last error or None, attempts made)."""
+        attempts = 1
+        # Only ordinary exceptions are retried: SystemExit and friends mean stop.
+        while isinstance(error, Exception) and attempts <= self._policy.max_retries:
+            if self._stop.wait(self._policy.backoff(attempts)):
+                raise _Stopping
+            attempts += 1
+            try:
+                handler.fn(event)
+            except BaseException as exc:
+                error = exc
+            else:
+                return None, attempts
+        return error, attempts
+
+    def _fan_out(
+        self, handlers: tuple[Handler, ...], event: ChangeEvent
+    ) -> list[tuple[BaseException | None, int]]:
+        """Run several handlers concurrently: the first inline, the rest on the pool."""
+        pool = self._handler_pool()
+        futures = [pool.submit(self._call, handler, event) for handler in handlers[1:]]
+        first = self._call(handlers[0], event)
+        return [first, *(future.result() for future in futures)]
+
+    def _handler_pool(self) -> ThreadPoolExecutor:
+        if self._pool is None:
+            with self._lock:
+                if self._pool is None:
+                    self._pool = ThreadPoolExecutor(
+                        self._handler_threads, thread_name_prefix="binlake-handler"
+                    )
+        return self._pool
+
+    def _dead_letter_event(
+        self, event: ChangeEvent, error: BaseException, attempts: int, stats: _WorkerStats
+    ) -> bool:
+        try:
+            if self._dead_letter is None:
+                log.error(
+                    "dead letter (no dead_letter callback) %s %s[%d]@%d after %d attempt(s)",
+                    event.table,
+                    event.topic,
+                    event.partition,
+                    event.offset,
+                    attempts,
+                    exc_info=error,
+                )
+            else:
+                self._dead_letter(event, error, attempts)
+        except BaseException as exc:
+            # Neither handled nor dead-lettered: it must not count as done.
+            exc.add_note(
+                f"binlake: dead_letter failed for {event.table} "
+                f"{event.topic}[{event.partition}]@{event.offset}"
+            )
+            self._halt(exc)
+            return False
+        stats.dead_lettered[event.table] += 1
+        stats.dead_letter_reasons[dead_letter_reason(error)] += 1
+        return True
+
+
+class _Lane:
+    __slots__ = ("breaker", "entries", "index", "state")
+
+    def __init__(self, index: int) -> None:
+        self.index = index
+        self.entries: list[list[ChangeEvent] | _Control] = []
+        self.state = _IDLE
+        self.breaker: KeyBreaker | None = None  # created at the lane's first dead letter
+
+
+class _Barrier:
+    """One DDL's barrier over its table; mutated under the dispatcher lock."""
+
+    __slots__ = (
+        "done",
+        "done_waiters",
+        "fence_waiters",
+        "fenced",
+        "fences_left",
+        "gated",
+        "lane",
+        "table",
+    )
+
+    def __init__(self, table: str, lane: int) -> None:
+        self.table = table
+        self.lane = lane  # the DDL's lane: its own order already holds later events back
+        self.fences_left = 0
+        self.fenced = False
+        self.done = False
+        self.fence_waiters: list[_Lane] = []
+        self.done_waiters: list[_Lane] = []
+        self.gated: set[int] = set()
+
+
+class _Control:
+    __slots__ = ("barrier", "kind")
+
+    def __init__(self, kind: int, barrier: _Barrier) -> None:
+        self.kind = kind
+        self.barrier = barrier
+
+
+class _WorkerStats:
+    """Counters owned by one worker thread, summed by `LaneDispatcher.stats()`."""
+
+    __slots__ = (
+        "by_table_op",
+        "dead_letter_reasons",
+        "dead_lettered",
+        "handled",
+        "retried",
+        "skipped",
+    )
+
+    def __init__(self) -> None:
+        self.handled = 0
+        self.skipped = 0
+        self.retried = 0
+        self.dead_lettered: Counter[str] = Counter()
+        self.dead_letter_reasons: Counter[str] = Counter()
+        self.by_table_op: Counter[tuple[str, str]] = Counter()
+
+
+class _Stopping(Exception):
+    """Raised out of a retry backoff when the dispatcher stops."""
+
+
+def _table_bytes(table: str) -> bytes:
+    return b"table\0" + table.encode(errors="surrogatepass")
+
+
+def _key_prefix(table: str) -> bytes:
+    return b"key\0" + table.encode(errors="surrogatepass") + b"\0"
+
+
+def _require_count(field: str, value: object) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise ValueError(f"LaneDispatcher {field} must be an integer >= 1, got {value!r}")
+
+
+def _require_ordering(field: str, value: object) -> None:
+    if value not in ORDERING_MODES:
+        raise ValueError(f"LaneDispatcher {field} must be one of {ORDERING_MODES}, got {value!r}")

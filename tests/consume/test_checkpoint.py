@@ -1,0 +1,46 @@
+"""Checkpoint precedence and agreement, without Kafka (sources are plain callables)."""
+
+from __future__ import annotations
+
+import pytest
+
+from binlog_assets.consume.checkpoint import (
+    CHANGELOG,
+    KAFKA,
+    RESET,
+    Checkpoint,
+    override_source,
+    resolve_checkpoint,
+)
+
+
+def fixed(cp: Checkpoint | None):
+    return lambda: cp
+
+
+def test_override_wins_over_everything() -> None:
+    r = resolve_checkpoint([override_source(42), fixed(Checkpoint(10, CHANGELOG)),
+                            fixed(Checkpoint(10, KAFKA))])
+    assert (r.chosen.offset, r.chosen.source) == (42, "override")
+    assert {c.source for c in r.disagreements} == {CHANGELOG, KAFKA}
+
+
+def test_first_answer_wins_and_missing_sources_are_passed_over() -> None:
+    r = resolve_checkpoint([override_source(None), fixed(None), fixed(Checkpoint(7, KAFKA)),
+                            fixed(Checkpoint(0, RESET))])
+    assert (r.chosen.offset, r.chosen.source) == (7, KAFKA)
+    assert [c.source for c in r.disagreements] == [RESET]
+
+
+def test_done_beyond_merged_only_from_sources_agreeing_on_the_offset() -> None:
+    r = resolve_checkpoint([fixed(Checkpoint(10, CHANGELOG)),
+                            fixed(Checkpoint(10, KAFKA, frozenset({12, 13})))])
+    assert r.chosen.source == CHANGELOG and r.chosen.done_beyond == {12, 13}
+    r = resolve_checkpoint([fixed(Checkpoint(10, CHANGELOG)),
+                            fixed(Checkpoint(8, KAFKA, frozenset({12})))])
+    assert r.chosen.done_beyond == frozenset()  # Kafka lags the changelog: not trusted
+
+
+def test_no_source_answers_is_an_error() -> None:
+    with pytest.raises(RuntimeError, match="no checkpoint source"):
+        resolve_checkpoint([fixed(None)])
