@@ -13,6 +13,7 @@ import dagster as dg
 from dagster_pyspark import LazyPySparkResource
 
 from binlog_assets.config import PipelineConfig, load_config
+from binlog_assets.consume.handlers import HandlerRegistry
 from binlog_assets.dev.stack import kafka_client_config
 from binlog_assets.lakehouse.spark import spark_conf
 
@@ -21,6 +22,7 @@ class BinlakeResource(dg.ConfigurableResource):
     """The validated pipeline config and Kafka settings, for assets and sensors."""
 
     config_path: str | None = None
+    handlers: str | None = None  # `package.module:registry` of per-table handlers
 
     @cached_property
     def pipeline(self) -> PipelineConfig:
@@ -33,3 +35,19 @@ class BinlakeResource(dg.ConfigurableResource):
 def spark_resource(config: PipelineConfig) -> LazyPySparkResource:
     """dagster-pyspark's lazy session (nothing starts until an asset asks for it)."""
     return LazyPySparkResource(spark_config=spark_conf(config))
+
+
+def load_handlers(spec: str | None) -> HandlerRegistry:
+    """The user's per-table handlers: `package.module:attribute` naming a HandlerRegistry
+    (or None for none: the changelog alone). A bad spec fails naming it."""
+    import importlib
+
+    if not spec:
+        return HandlerRegistry()
+    module_name, sep, attr = spec.partition(":")
+    if not sep or not attr:
+        raise ValueError(f"handlers {spec!r}: expected 'package.module:attribute'")
+    registry = getattr(importlib.import_module(module_name), attr, None)
+    if not isinstance(registry, HandlerRegistry):
+        raise ValueError(f"handlers {spec!r} is not a HandlerRegistry")
+    return registry

@@ -1,0 +1,124 @@
+"""Each sensor cursor transition, built with dg.build_sensor_context on the real broker."""
+
+import json
+import uuid
+from pathlib import Path
+
+import dagster as dg
+import pytest
+import yaml
+from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient, NewPartitions, NewTopic
+
+from binlog_assets.config import PipelineConfig
+from binlog_assets.orchestration.partitions import KAFKA_PARTITIONS_NAME, partition_key
+from binlog_assets.orchestration.resources import BinlakeResource
+from binlog_assets.orchestration.sensors import (
+    kafka_lag_sensor,
+    kafka_partition_discovery_sensor,
+)
+
+
+@pytest.fixture
+def topic_config(pipeline_config: PipelineConfig, tmp_path: Path):
+    """A config whose only source is a fresh 2-partition topic, and that topic's name."""
+    topic = f"sensor-{uuid.uuid4().hex[:8]}"
+    admin = AdminClient({"bootstrap.servers": pipeline_config.bootstrap_servers})
+    for f in admin.create_topics([NewTopic(topic, num_partitions=2)]).values():
+        f.result()
+    data = pipeline_config.model_dump(mode="json", exclude_none=True)
+    data["kafka"]["group.id"] = f"g-{uuid.uuid4().hex[:6]}"
+    data["sources"] = [{"name": "s", "topics": [topic], "format": "debezium"}]
+    data["dagster"] = {"lag_threshold": 3, "max_staleness_seconds": 3600}
+    path = tmp_path / "binlake.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return topic, BinlakeResource(config_path=str(path)), data["kafka"]
+
+
+def produce(bootstrap: str, topic: str, partition: int, n: int) -> None:
+    p = Producer({"bootstrap.servers": bootstrap})
+    for i in range(n):
+        p.produce(topic, partition=partition, value=b"{}", key=str(i).encode())
+    assert p.flush(10) == 0
+
+
+def test_discovery_adds_new_partitions_then_skips(topic_config) -> None:
+    topic, binlake, kafka = topic_config
+    with dg.instance_for_test() as instance:
+        ctx = dg.build_sensor_context(instance=instance, resources={"binlake": binlake})
+        result = kafka_partition_discovery_sensor(ctx)
+        assert isinstance(result, dg.SensorResult)
+        (req,) = result.dynamic_partitions_requests
+        assert sorted(req.partition_keys) == [partition_key(topic, 0), partition_key(topic, 1)]
+        instance.add_dynamic_partitions(KAFKA_PARTITIONS_NAME, list(req.partition_keys))
+
+        again = kafka_partition_discovery_sensor(
+            dg.build_sensor_context(instance=instance, resources={"binlake": binlake},
+                                    cursor=result.cursor))
+        assert isinstance(again, dg.SkipReason)
+
+        # A partition added to the topic is discovered on the next tick.
+        admin = AdminClient({"bootstrap.servers": kafka["bootstrap.servers"]})
+        for f in admin.create_partitions([NewPartitions(topic, 3)]).values():
+            f.result()
+        grown = kafka_partition_discovery_sensor(
+            dg.build_sensor_context(instance=instance, resources={"binlake": binlake},
+                                    cursor=result.cursor))
+        assert isinstance(grown, dg.SensorResult)
+        assert list(grown.dynamic_partitions_requests[0].partition_keys) == [
+            partition_key(topic, 2)]
+
+
+def test_lag_sensor_transitions(topic_config) -> None:
+    topic, binlake, kafka = topic_config
+    bootstrap = kafka["bootstrap.servers"]
+    keys = [partition_key(topic, 0), partition_key(topic, 1)]
+    with dg.instance_for_test() as instance:
+        instance.add_dynamic_partitions(KAFKA_PARTITIONS_NAME, keys)
+
+        def tick(cursor: str | None) -> dg.SensorResult:
+            return kafka_lag_sensor(dg.build_sensor_context(
+                instance=instance, resources={"binlake": binlake}, cursor=cursor))
+
+        # No lag: skip, with a reason.
+        r0 = tick(None)
+        assert not r0.run_requests and "no lag" in r0.skip_reason.skip_message
+
+        # Lag under the threshold: skip, but the cursor remembers since when it lags.
+        produce(bootstrap, topic, 0, 2)
+        r1 = tick(r0.cursor)
+        assert not r1.run_requests and "under lag_threshold=3" in r1.skip_reason.skip_message
+        assert list(json.loads(r1.cursor)["lagging_since"]) == [keys[0]]
+
+        # Lag at the threshold on partition 0 only: exactly one request, for that partition.
+        produce(bootstrap, topic, 0, 1)
+        r2 = tick(r1.cursor)
+        assert [(r.partition_key, r.run_key) for r in r2.run_requests] == [(keys[0],
+                                                                            f"{keys[0]}@3")]
+        # lagging_since survives the request (the run has not caught up yet).
+        assert json.loads(r2.cursor)["lagging_since"] == json.loads(r1.cursor)["lagging_since"]
+
+        # Both partitions lag: one request each.
+        produce(bootstrap, topic, 1, 5)
+        r3 = tick(r2.cursor)
+        assert sorted(r.partition_key for r in r3.run_requests) == keys
+
+        # The group commits partition 0's end: only partition 1 lags now.
+        c = Consumer({"bootstrap.servers": bootstrap, "group.id": kafka["group.id"]})
+        c.commit(offsets=[TopicPartition(topic, 0, 3)], asynchronous=False)
+        c.close()
+        r4 = tick(r3.cursor)
+        assert [r.partition_key for r in r4.run_requests] == [keys[1]]
+        assert list(json.loads(r4.cursor)["lagging_since"]) == [keys[1]]
+
+
+def test_lag_sensor_requests_stale_lag_under_the_threshold(topic_config) -> None:
+    topic, binlake, kafka = topic_config
+    key = partition_key(topic, 0)
+    with dg.instance_for_test() as instance:
+        instance.add_dynamic_partitions(KAFKA_PARTITIONS_NAME, [key])
+        produce(kafka["bootstrap.servers"], topic, 0, 1)
+        old = json.dumps({"lagging_since": {key: 0.0}})  # lagging since the epoch
+        r = kafka_lag_sensor(dg.build_sensor_context(
+            instance=instance, resources={"binlake": binlake}, cursor=old))
+        assert [x.partition_key for x in r.run_requests] == [key]
