@@ -6,9 +6,9 @@ PY := $(VENV)/bin/python
 JARS := .cache/jars
 export DAGSTER_HOME := $(CURDIR)/var/dagster
 
-.PHONY: setup demo test test-unit drills-long stack-up stack-down stack-status dev lint bench
+.PHONY: setup demo test test-unit drills-long stack-up stack-down stack-status source-up source-down source-status dev lint bench
 
-setup: .cache/apt.stamp $(VENV)/.installed $(JARS)/kafka/.stamp $(JARS)/delta/.stamp $(DAGSTER_HOME)/dagster.yaml
+setup: .cache/apt.stamp $(VENV)/.installed $(JARS)/kafka/.stamp $(JARS)/delta/.stamp $(JARS)/connect/.stamp $(DAGSTER_HOME)/dagster.yaml
 
 .cache/apt.stamp: setup/apt.sh
 	@mkdir -p .cache
@@ -21,7 +21,7 @@ $(VENV)/.installed: pyproject.toml
 	$(PY) -m pip install -q -e '.[dev]'
 	@touch $@
 
-$(JARS)/%/.stamp: setup/maven/%/pom.xml .cache/apt.stamp
+$(JARS)/%/.stamp: setup/maven/%/pom.xml | .cache/apt.stamp
 	rm -rf $(JARS)/$*
 	cd setup/maven/$* && mvn -q -B dependency:copy-dependencies -DoutputDirectory=$(CURDIR)/$(JARS)/$*
 	@touch $@
@@ -50,9 +50,23 @@ stack-down:
 stack-status:
 	$(PY) -m binlog_assets.dev.stack status
 
+## The binlog source in front of the embedded broker: MariaDB + Debezium (Connect standalone).
+source-up: setup
+	$(PY) -m binlog_assets.dev.stack source-up
+
+source-down:
+	$(PY) -m binlog_assets.dev.stack source-down
+
+source-status:
+	$(PY) -m binlog_assets.dev.stack source-status
+
 ## The Dagster UI over workspace.yaml (starts the local broker first).
 dev: stack-up
 	$(VENV)/bin/dagster dev -w workspace.yaml
 
 lint: setup
 	$(VENV)/bin/ruff check .
+
+## The benchmarks (bench/README.md); each prints its ratio against a baseline of the same run.
+bench: setup
+	$(PY) bench/bench_pipeline.py && $(PY) bench/bench_slow_handlers.py && $(PY) bench/bench_memory.py

@@ -1,7 +1,10 @@
 """Start, stop and report the embedded local stack: `python -m binlog_assets.dev.stack up`.
 
 Only what the config leaves local is started: with `kafka.bootstrap.servers` set, the
-user's cluster is used and no broker starts here. State lives under `var/`.
+user's cluster is used and no broker starts here. `source-up` adds the binlog source in
+front of the embedded broker (MariaDB with a ROW binlog, and Debezium in a Kafka Connect
+standalone worker); it too is skipped when the user's own Kafka is configured, since
+it exists only to feed the embedded broker. State lives under `var/`.
 """
 
 from __future__ import annotations
@@ -10,12 +13,35 @@ import argparse
 import sys
 
 from binlog_assets.config import PipelineConfig, load_config
+from binlog_assets.dev.connect import DebeziumConnector, KafkaConnect
 from binlog_assets.dev.kafka import KafkaBroker
+from binlog_assets.dev.mariadb import MariaDBServer
 from binlog_assets.dev.paths import var_dir
 
 
 def local_broker() -> KafkaBroker:
     return KafkaBroker(var_dir() / "kafka")
+
+
+def local_mariadb() -> MariaDBServer:
+    return MariaDBServer(var_dir() / "mariadb")
+
+
+def local_connect(
+    bootstrap_servers: str = "", connector: DebeziumConnector | None = None
+) -> KafkaConnect:
+    """The dev Connect worker; without a connector it can be stopped or reported on."""
+    return KafkaConnect(var_dir() / "connect", bootstrap_servers, connector)
+
+
+def source_skip_reason(config: PipelineConfig) -> str | None:
+    """Why the local source stack does not run for this config, or None when it does."""
+    if config.bootstrap_servers:
+        return (
+            f"source stack: skipped, kafka.bootstrap.servers={config.bootstrap_servers} is "
+            "configured; the local MariaDB + Debezium source only feeds the embedded broker"
+        )
+    return None
 
 
 def kafka_client_config(config: PipelineConfig) -> dict[str, str | int | float | bool]:
@@ -42,10 +68,13 @@ def up(config: PipelineConfig) -> str:
 
 
 def down(config: PipelineConfig) -> str:
+    """Stop everything local; the source stack first, or Connect would keep retrying
+    against a broker that is gone."""
     if config.bootstrap_servers:
         return "kafka: configured cluster, nothing local to stop"
+    source = source_down(config)
     local_broker().stop()
-    return local_broker().status()
+    return f"{source}\n{local_broker().status()}"
 
 
 def status(config: PipelineConfig) -> str:
@@ -54,12 +83,56 @@ def status(config: PipelineConfig) -> str:
     return local_broker().status()
 
 
+def source_up(config: PipelineConfig) -> str:
+    """Start the broker (if needed), MariaDB and the Debezium worker; report timings."""
+    skipped = source_skip_reason(config)
+    if skipped:
+        return skipped
+    broker = local_broker()
+    broker.start()
+    mariadb = local_mariadb()
+    mariadb_seconds = mariadb.start()
+    connect = local_connect(broker.bootstrap_servers, DebeziumConnector.for_server(mariadb))
+    connect_seconds = connect.start()
+    return "\n".join([
+        broker.status(),
+        f"{mariadb.status()} (ready in {mariadb_seconds:.1f}s)",
+        f"{connect.status()} (ready in {connect_seconds:.1f}s)",
+    ])
+
+
+def source_down(config: PipelineConfig) -> str:
+    """Stop the Debezium worker, then MariaDB; the broker is left to `down`."""
+    skipped = source_skip_reason(config)
+    if skipped:
+        return skipped
+    local_connect().stop()
+    local_mariadb().stop()
+    return source_status(config)
+
+
+def source_status(config: PipelineConfig) -> str:
+    return source_skip_reason(config) or "\n".join(
+        [local_mariadb().status(), local_connect().status()]
+    )
+
+
+_ACTIONS = {
+    "up": up,
+    "down": down,
+    "status": status,
+    "source-up": source_up,
+    "source-down": source_down,
+    "source-status": source_status,
+}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="binlake-stack", description=__doc__)
-    parser.add_argument("action", choices=["up", "down", "status"])
+    parser.add_argument("action", choices=list(_ACTIONS))
     args = parser.parse_args(argv)
     config = load_config()
-    print({"up": up, "down": down, "status": status}[args.action](config))
+    print(_ACTIONS[args.action](config))
     return 0
 
 

@@ -1,0 +1,329 @@
+"""Debezium in a Kafka Connect standalone worker: the dev stack's binlog -> Kafka leg.
+
+`KafkaConnect` runs `org.apache.kafka.connect.cli.ConnectStandalone` as a child JVM over
+the classpath Maven resolved into `.cache/jars/connect` (Connect 4.1.1, the broker's
+version, and Debezium's MariaDB connector), writing to the embedded broker. Standalone
+mode keeps the worker's state in files under its data directory: source offsets, and
+the connector's schema history (the DDL it has seen, which it needs to decode rows after
+a restart). The REST listener on loopback answers status checks and lets a caller add
+further connectors to the running worker. Records use the JSON converter; with schemas
+enabled each value is Debezium's `{"schema", "payload"}` envelope, so column types
+reach the decoder.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from binlog_assets.dev.kafka import free_port
+from binlog_assets.dev.mariadb import MariaDBServer, live_pid, terminate
+from binlog_assets.dev.paths import jars_dir
+
+_CONNECT_MAIN = "org.apache.kafka.connect.cli.ConnectStandalone"
+_JSON_CONVERTER = "org.apache.kafka.connect.json.JsonConverter"
+
+_LOG4J2 = """\
+status = warn
+appender.file.type = File
+appender.file.name = file
+appender.file.fileName = {log_file}
+appender.file.layout.type = PatternLayout
+appender.file.layout.pattern = [%d] %p %m (%c)%n
+rootLogger.level = INFO
+rootLogger.appenderRef.file.ref = file
+logger.apache.name = org.apache.kafka
+logger.apache.level = WARN
+logger.jetty.name = org.eclipse.jetty
+logger.jetty.level = WARN
+logger.reflections.name = org.reflections
+logger.reflections.level = ERROR
+"""
+
+
+@dataclass(frozen=True)
+class DebeziumConnector:
+    """One Debezium MariaDB source connector: which server it reads, where it writes.
+
+    Topics are `<topic_prefix>.<database>.<table>` for rows and `<topic_prefix>` for
+    schema changes. `server_id` is the replica id the connector claims on the server's
+    replication protocol, so two connectors on one server need different ids.
+    """
+
+    hostname: str
+    port: int
+    user: str
+    password: str
+    name: str = "binlake-mariadb"
+    topic_prefix: str = "shop"
+    server_id: int = 184054
+    database_include_list: tuple[str, ...] = ()
+    snapshot_mode: str = "initial"
+    extra: Mapping[str, str] = field(default_factory=dict)
+
+    @classmethod
+    def for_server(cls, server: MariaDBServer, **settings: Any) -> DebeziumConnector:
+        """The connector for a running `MariaDBServer`, as its Debezium account."""
+        if server.port is None:
+            raise RuntimeError("mariadb not started")
+        return cls(hostname="127.0.0.1", port=server.port, user=server.debezium_user,
+                   password=server.debezium_password, **settings)
+
+    def config(self, state_dir: Path) -> dict[str, str]:
+        """The connector's properties; its schema history is a file under `state_dir`."""
+        props = {
+            "name": self.name,
+            "connector.class": "io.debezium.connector.mariadb.MariaDbConnector",
+            "tasks.max": "1",
+            "database.hostname": self.hostname,
+            "database.port": str(self.port),
+            "database.user": self.user,
+            "database.password": self.password,
+            "database.server.id": str(self.server_id),
+            # The dev server has no TLS; stated here rather than left to a driver default.
+            "database.ssl.mode": "disable",
+            "topic.prefix": self.topic_prefix,
+            # Offsets are a file in the worker's directory, so the history is one beside
+            # them: the two stay in step even when a test broker's data dir (where a
+            # history topic would live) is thrown away and the worker is not.
+            "schema.history.internal": "io.debezium.storage.file.history.FileSchemaHistory",
+            "schema.history.internal.file.filename": str(
+                state_dir / f"{self.name}.schema-history.dat"
+            ),
+            "snapshot.mode": self.snapshot_mode,
+            # Debezium hands rows to Connect every 500 ms by default, which is most of a
+            # change's trip to Kafka; a dev source trades a little CPU for fast tests.
+            "poll.interval.ms": "100",
+            "include.schema.changes": "true",
+            "decimal.handling.mode": "precise",
+            "tombstones.on.delete": "true",
+            # Connect creates topics itself, so the stack does not rely on the broker's
+            # auto-creation; one partition keeps each table's changes in binlog order.
+            "topic.creation.default.partitions": "1",
+            "topic.creation.default.replication.factor": "1",
+        }
+        if self.database_include_list:
+            props["database.include.list"] = ",".join(self.database_include_list)
+        props.update(self.extra)
+        return props
+
+
+@dataclass
+class KafkaConnect:
+    """A Connect standalone worker whose files (config, offsets, logs) live under `data_dir`.
+
+    `start()` launches the worker with `connector` and returns once that connector's task
+    is RUNNING. Like the broker, it is idempotent: a worker already running from the same
+    directory is reused, unless it was started for another broker or database (after a
+    `stack-down`/`stack-up` the broker listens on a new port), which restarts it.
+    `connector` may be left out for `stop()` and `status()`.
+    """
+
+    data_dir: Path
+    bootstrap_servers: str = ""
+    connector: DebeziumConnector | None = None
+    port: int | None = None
+    schemas_enable: bool = True
+    heap: str = "512m"
+    # Set only when this object launched the worker: lets a wait notice an early exit.
+    _proc: subprocess.Popen[bytes] | None = field(default=None, init=False, repr=False)
+
+    @property
+    def pid_file(self) -> Path:
+        return self.data_dir / "connect.pid"
+
+    @property
+    def port_file(self) -> Path:
+        return self.data_dir / "connect.port"
+
+    @property
+    def log_file(self) -> Path:
+        return self.data_dir / "connect.log"
+
+    @property
+    def rest_url(self) -> str:
+        if self.port is None:
+            raise RuntimeError("kafka connect not started")
+        return f"http://127.0.0.1:{self.port}"
+
+    def running_pid(self) -> int | None:
+        """The pid of a live worker started from this directory, if any."""
+        return live_pid(self.pid_file, str(self._worker_file))
+
+    def start(self, timeout: float = 180.0) -> float:
+        """Start (or reuse) the worker; returns the seconds until the connector's task ran."""
+        connector = self.connector
+        if connector is None or not self.bootstrap_servers:
+            raise ValueError("starting kafka connect needs bootstrap_servers and a connector")
+        began = time.monotonic()
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        if self.running_pid() is not None and self.port_file.exists():
+            self.port = int(self.port_file.read_text())
+            if self._written_config() == self._config(connector):
+                self.wait_running(connector.name, timeout - (time.monotonic() - began))
+                return time.monotonic() - began
+            self.stop()
+        self.port = self.port or free_port()
+        self._write_config(connector)
+        cmd = [
+            "java", f"-Xmx{self.heap}", "-Xms128m", "-XX:+UseG1GC",
+            # C1 only: the worker moves a dev-sized trickle, and startup dominates here.
+            "-XX:TieredStopAtLevel=1",
+            f"-Dlog4j2.configurationFile={self.data_dir / 'log4j2.properties'}",
+            "-Djava.awt.headless=true",
+            "-cp", f"{jars_dir('connect')}/*", _CONNECT_MAIN,
+            str(self._worker_file), str(self._connector_file),
+        ]
+        with open(self.data_dir / "connect.stdout", "ab") as out:
+            self._proc = subprocess.Popen(
+                cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+            )
+        self.pid_file.write_text(str(self._proc.pid))
+        self.port_file.write_text(str(self.port))
+        try:
+            self.wait_running(connector.name, timeout - (time.monotonic() - began))
+        except BaseException:
+            self.stop()
+            raise
+        return time.monotonic() - began
+
+    def stop(self, timeout: float = 30.0) -> None:
+        """SIGTERM (Connect stops tasks and flushes offsets), SIGKILL if it lingers."""
+        pid = self.running_pid()
+        if pid is not None:
+            terminate(pid, timeout)
+        self.pid_file.unlink(missing_ok=True)
+
+    def status(self) -> str:
+        pid = self.running_pid()
+        if pid is None:
+            return f"connect: stopped (data in {self.data_dir})"
+        self.port = int(self.port_file.read_text())
+        try:
+            connectors = self._rest("GET", "/connectors?expand=status")
+            states = "; ".join(
+                f"{name}: {_summary(info['status'])}" for name, info in connectors.items()
+            ) or "no connectors"
+        except (OSError, ValueError) as exc:
+            states = f"REST not answering ({exc})"
+        return f"connect: running pid={pid} rest={self.rest_url} {states}"
+
+    def connector_status(self, name: str) -> dict[str, Any]:
+        """`GET /connectors/<name>/status`: the connector's and its tasks' states."""
+        return self._rest("GET", f"/connectors/{name}/status")
+
+    def add_connector(self, connector: DebeziumConnector, timeout: float = 120.0) -> float:
+        """Run one more connector in this worker; returns the seconds until its task ran."""
+        began = time.monotonic()
+        config = connector.config(self.data_dir)
+        self._rest("POST", "/connectors", {"name": connector.name, "config": config})
+        self.wait_running(connector.name, timeout)
+        return time.monotonic() - began
+
+    def remove_connector(self, name: str) -> None:
+        self._rest("DELETE", f"/connectors/{name}")
+
+    def wait_running(self, name: str, timeout: float) -> None:
+        """Return when `name` and all its tasks are RUNNING; raise if one FAILED."""
+        deadline = time.monotonic() + timeout
+        last = "no answer yet"
+        while time.monotonic() < deadline:
+            if self._proc is not None and self._proc.poll() is not None:
+                raise RuntimeError(
+                    f"kafka connect exited with {self._proc.returncode}:\n{self._log_tail()}"
+                )
+            try:
+                state = self.connector_status(name)
+            except (OSError, ValueError) as exc:
+                # Refused until Jetty binds, 404 until the connector is registered.
+                last = str(exc)
+            else:
+                last = _summary(state)
+                states = [state["connector"]["state"], *(t["state"] for t in state["tasks"])]
+                if "FAILED" in states:
+                    traces = [t.get("trace", "") for t in state["tasks"]]
+                    raise RuntimeError(f"connector {name} failed: {last}\n{''.join(traces)}")
+                if state["tasks"] and set(states) == {"RUNNING"}:
+                    return
+            time.sleep(0.25)
+        raise TimeoutError(
+            f"connector {name} not running after {timeout:.0f}s ({last}):\n{self._log_tail()}"
+        )
+
+    @property
+    def _worker_file(self) -> Path:
+        return self.data_dir / "worker.properties"
+
+    @property
+    def _connector_file(self) -> Path:
+        return self.data_dir / "connector.properties"
+
+    def _config(self, connector: DebeziumConnector) -> tuple[str, str]:
+        """The worker's and the connector's properties files, as text."""
+        schemas = "true" if self.schemas_enable else "false"
+        worker_props = {
+            "bootstrap.servers": self.bootstrap_servers,
+            "key.converter": _JSON_CONVERTER,
+            "value.converter": _JSON_CONVERTER,
+            "key.converter.schemas.enable": schemas,
+            "value.converter.schemas.enable": schemas,
+            "offset.storage.file.filename": str(self.data_dir / "offsets.dat"),
+            # Offsets on disk within a second, so a restart resumes close to where it was.
+            "offset.flush.interval.ms": "1000",
+            "listeners": f"http://127.0.0.1:{self.port}",
+            # Every plugin on this classpath ships a ServiceLoader manifest, so the slow
+            # reflective scan of all jars (3 s of a 7 s start on this 2-core box) is skipped.
+            "plugin.discovery": "service_load",
+        }
+        return _properties(worker_props), _properties(connector.config(self.data_dir))
+
+    def _written_config(self) -> tuple[str, str] | None:
+        try:
+            return self._worker_file.read_text(), self._connector_file.read_text()
+        except FileNotFoundError:
+            return None
+
+    def _write_config(self, connector: DebeziumConnector) -> None:
+        (self.data_dir / "log4j2.properties").write_text(_LOG4J2.format(log_file=self.log_file))
+        worker_text, connector_text = self._config(connector)
+        self._worker_file.write_text(worker_text)
+        self._connector_file.write_text(connector_text)
+
+    def _rest(self, method: str, path: str, body: Any = None) -> dict[str, Any]:
+        data = orjson.dumps(body) if body is not None else None
+        request = urllib.request.Request(
+            self.rest_url + path, data=data, method=method,
+            headers={"Content-Type": "application/json", "Accept": "application/json"},
+        )
+        try:
+            with urllib.request.urlopen(request, timeout=10) as response:
+                payload = response.read()
+        except urllib.error.HTTPError as exc:
+            raise ValueError(f"{method} {path}: HTTP {exc.code} {exc.read()[:500]!r}") from None
+        return orjson.loads(payload) if payload else {}
+
+    def _log_tail(self) -> str:
+        parts = []
+        for name in ("connect.stdout", "connect.log"):
+            path = self.data_dir / name
+            if path.exists():
+                parts.append(path.read_text(errors="replace")[-2000:])
+        return "\n".join(parts)
+
+
+def _properties(props: Mapping[str, str]) -> str:
+    # Java properties treat backslashes as escapes; the values here are paths and names.
+    return "".join(f"{k}={v.replace(chr(92), chr(92) * 2)}\n" for k, v in props.items())
+
+
+def _summary(state: dict[str, Any]) -> str:
+    tasks = ",".join(t["state"] for t in state.get("tasks", ())) or "no tasks"
+    return f"connector={state['connector']['state']} tasks={tasks}"

@@ -1,0 +1,254 @@
+"""The dev source database: a MariaDB server from Debian's packages, with a ROW binlog.
+
+The end-to-end tests and the demo need a real binlog for Debezium to read, so this runs
+`mariadbd` as a child process (never the system service) over its own data directory,
+listening on loopback only, with the binlog settings a CDC source needs: `log_bin`,
+`binlog_format=ROW`, `binlog_row_image=FULL`, a fixed `server_id` and strict GTIDs. The
+server ignores /etc/mysql (`--no-defaults`), so nothing a user set up for the system
+service leaks in. A `debezium` account gets the grants the connector documents.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from binlog_assets.dev.kafka import free_port
+
+if TYPE_CHECKING:
+    import pymysql
+
+# Unix socket paths are limited to 108 bytes (sun_path); a deep BINLAKE_VAR_DIR would
+# otherwise fail inside mariadbd with a message that does not name the cause.
+_MAX_SOCKET_PATH = 100
+
+# MariaDB 10.5 renamed REPLICATION CLIENT to BINLOG MONITOR (the old name is an alias);
+# LOCK TABLES lets the snapshot fall back to table locks where a global lock is refused.
+_DEBEZIUM_GRANTS = (
+    "SELECT, RELOAD, SHOW DATABASES, LOCK TABLES, REPLICATION SLAVE, BINLOG MONITOR"
+)
+
+
+@dataclass
+class MariaDBServer:
+    """One `mariadbd` whose files (datadir, socket, logs, pid) live under `data_dir`.
+
+    `start()` is idempotent like the broker's: a server already running from the same
+    directory is reused, on the port it was started with.
+    """
+
+    data_dir: Path
+    port: int | None = None
+    debezium_user: str = "debezium"
+    debezium_password: str = "dbz"
+    server_id: int = 1
+    buffer_pool: str = "64M"
+
+    @property
+    def datadir(self) -> Path:
+        return self.data_dir / "data"
+
+    @property
+    def socket(self) -> Path:
+        return self.data_dir / "mariadbd.sock"
+
+    @property
+    def pid_file(self) -> Path:
+        return self.data_dir / "mariadbd.pid"
+
+    @property
+    def port_file(self) -> Path:
+        return self.data_dir / "mariadbd.port"
+
+    @property
+    def error_log(self) -> Path:
+        return self.data_dir / "mariadbd.err"
+
+    def running_pid(self) -> int | None:
+        """The pid of a live server started from this directory, if any."""
+        return live_pid(self.pid_file, str(self.datadir))
+
+    def start(self, timeout: float = 60.0) -> float:
+        """Start (or reuse) the server; returns the seconds until it accepted clients."""
+        began = time.monotonic()
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        if len(str(self.socket)) > _MAX_SOCKET_PATH:
+            raise ValueError(
+                f"{self.socket} is too long for a unix socket path: use a shorter data_dir"
+            )
+        if self.running_pid() is not None and self.port_file.exists():
+            self.port = int(self.port_file.read_text())
+            self._wait_ready(began, timeout)
+            return time.monotonic() - began
+        if not (self.datadir / "mysql").is_dir():
+            self._install_db()
+        self.port = self.port or free_port()
+        with open(self.data_dir / "mariadbd.stdout", "ab") as out:
+            proc = subprocess.Popen(
+                self._server_cmd(), stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+            )
+        self.pid_file.write_text(str(proc.pid))
+        self.port_file.write_text(str(self.port))
+        try:
+            self._wait_ready(began, timeout, proc)
+            self._grant_debezium()
+        except BaseException:
+            self.stop()
+            raise
+        return time.monotonic() - began
+
+    def stop(self, timeout: float = 60.0) -> None:
+        """SIGTERM (mariadbd then flushes InnoDB and closes the binlog), SIGKILL if it lingers."""
+        pid = self.running_pid()
+        if pid is not None:
+            terminate(pid, timeout)
+        self.pid_file.unlink(missing_ok=True)
+
+    def status(self) -> str:
+        pid = self.running_pid()
+        if pid is None:
+            return f"mariadb: stopped (data in {self.data_dir})"
+        port = self.port_file.read_text() if self.port_file.exists() else "?"
+        return f"mariadb: running pid={pid} 127.0.0.1:{port} socket={self.socket}"
+
+    def connect(self, database: str | None = None, **kwargs: Any) -> pymysql.Connection:
+        """An autocommit root connection over the server's socket (admin and test DML)."""
+        # PyMySQL is a dev dependency, and the orchestration code imports the dev stack
+        # module (for the embedded broker's address), so it is imported only when used.
+        import pymysql
+
+        return pymysql.connect(
+            unix_socket=str(self.socket), user="root", database=database,
+            autocommit=True, charset="utf8mb4", **kwargs,
+        )
+
+    def _install_db(self) -> None:
+        # "normal" root auth (no unix_socket plugin) lets the root user connect whoever
+        # runs the tests; the server only listens on loopback and its own socket.
+        cmd = [
+            _program("mariadb-install-db"), "--no-defaults", f"--datadir={self.datadir}",
+            "--auth-root-authentication-method=normal", "--skip-test-db",
+            "--skip-name-resolve", *self._user_args(),
+        ]
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+        if done.returncode != 0:
+            raise RuntimeError(
+                f"mariadb-install-db failed ({done.returncode}):\n{done.stdout[-2000:]}"
+                f"{done.stderr[-2000:]}"
+            )
+
+    def _server_cmd(self) -> list[str]:
+        return [
+            _program("mariadbd"), "--no-defaults", f"--datadir={self.datadir}", *self._user_args(),
+            "--bind-address=127.0.0.1", f"--port={self.port}", f"--socket={self.socket}",
+            f"--pid-file={self.data_dir / 'mariadbd.server.pid'}",
+            f"--log-error={self.error_log}",
+            "--skip-name-resolve",
+            # Debian's packaged config sets utf8mb4; --no-defaults would fall back to latin1.
+            "--character-set-server=utf8mb4", "--collation-server=utf8mb4_general_ci",
+            "--log-bin=binlog", "--binlog-format=ROW", "--binlog-row-image=FULL",
+            f"--server-id={self.server_id}", "--gtid-strict-mode=ON",
+            # Small on purpose: the machine is shared with Kafka, Connect and Spark.
+            f"--innodb-buffer-pool-size={self.buffer_pool}",
+        ]
+
+    @staticmethod
+    def _user_args() -> list[str]:
+        # mariadbd refuses to run as root unless told that root is intended.
+        return ["--user=root"] if os.geteuid() == 0 else []
+
+    def _grant_debezium(self) -> None:
+        # PyMySQL quotes the arguments client-side, so the account name may be one too.
+        with self.connect() as conn, conn.cursor() as cur:
+            cur.execute("CREATE USER IF NOT EXISTS %s@'%%' IDENTIFIED BY %s",
+                        (self.debezium_user, self.debezium_password))
+            cur.execute(f"GRANT {_DEBEZIUM_GRANTS} ON *.* TO %s@'%%'", (self.debezium_user,))
+
+    def _wait_ready(
+        self, began: float, timeout: float, proc: subprocess.Popen[bytes] | None = None
+    ) -> None:
+        import pymysql
+
+        while time.monotonic() - began < timeout:
+            if proc is not None and proc.poll() is not None:
+                tail = self.error_log.read_text(errors="replace")[-2000:] if (
+                    self.error_log.exists()) else ""
+                raise RuntimeError(f"mariadbd exited with {proc.returncode}:\n{tail}")
+            if self.socket.exists():
+                try:
+                    with self.connect(connect_timeout=2) as conn, conn.cursor() as cur:
+                        cur.execute("SELECT 1")
+                    return
+                except pymysql.err.OperationalError:
+                    pass  # socket bound before the server accepts logins; retried
+            time.sleep(0.1)
+        raise TimeoutError(f"mariadb on {self.socket} not ready in {timeout}s")
+
+
+def _program(name: str) -> str:
+    # mariadbd lives in /usr/sbin, which a non-root user's PATH often leaves out.
+    found = shutil.which(name, path=f"{os.environ.get('PATH', '')}:/usr/sbin:/usr/bin")
+    if found is None:
+        raise FileNotFoundError(
+            f"{name} not found: run `make setup` (setup/apt.sh installs mariadb-server)"
+        )
+    return found
+
+
+def live_pid(pid_file: Path, marker: str) -> int | None:
+    """The pid in `pid_file` if that process is alive and its command line holds `marker`.
+
+    The marker (a path the process was started with) keeps a stale pid file, whose pid
+    the system has since given to something else, from passing for our server.
+    """
+    try:
+        pid = int(pid_file.read_text())
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except (FileNotFoundError, ValueError, ProcessLookupError):
+        return None
+    if marker.encode() not in cmdline:
+        return None
+    return pid
+
+
+def terminate(pid: int, timeout: float) -> None:
+    """SIGTERM `pid` and wait for it to exit, SIGKILL it after `timeout` seconds."""
+    try:
+        os.kill(pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if not _alive(pid):
+            return
+        time.sleep(0.1)
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        return
+    while _alive(pid):
+        time.sleep(0.05)
+
+
+def _alive(pid: int) -> bool:
+    # Our own children linger as zombies until reaped; reap them so they read as gone.
+    try:
+        if os.waitpid(pid, os.WNOHANG)[0] == pid:
+            return False
+    except ChildProcessError:
+        pass
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # A zombie of another parent (the pid-file case across CLI calls) is as good as gone.
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(") ", 1)[1][0] != "Z"
+    except (FileNotFoundError, IndexError):
+        return False
