@@ -11,11 +11,13 @@ metadata so a rerun skips them. Nothing is committed past an event that is not d
 
 from __future__ import annotations
 
+import gc
 import logging
 import time
 from collections import Counter, deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from operator import attrgetter
 from typing import Protocol
 
 from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
@@ -142,6 +144,7 @@ class BoundedRun:
         self._sink_end: int | None = None
         self._dlq: DeadLetterPublisher | None = None
         self.peak_in_flight = 0
+        self._tables_with_handlers: dict[str, bool] = {}
 
     # -- set-up -----------------------------------------------------------------------
     def _consumer(self) -> Consumer:
@@ -153,6 +156,13 @@ class BoundedRun:
             "enable.partition.eof": True,
         }
         conf.setdefault("isolation.level", "read_committed")
+        # librdkafka prefetches up to 100k messages per partition by default; a bounded
+        # run holds at most max_in_flight events, so prefetching more only costs memory.
+        conf.setdefault("queued.min.messages", max(1000, self.settings.max_in_flight))
+        conf.setdefault("queued.max.messages.kbytes", 16384)
+        # With a bounded queue, the default 1 s backoff when it is full idles the fetcher
+        # after the run has long emptied it.
+        conf.setdefault("fetch.queue.backoff.ms", 10)
         return Consumer(conf)
 
     def _resolve(self, consumer: Consumer) -> Resolution:
@@ -176,6 +186,9 @@ class BoundedRun:
     # -- the run --------------------------------------------------------------------
     def run(self) -> RunSummary:
         began = time.monotonic()
+        # Everything alive now (imported modules, Dagster's graph) lives for the whole
+        # run: freezing it keeps the collector from rescanning it while events churn.
+        gc.freeze()
         consumer = self._consumer()
         dispatcher: LaneDispatcher | None = None
         try:
@@ -220,6 +233,7 @@ class BoundedRun:
             if dispatcher is not None:
                 dispatcher.close()
             consumer.close()
+            gc.unfreeze()
 
     def _loop(self, consumer: Consumer, dispatcher: LaneDispatcher, tracker: OffsetTracker,
               summary: RunSummary, began: float) -> None:
@@ -247,7 +261,10 @@ class BoundedRun:
                 consumer.resume([self.tp])
                 paused = False
             # Never fetch more than fits under max_in_flight: memory stays bounded.
-            want = max(1, min(s.batch_size, s.max_in_flight - dispatcher.in_flight()))
+            # Never ask for more than is left before the end offset either: a short last
+            # batch would otherwise wait out the whole consume timeout.
+            want = max(1, min(s.batch_size, s.max_in_flight - dispatcher.in_flight(),
+                              end - next_offset))
             if s.max_records is not None:
                 want = min(want, s.max_records - summary.records)
             msgs = consumer.consume(num_messages=want, timeout=0.2 if paused else 1.0)
@@ -260,7 +277,9 @@ class BoundedRun:
                 pos = consumer.position([self.tp])[0].offset
                 if pos >= 0:
                     next_offset = max(next_offset, pos)
-            if time.monotonic() - last_commit >= s.commit_interval_seconds:
+            # Commit on time, or early when finished events pile up for the changelog.
+            if (time.monotonic() - last_commit >= s.commit_interval_seconds
+                    or len(self._sink_buffer) >= 2 * s.max_in_flight):
                 self._commit(consumer, tracker, summary)
                 last_commit = time.monotonic()
 
@@ -268,6 +287,8 @@ class BoundedRun:
                       tracker: OffsetTracker, summary: RunSummary, end: int,
                       next_offset: int) -> int:
         decode = self.decoder.decode
+        counts_update = summary.counts.update
+        has_handlers = self._has_handlers
         events: list[ChangeEvent] = []
         received: list[int] = []
         done_now: list[int] = []
@@ -305,15 +326,17 @@ class BoundedRun:
                 summary.skipped_already_done += 1
                 done_now.append(offset)
                 continue
-            if decoded:
+            if not decoded:
+                done_now.append(offset)
+                continue
+            counts_update(map(_TABLE_OP, decoded))
+            summary.events += len(decoded)
+            if any(has_handlers(e.table) for e in decoded):
                 # A record's events are done together: its offset completes when the last
                 # of them is handled. The dispatcher tracks that per offset.
                 events.extend(decoded)
-                for e in decoded:
-                    summary.counts[(e.table, e.op)] += 1
-                summary.events += len(decoded)
             else:
-                done_now.append(offset)
+                done_now.append(offset)  # no handler: the changelog is all it needs
         if received:
             tracker.received_many(received)
         if done_now:
@@ -322,6 +345,12 @@ class BoundedRun:
             dispatcher.submit_many(events)
             self.peak_in_flight = max(self.peak_in_flight, dispatcher.in_flight())
         return next_offset
+
+    def _has_handlers(self, table: str) -> bool:
+        known = self._tables_with_handlers.get(table)
+        if known is None:
+            known = self._tables_with_handlers[table] = bool(self.registry.handlers_for(table))
+        return known
 
     # -- failures ---------------------------------------------------------------------
     def _decode_failed(self, msg: Message, error: DecodeError, summary: RunSummary) -> None:
@@ -387,6 +416,9 @@ class BoundedRun:
             summary.committed_offset = offset
         if self.on_commit is not None:
             self.on_commit(offset, metadata)
+
+
+_TABLE_OP = attrgetter("table", "op")
 
 
 def _event_bytes(event: ChangeEvent) -> bytes:

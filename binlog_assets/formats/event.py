@@ -9,7 +9,7 @@ tuple of integers, never as strings, and snapshot reads rank below streamed chan
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 # Operations a ChangeEvent can carry. `ddl` is a schema change (a barrier for its table).
@@ -80,7 +80,6 @@ class ChangeEvent:
     ddl: str | None = None
     # column -> canonical type (int, bigint, decimal(p,s), string, ...); shared, read-only
     column_types: dict[str, str] | None = None
-    extra: dict[str, Any] = field(default_factory=dict)
 
     @property
     def database(self) -> str:

@@ -1,0 +1,199 @@
+"""Parallel lanes on I/O-bound handlers: speedup over one thread, with per-key order kept.
+
+Every handler sleeps 5 ms (a database round trip's worth of waiting). The baseline is a
+single thread that consumes, decodes and handles each record in partition order; binlake
+is a `BoundedRun` with 1, 8, 32 and 64 lanes over the same partition, each with its own
+group id. Every handler call is checked: per key, binlog positions must arrive strictly
+increasing and never overlap (two calls of one key at once); the count of violations
+must be zero, and every record must be handled exactly once.
+
+The speedup cannot exceed records / (records on the busiest lane): a lane is serial and
+keys are hashed to lanes, so the script prints that ceiling, computed from the lane rule
+(`crc32(ordering key) % lanes`) on the same records, next to each measurement, and the
+`handling` span (first handler call to last return) apart from the run's fixed costs
+(group coordinator, checkpoint, watermarks, the final commit).
+
+    .venv/bin/python bench/bench_slow_handlers.py
+    .venv/bin/python bench/bench_slow_handlers.py --messages 1000 --lanes 1 64   # quick
+"""
+
+from __future__ import annotations
+
+import argparse
+import threading
+import time
+import zlib
+from collections import Counter
+
+from confluent_kafka import KafkaError, TopicPartition
+from harness import (
+    create_topic,
+    debezium_records,
+    group_id,
+    kafka_conf,
+    load_average,
+    plain_consumer,
+    produce_debezium,
+    running_broker,
+)
+
+from binlog_assets.consume.handlers import HandlerRegistry
+from binlog_assets.consume.lanes import MAX_DEFAULT_WORKERS, ORDERING_KEY, ordering_key_bytes
+from binlog_assets.consume.run import BoundedRun, RunSettings
+from binlog_assets.formats import make_decoder
+from binlog_assets.formats.event import ChangeEvent
+
+TARGET_SPEEDUP_AT_64 = 50.0
+
+
+class OrderCheckingHandler:
+    """Sleeps like an I/O call and records what per-key ordering would forbid."""
+
+    def __init__(self, sleep: float) -> None:
+        self.sleep = sleep
+        self.violations = 0
+        self.handled: Counter[int] = Counter()  # offset -> calls
+        self._last: dict[tuple, tuple] = {}
+        self._active: set[tuple] = set()
+        self._lock = threading.Lock()
+        self.first_call = self.last_return = 0.0
+
+    def __call__(self, event: ChangeEvent) -> None:
+        key = (event.table, event.key)
+        with self._lock:
+            if not self.handled:
+                self.first_call = time.perf_counter()
+            last = self._last.get(key)
+            if key in self._active or (last is not None and event.position <= last):
+                self.violations += 1
+            self._last[key] = event.position
+            self._active.add(key)
+            self.handled[event.offset] += 1
+        time.sleep(self.sleep)
+        with self._lock:
+            self._active.discard(key)
+            self.last_return = time.perf_counter()
+
+    @property
+    def span(self) -> float:
+        """Seconds from the first handler call to the last return: the handling itself."""
+        return self.last_return - self.first_call
+
+    def check(self, records: int) -> str:
+        """'' when every record was handled exactly once, else what went wrong."""
+        missing = records - len(self.handled)
+        repeated = sum(1 for n in self.handled.values() if n > 1)
+        return f"{missing} never handled, {repeated} handled twice" if missing or repeated \
+            else ""
+
+
+def baseline(bootstrap: str, topic: str, end: int, handler: OrderCheckingHandler,
+             batch_size: int) -> float:
+    """One thread: consume, decode, handle in partition order. Returns seconds."""
+    decoder = make_decoder("debezium")
+    began = time.perf_counter()
+    consumer = plain_consumer(bootstrap, "serial")
+    try:
+        consumer.assign([TopicPartition(topic, 0, 0)])
+        last = -1
+        while last < end - 1:
+            # Never ask for more than is left: a short final batch would wait the timeout.
+            want = min(batch_size, end - 1 - last)
+            for msg in consumer.consume(num_messages=want, timeout=1.0):
+                err = msg.error()
+                if err is not None:
+                    if err.code() == KafkaError._PARTITION_EOF:
+                        continue
+                    raise RuntimeError(f"kafka error: {err}")
+                last = msg.offset()
+                for event in decoder.decode(
+                        msg.value(), topic=msg.topic(), partition=msg.partition(),
+                        offset=last, key=msg.key(), headers=msg.headers()):
+                    handler(event)
+    finally:
+        consumer.close()
+    return time.perf_counter() - began
+
+
+def binlake(bootstrap: str, topic: str, end: int, handler: OrderCheckingHandler,
+            lanes: int, batch_size: int) -> float:
+    registry = HandlerRegistry()
+    registry.register(r".*", handler, name="sleep_5ms")
+    settings = RunSettings(
+        kafka_conf=kafka_conf(bootstrap), group_id=group_id(f"lanes{lanes}"),
+        format="debezium", lanes=lanes, batch_size=batch_size,
+    )
+    began = time.perf_counter()
+    summary = BoundedRun(topic, 0, registry, settings).run()
+    seconds = time.perf_counter() - began
+    if summary.committed_offset != end:
+        raise RuntimeError(f"lanes={lanes}: committed {summary.committed_offset} != {end}")
+    return seconds
+
+
+def ceiling(events: list[ChangeEvent], lanes: int) -> float:
+    """The best speedup `lanes` allow: handling takes at least the busiest lane's events
+    one after another, and at least an even share of all events per worker thread."""
+    load = Counter(zlib.crc32(ordering_key_bytes(e, ORDERING_KEY)) % lanes for e in events)
+    workers = min(lanes, MAX_DEFAULT_WORKERS)
+    return len(events) / max(max(load.values()), len(events) / workers)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--messages", type=int, default=3000)
+    parser.add_argument("--keys", type=int, default=1000, help="distinct primary keys")
+    parser.add_argument("--sleep-ms", type=float, default=5.0, help="handler sleep")
+    parser.add_argument("--lanes", type=int, nargs="+", default=[1, 8, 32, 64])
+    parser.add_argument("--batch-size", type=int, default=1000)
+    parser.add_argument("--heap", default="1g", help="broker JVM heap")
+    args = parser.parse_args()
+    sleep = args.sleep_ms / 1000
+
+    decoder = make_decoder("debezium")
+    events = [e for offset, (key, value) in enumerate(debezium_records(args.messages,
+                                                                       args.keys))
+              for e in decoder.decode(value, offset=offset, key=key)]
+    rows: list[tuple[str, float, float, int, str]] = []
+    with running_broker(args.heap) as broker:
+        bootstrap = broker.bootstrap_servers
+        topic = create_topic(bootstrap, "slow")
+        end = produce_debezium(bootstrap, topic, args.messages, args.keys).messages
+
+        handler = OrderCheckingHandler(sleep)
+        base_seconds = baseline(bootstrap, topic, end, handler, args.batch_size)
+        rows.append(("baseline (1 thread)", base_seconds, handler.span, handler.violations,
+                     handler.check(end)))
+        print(f"baseline {base_seconds:.2f}s", flush=True)
+        for lanes in args.lanes:
+            handler = OrderCheckingHandler(sleep)
+            seconds = binlake(bootstrap, topic, end, handler, lanes, args.batch_size)
+            rows.append((f"binlake lanes={lanes}", seconds, handler.span, handler.violations,
+                         handler.check(end)))
+            print(f"lanes={lanes} {seconds:.2f}s", flush=True)
+
+    print(f"\n{end:,} records, {args.keys:,} keys, handler sleeps {args.sleep_ms:g} ms")
+    print(f"{'side':<22}{'seconds':>9}{'speedup':>9}{'handling':>10}{'speedup':>9}"
+          f"{'ceiling':>9}{'order viol.':>13}  exactly once")
+    base_span = rows[0][2]
+    failures = []
+    for (name, seconds, span, violations, problem), lanes in zip(rows, [1, *args.lanes],
+                                                                 strict=True):
+        print(f"{name:<22}{seconds:>9.2f}{base_seconds / seconds:>8.1f}x{span:>10.2f}"
+              f"{base_span / span:>8.1f}x{ceiling(events, lanes):>8.1f}x{violations:>13}"
+              f"  {problem or 'yes'}")
+        if violations or problem:
+            failures.append(name)
+    if 64 in args.lanes:
+        speedup = base_seconds / rows[1 + args.lanes.index(64)][1]
+        verdict = "meets" if speedup >= TARGET_SPEEDUP_AT_64 else "MISSES"
+        print(f"speedup at 64 lanes = {speedup:.1f}x ({verdict} target >= "
+              f"{TARGET_SPEEDUP_AT_64:g}x)")
+    if failures:
+        raise SystemExit(f"ordering or exactly-once violated: {', '.join(failures)}")
+    print("ordering violations: 0 on every side")
+    print(f"at the end: {load_average()}")
+
+
+if __name__ == "__main__":
+    main()

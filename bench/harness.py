@@ -1,0 +1,219 @@
+"""What every benchmark shares: its own broker, a Debezium workload, the consumer settings.
+
+Each benchmark script starts a fresh `KafkaBroker` in a temporary directory, produces its
+data with `produce_debezium` (schema-less Debezium envelopes as the MySQL connector
+writes them, keyed by the primary key's JSON), and gives the baseline and binlake the
+same consumer settings (`CONSUMER_CONF`), so a ratio compares code paths, not settings.
+The envelopes are formatted from byte templates rather than `orjson.dumps`: the bytes
+are the same shape, and producing ten million of them stays a matter of seconds.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import shutil
+import tempfile
+import time
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient, NewTopic
+
+from binlog_assets.dev.kafka import KafkaBroker
+
+# Consumer settings shared by every side of a comparison. `queued.max.messages.kbytes`
+# caps librdkafka's prefetch queue, which with `max_in_flight` decides a run's memory. A
+# full queue makes the fetcher back off `fetch.queue.backoff.ms` (1000 by default), long
+# enough for a fast reader to empty a 16 MiB queue and then sit idle: measured here, the
+# raw reader drops from ~550k to ~110k msgs/s with the default backoff.
+CONSUMER_CONF = {
+    "auto.offset.reset": "earliest",
+    "isolation.level": "read_committed",
+    "queued.max.messages.kbytes": 16_384,
+    "fetch.queue.backoff.ms": 10,
+}
+
+PRODUCER_CONF = {
+    "linger.ms": 50,
+    "batch.size": 1_000_000,
+    "batch.num.messages": 100_000,
+    "compression.type": "lz4",
+    "queue.buffering.max.messages": 2_000_000,
+    "queue.buffering.max.kbytes": 1_048_576,
+    "acks": 1,
+    "delivery.report.only.error": True,
+}
+
+# Wide rows (~400 B records): the shape of an OLTP `orders` row with its source block.
+_WIDE_ROW = (
+    b'{"id":%d,"customer_id":%d,"status":"%s","amount":"%d.%02d","qty":%d,'
+    b'"updated_at":%d}'
+)
+_WIDE_SOURCE = (
+    b'"source":{"connector":"mysql","name":"shop","ts_ms":%d,"snapshot":"false",'
+    b'"db":"shop","table":"orders","server_id":223344,"file":"mysql-bin.%06d","pos":%d,'
+    b'"row":%d}'
+)
+# Small rows (~200 B records), for backlogs of many millions.
+_SMALL_ROW = b'{"id":%d,"qty":%d}'
+_SMALL_SOURCE = (
+    b'"source":{"db":"shop","table":"stock","file":"mysql-bin.%06d","pos":%d,"row":0,'
+    b'"ts_ms":%d,"snapshot":"false"}'
+)
+_STATUSES = (b"pending", b"paid", b"shipped", b"delivered", b"cancelled")
+_OPS = (b"c", b"c", b"u", b"u", b"u", b"u", b"u", b"u", b"d", b"d")  # 20% c, 60% u, 20% d
+_BASE_TS = 1_795_000_000_000
+
+
+@dataclass(frozen=True)
+class Produced:
+    topic: str
+    messages: int
+    payload_bytes: int
+    seconds: float
+
+    @property
+    def mean_size(self) -> float:
+        return self.payload_bytes / self.messages if self.messages else 0.0
+
+
+@contextmanager
+def running_broker(heap: str = "1g") -> Iterator[KafkaBroker]:
+    """A fresh broker in a temporary directory, stopped and removed on the way out."""
+    data_dir = Path(tempfile.mkdtemp(prefix="binlake-bench-"))
+    broker = KafkaBroker(data_dir / "kafka", heap=heap)
+    try:
+        seconds = broker.start()
+        print(f"broker {broker.bootstrap_servers} ready in {seconds:.1f}s; {load_average()}",
+              flush=True)
+        yield broker
+    finally:
+        broker.stop()
+        shutil.rmtree(data_dir, ignore_errors=True)
+
+
+def create_topic(bootstrap: str, prefix: str) -> str:
+    """A new one-partition topic."""
+    name = f"{prefix}-{uuid.uuid4().hex[:8]}"
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    for future in admin.create_topics([NewTopic(name, 1, 1)]).values():
+        future.result(30)
+    return name
+
+
+def debezium_records(
+    count: int, keys: int, *, small: bool = False, seed: int = 7, first_id: int = 0
+) -> Iterator[tuple[bytes, bytes]]:
+    """(key, value) pairs: Debezium envelopes of `keys` distinct ids, positions increasing.
+
+    Every run of `keys` records holds each id once, in a fresh random order, so every id
+    appears and all about equally often (ids run from `first_id`, so producers in parallel
+    can own disjoint ids). The binlog position grows with every record, so
+    per key the positions increase in production (and so partition) order, which is what
+    the ordering checks rely on.
+    """
+    rng = random.Random(seed)
+    randrange = rng.randrange
+    deck = list(range(first_id, first_id + keys))
+    pos = 4
+    for i in range(count):
+        if i % keys == 0:
+            rng.shuffle(deck)
+        ident = deck[i % keys]
+        op = _OPS[randrange(10)]
+        ts = _BASE_TS + i
+        pos += 180 + (i % 7) * 40
+        if small:
+            row = _SMALL_ROW % (ident, i % 50)
+            source = _SMALL_SOURCE % (42, pos, ts)
+        else:
+            row = _WIDE_ROW % (ident, ident * 7 % 100_000, _STATUSES[i % 5], i % 900,
+                               i % 100, 1 + i % 9, ts)
+            source = _WIDE_SOURCE % (ts, 42 + pos // 1_000_000_000, pos, 0)
+        if op == b"c":
+            before, after = b"null", row
+        elif op == b"d":
+            before, after = row, b"null"
+        else:
+            before = row.replace(b'"qty":', b'"qty":1', 1) if not small else row
+            after = row
+        value = b'{"before":%s,"after":%s,%s,"op":"%s","ts_ms":%d}' % (
+            before, after, source, op, ts + 7)
+        yield b'{"id":%d}' % ident, value
+
+
+def produce_debezium(
+    bootstrap: str, topic: str, count: int, keys: int, *, small: bool = False, seed: int = 7,
+    first_id: int = 0, expect_end: int | None = None,
+) -> Produced:
+    """Produce `count` records to partition 0 of `topic`; fails unless all were written.
+
+    The partition must then end at `expect_end` (default `count`: this is its only
+    producer); pass -1 when other producers write to it at the same time.
+    """
+    errors: list[KafkaError] = []
+
+    def on_delivery(err: KafkaError | None, _msg: object) -> None:
+        if err is not None:
+            errors.append(err)
+
+    producer = Producer({"bootstrap.servers": bootstrap, **PRODUCER_CONF})
+    produce = producer.produce
+    began = time.monotonic()
+    size = 0
+    for key, value in debezium_records(count, keys, small=small, seed=seed,
+                                       first_id=first_id):
+        size += len(value)
+        while True:
+            try:
+                produce(topic, value, key, 0, on_delivery)
+                break
+            except BufferError:
+                producer.poll(0.05)
+    left = producer.flush(120)
+    seconds = time.monotonic() - began
+    if left or errors:
+        raise RuntimeError(f"production failed: {left} undelivered, errors {errors[:3]}")
+    expect_end = count if expect_end is None else expect_end
+    if expect_end >= 0:
+        _low, high = end_offsets(bootstrap, topic)
+        if high != expect_end:
+            raise RuntimeError(f"expected {expect_end} records in {topic}, it has {high}")
+    return Produced(topic, count, size, seconds)
+
+
+def end_offsets(bootstrap: str, topic: str) -> tuple[int, int]:
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "bench-watermarks"})
+    try:
+        return consumer.get_watermark_offsets(TopicPartition(topic, 0), timeout=30,
+                                              cached=False)
+    finally:
+        consumer.close()
+
+
+def group_id(role: str) -> str:
+    return f"bench-{role}-{uuid.uuid4().hex[:8]}"
+
+
+def kafka_conf(bootstrap: str) -> dict:
+    return {"bootstrap.servers": bootstrap, **CONSUMER_CONF}
+
+
+def plain_consumer(bootstrap: str, role: str) -> Consumer:
+    """A consumer for a baseline loop: the shared settings, EOF events like BoundedRun's."""
+    return Consumer({**kafka_conf(bootstrap), "group.id": group_id(role),
+                     "enable.auto.commit": False, "enable.partition.eof": True})
+
+
+def load_average() -> str:
+    """The 1-minute load average: on a shared 2-core machine it says how noisy a run was."""
+    return f"load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores"
+
+
+def rate(count: int, seconds: float) -> float:
+    return count / seconds if seconds > 0 else float("inf")
