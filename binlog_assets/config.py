@@ -102,9 +102,22 @@ class LakehouseConfig(_Model):
             raise ValueError("must be a plain identifier ([A-Za-z_][A-Za-z0-9_]*)")
         return v
 
+    @property
+    def is_local(self) -> bool:
+        return "://" not in self.path
+
     def resolved_path(self) -> Path:
+        """The local lakehouse directory (relative paths are under the repository)."""
+        if not self.is_local:
+            raise ValueError(f"lakehouse.path {self.path!r} is not a local path")
         p = Path(self.path)
-        return p if p.is_absolute() or "://" in self.path else (REPO_ROOT / p).resolve()
+        return p if p.is_absolute() else (REPO_ROOT / p).resolve()
+
+    def uri(self, *parts: str) -> str:
+        """A location under the lakehouse, for local paths and `s3a://` URIs alike
+        (`Path` would fold the `//` of a URI)."""
+        base = str(self.resolved_path()) if self.is_local else self.path.rstrip("/")
+        return "/".join([base, *parts])
 
 
 class SparkConfig(_Model):
@@ -115,6 +128,7 @@ class SparkConfig(_Model):
 class DagsterConfig(_Model):
     lag_threshold: int = Field(1, ge=0, description="records of lag that trigger a run")
     max_staleness_seconds: int = Field(300, ge=0)
+    max_lag_records: int = Field(10_000, ge=0, description="the lag check fails above this")
     max_records_per_run: int | None = Field(None, ge=1)
     max_seconds_per_run: float | None = Field(None, gt=0)
 

@@ -61,3 +61,13 @@ def test_missing_and_invalid_files(tmp_path: Path) -> None:
     bad.write_text("kafka: [unclosed")
     with pytest.raises(ConfigError, match="not valid YAML"):
         load_config(bad)
+
+
+def test_lakehouse_uri_keeps_object_store_schemes() -> None:
+    remote = parse_config({"lakehouse": {"path": "s3a://bucket/lake/"}}).lakehouse
+    assert not remote.is_local
+    assert remote.uri("warehouse") == "s3a://bucket/lake/warehouse"
+    with pytest.raises(ValueError, match="not a local path"):
+        remote.resolved_path()
+    local = parse_config({"lakehouse": {"path": "/data/lake"}}).lakehouse
+    assert local.uri("warehouse") == "/data/lake/warehouse"

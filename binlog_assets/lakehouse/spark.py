@@ -9,7 +9,6 @@ sets `spark.master` and an `s3a://` lakehouse path; every `spark.conf` key overr
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 from binlog_assets.config import PipelineConfig
@@ -25,15 +24,14 @@ def delta_jars() -> list[str]:
 
 def spark_conf(config: PipelineConfig) -> dict[str, str]:
     """Every Spark setting binlake needs, with the user's `spark.conf` applied last."""
-    lake = config.lakehouse.resolved_path()
-    local = "://" not in config.lakehouse.path
+    local = config.lakehouse.is_local
     conf = {
         "spark.master": config.spark.master,
         "spark.app.name": "binlake",
         "spark.jars": ",".join(delta_jars()),
         "spark.sql.extensions": "io.delta.sql.DeltaSparkSessionExtension",
         "spark.sql.catalog.spark_catalog": "org.apache.spark.sql.delta.catalog.DeltaCatalog",
-        "spark.sql.warehouse.dir": str(lake / "warehouse"),
+        "spark.sql.warehouse.dir": config.lakehouse.uri("warehouse"),
         "spark.sql.catalogImplementation": "hive",
         "spark.sql.shuffle.partitions": "4",
         "spark.default.parallelism": "4",
@@ -49,6 +47,7 @@ def spark_conf(config: PipelineConfig) -> dict[str, str]:
     }
     if local:
         # Embedded Derby admits one JVM at a time; its files stay with the lakehouse.
+        lake = config.lakehouse.resolved_path()
         conf["spark.hadoop.javax.jdo.option.ConnectionURL"] = (
             f"jdbc:derby:;databaseName={lake / 'metastore_db'};create=true"
         )
@@ -63,8 +62,8 @@ def get_spark(config: PipelineConfig) -> SparkSession:
     from pyspark.sql import SparkSession
 
     conf = spark_conf(config)
-    if "://" not in config.lakehouse.path:
-        Path(config.lakehouse.resolved_path()).mkdir(parents=True, exist_ok=True)
+    if config.lakehouse.is_local:
+        config.lakehouse.resolved_path().mkdir(parents=True, exist_ok=True)
     builder = SparkSession.builder
     for k, v in conf.items():
         builder = builder.config(k, v)
