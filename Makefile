@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 JARS := .cache/jars
 export DAGSTER_HOME := $(CURDIR)/var/dagster
 
-.PHONY: setup demo test test-unit drills-long stack-up stack-down stack-status source-up source-down source-status dev lint bench
+.PHONY: setup demo test test-long test-unit stack-up stack-down stack-status source-up source-down source-status dev lint bench
 
 setup: .cache/apt.stamp $(VENV)/.installed $(JARS)/kafka/.stamp $(JARS)/delta/.stamp $(JARS)/connect/.stamp $(DAGSTER_HOME)/dagster.yaml
 
@@ -34,9 +34,13 @@ $(DAGSTER_HOME)/dagster.yaml: setup/dagster.yaml
 demo: setup
 	$(PY) -m binlog_assets.dev.demo
 
-## The whole test suite (unit + integration on the real broker and Spark/Delta).
+## The test suite: unit + integration on the real broker, Spark/Delta, MariaDB and Debezium.
 test: setup
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -m "not long"
+
+## The long variants: the daemon-driven end-to-end pipeline (backfill + automation).
+test-long: setup
+	$(PY) -m pytest -q -m long
 
 test-unit: setup
 	$(PY) -m pytest -q -m "not integration"

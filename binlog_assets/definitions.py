@@ -3,21 +3,31 @@
 import dagster as dg
 
 from binlog_assets.config import load_config
-from binlog_assets.orchestration.assets import smoke_changelog
 from binlog_assets.orchestration.changelog_asset import changelog
+from binlog_assets.orchestration.checks import changelog_lag_check, checkpoint_agreement_check
+from binlog_assets.orchestration.dbt import build_dbt_assets
+from binlog_assets.orchestration.replica_assets import build_replica_assets
 from binlog_assets.orchestration.resources import BinlakeResource, spark_resource
-from binlog_assets.orchestration.sensors import kafka_lag_sensor, kafka_partition_discovery_sensor
-from jobs import consume_changelog_job, smoke_job
+from binlog_assets.orchestration.sensors import (
+    binlake_automation_sensor,
+    kafka_lag_sensor,
+    kafka_partition_discovery_sensor,
+)
+from jobs import build_replicas_job, consume_changelog_job, dbt_build_job, dbt_hourly_schedule
 
 # Validated at load: a bad config fails the code location with the field named.
 PIPELINE_CONFIG = load_config()
+dbt_models, dbt_resource = build_dbt_assets(PIPELINE_CONFIG)
 
 defs = dg.Definitions(
-    assets=[smoke_changelog, changelog],
-    jobs=[smoke_job, consume_changelog_job],
-    sensors=[kafka_partition_discovery_sensor, kafka_lag_sensor],
+    assets=[changelog, build_replica_assets(PIPELINE_CONFIG), dbt_models],
+    asset_checks=[changelog_lag_check, checkpoint_agreement_check],
+    jobs=[consume_changelog_job, build_replicas_job, dbt_build_job],
+    schedules=[dbt_hourly_schedule],
+    sensors=[kafka_partition_discovery_sensor, kafka_lag_sensor, binlake_automation_sensor],
     resources={
         "binlake": BinlakeResource(),
         "pyspark": spark_resource(PIPELINE_CONFIG),
+        "dbt": dbt_resource,
     },
 )

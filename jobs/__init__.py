@@ -1,19 +1,43 @@
-"""Asset jobs and schedules users launch from the Dagster UI."""
+"""Asset jobs and schedules users launch from the Dagster UI.
+
+- `consume_changelog_job`: one bounded consumer run of a topic-partition. Launch it for
+  one partition, or backfill it over any set of partitions (one run each).
+- `build_replicas_job`: apply new changelog data to the replicas (launchpad config
+  `ops.replicas.config.rebuild: true` rebuilds them from the whole changelog).
+- `dbt_build_job`: dbt build (models and tests) over the replicas; scheduled hourly.
+"""
 
 import dagster as dg
 
 from binlog_assets.orchestration.partitions import kafka_partitions_def
 from binlog_assets.orchestration.sensors import CONSUME_JOB_NAME
 
-smoke_job = dg.define_asset_job(
-    name="smoke_job",
-    selection=dg.AssetSelection.groups("smoke"),
-    description="Smoke run of the local stack: Kafka change events into a Delta table.",
-)
+REPLICAS = dg.AssetSelection.key_prefixes("replica")
+# Everything downstream of the replicas is dbt's.
+DBT_MODELS = REPLICAS.downstream(include_self=False)
 
 consume_changelog_job = dg.define_asset_job(
     name=CONSUME_JOB_NAME,
     selection=dg.AssetSelection.keys("changelog"),
     partitions_def=kafka_partitions_def,
     description="One bounded consumer run of a Kafka topic-partition into the changelog.",
+)
+
+build_replicas_job = dg.define_asset_job(
+    name="build_replicas_job",
+    selection=REPLICAS,
+    description="Apply new changelog data to every replica (or rebuild them: run config).",
+)
+
+dbt_build_job = dg.define_asset_job(
+    name="dbt_build_job",
+    selection=DBT_MODELS,
+    description="dbt build over the replicas: staging models, marts and their tests.",
+)
+
+dbt_hourly_schedule = dg.ScheduleDefinition(
+    name="dbt_hourly_schedule",
+    job=dbt_build_job,
+    cron_schedule="15 * * * *",
+    description="Rebuild the dbt models every hour (automation also follows replicas).",
 )

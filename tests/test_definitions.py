@@ -6,6 +6,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import dagster as dg
+
 from binlog_assets.dev.paths import REPO_ROOT
 
 
@@ -13,9 +15,16 @@ def test_definitions_load_and_jobs_resolve(binlake_env: Path) -> None:
     from binlog_assets.definitions import defs
 
     jobs = {j.name for j in defs.resolve_all_job_defs()}
-    assert "smoke_job" in jobs
+    assert {"consume_changelog_job", "build_replicas_job", "dbt_build_job"} <= jobs
     for name in jobs:
         assert defs.resolve_job_def(name) is not None
+    keys = {k.to_user_string() for k in defs.resolve_asset_graph().get_all_asset_keys()}
+    # One graph: changelog -> replicas -> dbt models, with dbt sources mapped to replicas.
+    assert {"changelog", "replica/products", "stg_products", "customer_revenue"} <= keys
+    deps = defs.resolve_asset_graph().get(dg.AssetKey("stg_products")).parent_keys
+    assert dg.AssetKey(["replica", "products"]) in deps
+    assert {s.name for s in defs.sensors} == {
+        "kafka_partition_discovery_sensor", "kafka_lag_sensor", "binlake_automation_sensor"}
 
 
 def test_workspace_yaml_validates_with_dagster_cli(binlake_env: Path) -> None:

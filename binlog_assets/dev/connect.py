@@ -24,9 +24,9 @@ from typing import Any
 
 import orjson
 
-from binlog_assets.dev.kafka import free_port
-from binlog_assets.dev.mariadb import MariaDBServer, live_pid, terminate
+from binlog_assets.dev.mariadb import MariaDBServer
 from binlog_assets.dev.paths import jars_dir
+from binlog_assets.dev.process import free_port, live_pid, terminate
 
 _CONNECT_MAIN = "org.apache.kafka.connect.cli.ConnectStandalone"
 _JSON_CONVERTER = "org.apache.kafka.connect.json.JsonConverter"

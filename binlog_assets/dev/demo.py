@@ -1,80 +1,141 @@
-"""The README's main job on the embedded local stack: `python -m binlog_assets.dev.demo`.
+"""The README's main job, end to end on the embedded local stack: `make demo`.
 
-Starts the broker (unless the config names a cluster), publishes a few Debezium change
-events for the configured source, runs the main job through the Dagster instance under
-`DAGSTER_HOME` (so the run shows in `dagster dev`), and prints where the output is.
+1. Starts a clean local stack: Kafka (KRaft), MariaDB with a ROW binlog, and Debezium's
+   MariaDB connector in Kafka Connect (the demo's state under `var/` is reset first, so
+   every run tells the same story; the Dagster instance keeps its run history).
+2. Creates the shop schema (customers, products, orders sharded into shop_1 / shop_2)
+   and runs the demo workload: inserts, updates, deletes, a primary-key change, an added
+   column and a truncate. Debezium publishes the binlog into Kafka.
+3. Runs the pipeline through Dagster as a user would from the UI: the discovery sensor
+   adds the topic-partitions, one bounded consumer run per partition writes the
+   changelog, Spark applies it to the replicas, dbt builds its models and tests.
+4. Prints, per table, source rows, replica rows and whether the content matches.
 """
 
 from __future__ import annotations
 
+import json
+import shutil
+import subprocess
 import sys
 import time
+from pathlib import Path
 
 import dagster as dg
-import orjson
-from confluent_kafka import Producer
-from confluent_kafka.admin import AdminClient, NewTopic
+from confluent_kafka import Consumer, TopicPartition
 
 from binlog_assets.config import PipelineConfig, load_config
-from binlog_assets.dev import stack
+from binlog_assets.dev import shop, stack
+from binlog_assets.dev.paths import REPO_ROOT, var_dir
+
+DAGSTER = str(Path(sys.executable).with_name("dagster"))
+DBT_MODELS = ("stg_customers", "stg_products", "stg_orders", "customer_revenue")
 
 
-def debezium_products_events(start_ts_ms: int) -> list[tuple[bytes, bytes]]:
-    """A tiny products history: three inserts, an update, a delete (key, value) pairs."""
-    rows = [
-        ("c", None, {"id": 1, "name": "scooter", "weight": 3.14}),
-        ("c", None, {"id": 2, "name": "car battery", "weight": 8.1}),
-        ("c", None, {"id": 3, "name": "drill bits", "weight": 0.8}),
-        ("u", {"id": 2, "name": "car battery", "weight": 8.1},
-         {"id": 2, "name": "car battery", "weight": 8.4}),
-        ("d", {"id": 3, "name": "drill bits", "weight": 0.8}, None),
-    ]
-    out = []
-    for i, (op, before, after) in enumerate(rows):
-        key = (after or before)["id"]
-        value = {
-            "before": before, "after": after, "op": op, "ts_ms": start_ts_ms + i,
-            "source": {"version": "3.3.0.Final", "connector": "mysql", "name": "shop",
-                       "ts_ms": start_ts_ms + i, "snapshot": "false", "db": "inventory",
-                       "table": "products", "server_id": 1, "file": "mysql-bin.000003",
-                       "pos": 1000 + 100 * i, "row": 0},
-        }
-        out.append((orjson.dumps({"id": key}), orjson.dumps(value)))
-    return out
+def reset_local_state(config: PipelineConfig) -> None:
+    """Stop the local stack and remove its data, the lakehouse and the instance's
+    partitions, so a topic recreated with the same name never resumes at an old offset."""
+    stack.down(config)
+    for name in ("kafka", "mariadb", "connect", "dbt"):
+        shutil.rmtree(var_dir() / name, ignore_errors=True)
+    shutil.rmtree(config.lakehouse.resolved_path(), ignore_errors=True)
+    with dg.DagsterInstance.get() as instance:
+        from binlog_assets.orchestration.partitions import KAFKA_PARTITIONS_NAME
+
+        for key in instance.get_dynamic_partitions(KAFKA_PARTITIONS_NAME):
+            instance.delete_dynamic_partition(KAFKA_PARTITIONS_NAME, key)
+        instance.wipe_assets([dg.AssetKey("changelog")])
 
 
-def publish_demo_events(config: PipelineConfig, kafka_conf: dict) -> int:
-    topic = config.sources[0].topics[0]
-    admin = AdminClient({"bootstrap.servers": kafka_conf["bootstrap.servers"]})
-    if topic not in admin.list_topics(timeout=10).topics:
-        for f in admin.create_topics([NewTopic(topic, num_partitions=2)]).values():
-            f.result()
-    producer = Producer({"bootstrap.servers": kafka_conf["bootstrap.servers"],
-                         "enable.idempotence": True})
-    events = debezium_products_events(int(time.time() * 1000))
-    for key, value in events:
-        producer.produce(topic, key=key, value=value)
-    producer.flush(30)
-    return len(events)
+def wait_for_debezium(kafka_conf: dict, topics: list[str], settle: float = 4.0,
+                      timeout: float = 180.0) -> dict[str, int]:
+    """Wait until every topic exists and the end offsets stop moving for `settle` s."""
+    consumer = Consumer({**kafka_conf, "group.id": "binlake-demo-wait"})
+    try:
+        deadline = time.monotonic() + timeout
+        last: dict[str, int] = {}
+        stable_since = time.monotonic()
+        while time.monotonic() < deadline:
+            meta = consumer.list_topics(timeout=10).topics
+            ends = {}
+            for t in topics:
+                if t in meta:
+                    for p in meta[t].partitions:
+                        ends[f"{t}:{p}"] = consumer.get_watermark_offsets(
+                            TopicPartition(t, p), timeout=10, cached=False)[1]
+            if ends != last:
+                last, stable_since = ends, time.monotonic()
+            elif len({k.rsplit(":", 1)[0] for k in ends}) == len(topics) and \
+                    time.monotonic() - stable_since >= settle:
+                return ends
+            time.sleep(0.5)
+        raise TimeoutError(f"Debezium did not publish every topic in {timeout}s: {last}")
+    finally:
+        consumer.close()
+
+
+def dagster_materialize(selection: str, partition: str | None = None) -> None:
+    cmd = [DAGSTER, "asset", "materialize", "-w", "workspace.yaml", "--select", selection]
+    if partition:
+        cmd += ["--partition", partition]
+    print(f"$ {' '.join(cmd[1:])}", flush=True)
+    proc = subprocess.run(cmd, cwd=REPO_ROOT, capture_output=True, text=True)
+    if proc.returncode != 0:
+        sys.stderr.write(proc.stdout[-4000:] + proc.stderr[-4000:])
+        raise SystemExit(f"dagster run failed: {selection} {partition or ''}")
+
+
+def discover_partitions() -> list[str]:
+    """One tick of the discovery sensor against the real instance."""
+    from binlog_assets.definitions import defs
+    from binlog_assets.orchestration.partitions import KAFKA_PARTITIONS_NAME
+    from binlog_assets.orchestration.resources import BinlakeResource
+    from binlog_assets.orchestration.sensors import kafka_partition_discovery_sensor
+
+    del defs  # importing validates the code location before anything runs
+    with dg.DagsterInstance.get() as instance:
+        ctx = dg.build_sensor_context(instance=instance, resources={"binlake": BinlakeResource()})
+        result = kafka_partition_discovery_sensor(ctx)
+        if isinstance(result, dg.SensorResult):
+            for req in result.dynamic_partitions_requests:
+                instance.add_dynamic_partitions(KAFKA_PARTITIONS_NAME, list(req.partition_keys))
+        return sorted(instance.get_dynamic_partitions(KAFKA_PARTITIONS_NAME))
 
 
 def main() -> int:
+    began = time.monotonic()
     config = load_config()
-    print(stack.up(config))
-    kafka_conf = stack.kafka_client_config(config)
-    print(f"published {publish_demo_events(config, kafka_conf)} change events")
-    from binlog_assets.definitions import defs
+    if config.bootstrap_servers:
+        print("the demo runs on the embedded local stack; unset kafka.bootstrap.servers")
+        return 2
+    reset_local_state(config)
+    print(stack.source_up(config), flush=True)
+    conn = stack.local_mariadb().connect()
+    shop.create_schema(conn)
+    statements = shop.demo_workload(conn)
+    print(f"ran {statements} statements against MariaDB", flush=True)
+    topics = [t for s in config.sources for t in s.topics]
+    ends = wait_for_debezium(stack.kafka_client_config(config), topics)
+    print(f"Debezium published: {json.dumps(ends)}", flush=True)
 
-    with dg.DagsterInstance.get() as instance:
-        result = defs.get_job_def("smoke_job").execute_in_process(instance=instance)
-    if not result.success:
-        print("main job failed", file=sys.stderr)
-        return 1
-    mat = result.asset_materializations_for_node("smoke_changelog")[0]
-    md = {k: v.value for k, v in mat.metadata.items()}
-    print(f"run {result.run_id}: {md['events']} change events in table {md['table']}")
-    print(f"output table location: {md['location']}")
-    return 0
+    for key in discover_partitions():
+        dagster_materialize("changelog", key)
+    replicas = sorted(shop.REPLICAS)
+    dagster_materialize(",".join(f"replica/{r}" for r in replicas))
+    dagster_materialize(",".join(DBT_MODELS))
+
+    from binlog_assets.lakehouse.spark import get_spark
+
+    spark = get_spark(config)
+    results = shop.compare(conn, spark, config.lakehouse.database)
+    print(f"\n{'table':<12}{'source rows':>12}{'replica rows':>14}  content")
+    for r in results:
+        print(f"{r.replica:<12}{r.source_rows:>12}{r.replica_rows:>14}  "
+              f"{'matches' if r.matches else f'DIFFERS ({r.mismatched} rows)'}")
+    mart = f"`{config.lakehouse.database}_marts`.`customer_revenue`"
+    print(f"\ndbt mart {mart}: {spark.table(mart).count()} rows")
+    print(f"lakehouse: {config.lakehouse.resolved_path()} ({time.monotonic() - began:.0f}s)")
+    return 0 if all(r.matches for r in results) else 1
 
 
 if __name__ == "__main__":

@@ -8,10 +8,6 @@ here runs when the user's config names `bootstrap.servers`.
 
 from __future__ import annotations
 
-import contextlib
-import os
-import signal
-import socket
 import subprocess
 import time
 import uuid
@@ -19,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from binlog_assets.dev.paths import jars_dir
+from binlog_assets.dev.process import free_port, live_pid, port_open, terminate
 
 _LOG4J2 = """\
 status = warn
@@ -34,19 +31,6 @@ logger.kafka.level = WARN
 logger.apache.name = org.apache.kafka
 logger.apache.level = WARN
 """
-
-
-def free_port() -> int:
-    """A loopback TCP port nothing listens on right now."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _port_open(port: int) -> bool:
-    with socket.socket() as s:
-        s.settimeout(0.2)
-        return s.connect_ex(("127.0.0.1", port)) == 0
 
 
 @dataclass
@@ -82,12 +66,7 @@ class KafkaBroker:
 
     def running_pid(self) -> int | None:
         """The pid of a live broker started from this directory, if any."""
-        try:
-            pid = int(self.pid_file.read_text())
-            os.kill(pid, 0)
-        except (FileNotFoundError, ValueError, ProcessLookupError, PermissionError):
-            return None
-        return pid
+        return live_pid(self.pid_file, str(self.data_dir))
 
     def start(self, timeout: float = 60.0) -> float:
         """Start (or reuse) the broker; returns the seconds it took to accept clients."""
@@ -123,21 +102,8 @@ class KafkaBroker:
     def stop(self, timeout: float = 30.0) -> None:
         """SIGTERM the broker (a clean shutdown), SIGKILL it if it lingers."""
         pid = self.running_pid()
-        if pid is None:
-            self.pid_file.unlink(missing_ok=True)
-            return
-        os.kill(pid, signal.SIGTERM)
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            try:
-                os.kill(pid, 0)
-            except ProcessLookupError:
-                break
-            _reap(pid)
-            time.sleep(0.1)
-        else:
-            os.kill(pid, signal.SIGKILL)
-            _reap(pid)
+        if pid is not None:
+            terminate(pid, timeout)
         self.pid_file.unlink(missing_ok=True)
 
     def status(self) -> str:
@@ -200,7 +166,7 @@ class KafkaBroker:
             if proc is not None and proc.poll() is not None:
                 tail = (self.data_dir / "broker.stdout").read_text(errors="replace")[-2000:]
                 raise RuntimeError(f"kafka broker exited with {proc.returncode}:\n{tail}")
-            if self.port and _port_open(self.port):
+            if self.port and port_open(self.port):
                 try:
                     AdminClient({"bootstrap.servers": self.bootstrap_servers}).list_topics(
                         timeout=2
@@ -217,9 +183,3 @@ def _cluster_id() -> str:
     import base64
 
     return base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
-
-
-def _reap(pid: int) -> None:
-    # A broker we started is our child: reap it so it does not linger as a zombie.
-    with contextlib.suppress(ChildProcessError):
-        os.waitpid(pid, os.WNOHANG)

@@ -13,6 +13,8 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
+import orjson
+
 from binlog_assets.formats.event import (
     OP_CREATE,
     OP_DELETE,
@@ -75,6 +77,24 @@ class ChangeDecoder:
         headers: Headers | None,
     ) -> list[ChangeEvent]:
         raise NotImplementedError
+
+    def _load_object(self, value: bytes) -> dict[str, Any]:
+        """The record value as a JSON object, or a DecodeError saying what it is instead."""
+        try:
+            doc = orjson.loads(value)
+        except orjson.JSONDecodeError as exc:
+            raise self._fail(f"value is not valid JSON: {exc}") from None
+        if type(doc) is not dict:
+            raise self._fail("value must be a JSON object")
+        return doc
+
+    def _required_str(self, doc: dict[str, Any], name: str) -> str:
+        value = doc.get(name)
+        if value is None:
+            raise self._fail(f"missing field '{name}'")
+        if type(value) is not str:
+            raise self._fail(f"field '{name}' must be a string")
+        return value
 
     def _skip(self, reason: str) -> list[ChangeEvent]:
         self.skipped[reason] += 1

@@ -14,8 +14,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import orjson
-
 from binlog_assets.formats.base import ChangeDecoder, Headers, split_key_change
 from binlog_assets.formats.event import (
     OP_CREATE,
@@ -46,17 +44,8 @@ class CanalDecoder(ChangeDecoder):
         key: bytes | None,
         headers: Headers | None,
     ) -> list[ChangeEvent]:
-        try:
-            doc = orjson.loads(value)
-        except orjson.JSONDecodeError as exc:
-            raise self._fail(f"value is not valid JSON: {exc}") from None
-        if type(doc) is not dict:
-            raise self._fail("value must be a JSON object")
-        kind = doc.get("type")
-        if kind is None:
-            raise self._fail("missing field 'type'")
-        if type(kind) is not str:
-            raise self._fail("field 'type' must be a string")
+        doc = self._load_object(value)
+        kind = self._required_str(doc, "type")
         source_ts = doc.get("es")
         if source_ts is not None and type(source_ts) is not int:
             raise self._fail("field 'es' must be an integer (milliseconds)")

@@ -58,17 +58,8 @@ class MaxwellDecoder(ChangeDecoder):
         key: bytes | None,
         headers: Headers | None,
     ) -> list[ChangeEvent]:
-        try:
-            doc = orjson.loads(value)
-        except orjson.JSONDecodeError as exc:
-            raise self._fail(f"value is not valid JSON: {exc}") from None
-        if type(doc) is not dict:
-            raise self._fail("value must be a JSON object")
-        kind = doc.get("type")
-        if kind is None:
-            raise self._fail("missing field 'type'")
-        if type(kind) is not str:
-            raise self._fail("field 'type' must be a string")
+        doc = self._load_object(value)
+        kind = self._required_str(doc, "type")
         if kind in _SKIPPED_TYPES:
             return self._skip(f"maxwell:{kind}")
         op = _ROW_OPS.get(kind)

@@ -17,6 +17,19 @@ from binlog_assets.consume.handlers import HandlerRegistry
 from binlog_assets.dev.stack import kafka_client_config
 from binlog_assets.lakehouse.spark import spark_conf
 
+# Every step that starts Spark takes a slot of this pool. The local catalog is embedded
+# Derby, which admits one JVM at a time, so dagster.yaml gives pools one slot; with a
+# real metastore, raise the limit (`dagster instance concurrency set spark N`).
+SPARK_POOL = "spark"
+
+
+# Replicas and dbt models follow new upstream data. `eager()` also waits for every
+# upstream partition to exist, and a topic-partition nobody wrote yet (say, the schema
+# change topic) would hold the replicas back forever, so that part is left out.
+FOLLOW_UPSTREAM = dg.AutomationCondition.eager().without(
+    ~dg.AutomationCondition.any_deps_missing()
+)
+
 
 class BinlakeResource(dg.ConfigurableResource):
     """The validated pipeline config and Kafka settings, for assets and sensors."""

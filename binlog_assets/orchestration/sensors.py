@@ -99,5 +99,14 @@ def kafka_lag_sensor(
     return dg.SensorResult(run_requests=requests, cursor=cursor)
 
 
+binlake_automation_sensor = dg.AutomationConditionSensorDefinition(
+    "binlake_automation_sensor",
+    target=dg.AssetSelection.all(),
+    default_status=dg.DefaultSensorStatus.RUNNING,
+    minimum_interval_seconds=15,
+    description="Replicas follow new changelog data; dbt models follow the replicas.",
+)
+
+
 def group_id(binlake: BinlakeResource) -> str:
     return str(binlake.pipeline.kafka.get("group.id", "binlake"))

@@ -1,0 +1,96 @@
+"""Column expressions the replica and history MERGEs share: positions, keys, source tables.
+
+A position is one struct, `(phase, file, pos, row, offset, row_index)`: the binlog
+position as numbers (snapshot phase below streaming), then the Kafka offset and the row
+within one record as tie-breakers. Spark orders structs field by field, so one `>`
+compares two positions exactly and never as text.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from pyspark.sql import functions as F
+from pyspark.sql import types as T
+
+from binlog_assets.lakehouse.identifiers import col
+
+if TYPE_CHECKING:
+    from pyspark.sql import Column
+
+# (struct field, type, changelog column)
+POSITION_FIELDS = (
+    ("phase", T.IntegerType(), "pos_phase"),
+    ("file", T.LongType(), "pos_file"),
+    ("pos", T.LongType(), "pos_pos"),
+    ("row", T.IntegerType(), "pos_row"),
+    ("offset", T.LongType(), "offset"),
+    ("row_index", T.IntegerType(), "row_index"),
+)
+POSITION_TYPE = T.StructType([T.StructField(n, t) for n, t, _ in POSITION_FIELDS])
+
+
+def changelog_position() -> Column:
+    """The position struct of a changelog row."""
+    return F.struct(*[F.col(source).cast(t).alias(name) for name, t, source in POSITION_FIELDS])
+
+
+def position_literal(position: tuple[int, ...]) -> Column:
+    return F.struct(*[F.lit(v).cast(t).alias(name)
+                      for (name, t, _), v in zip(POSITION_FIELDS, position, strict=True)])
+
+
+def change_identity(position: Column) -> Column:
+    """What makes two copies of one source change the same change.
+
+    A producer that re-sends after a restart gives the copy a new Kafka offset but the
+    same binlog coordinates, so those decide; only a source without coordinates (file and
+    pos zero) falls back to the Kafka offset and row.
+    """
+    no_coordinates = (position.getField("file") == 0) & (position.getField("pos") == 0)
+    return F.struct(
+        position.getField("phase").alias("phase"),
+        position.getField("file").alias("file"),
+        position.getField("pos").alias("pos"),
+        position.getField("row").alias("row"),
+        F.when(no_coordinates, position.getField("offset")).otherwise(F.lit(-1).cast("long"))
+        .alias("offset"),
+        F.when(no_coordinates, position.getField("row_index")).otherwise(F.lit(-1))
+        .alias("row_index"),
+    )
+
+
+def key_match(key: list[str], left: str = "t", right: str = "s") -> Column:
+    """Rows `left` and `right` have the same key; null-safe, so truncate markers (null
+    key columns) match each other and nothing else."""
+    cond = F.lit(True)
+    for k in key:
+        cond = cond & col(k, left).eqNullSafe(col(k, right))
+    return cond
+
+
+def split_table(name: str) -> tuple[str, str]:
+    """`db.table` -> (db, table)."""
+    db, _, table = name.partition(".")
+    return db, table
+
+
+def is_source_table(name: str, alias: str | None = None) -> Column:
+    """The row (of DataFrame `alias`) comes from source table `db.table`."""
+    db, table = split_table(name)
+    return (col("_source_db", alias) == F.lit(db)) & (col("_source_table", alias) == F.lit(table))
+
+
+def first_truncate_after(
+    truncates: list[tuple[str, tuple[int, ...]]], position: Column, alias: str | None = None
+) -> Column:
+    """The earliest truncate of the row's source table above `position`, else null.
+
+    `truncates` are (db.table, position) pairs; few in practice, so a CASE of literals.
+    """
+    expr = None
+    for name, at in sorted(truncates, key=lambda t: t[1]):
+        branch = is_source_table(name, alias) & (position < position_literal(at))
+        expr = (F.when(branch, position_literal(at)) if expr is None
+                else expr.when(branch, position_literal(at)))
+    return F.lit(None).cast(POSITION_TYPE) if expr is None else expr

@@ -1,0 +1,603 @@
+"""Silver replicas: each replica table equals its source tables as of the last applied position.
+
+`ReplicaBuilder.apply` reads the changelog rows committed since the replica's applied
+changelog version, keeps the source tables routed to the replica (`routing.py`), types
+their `before`/`after` JSON by the declared column types (`schema.py`), reduces every
+key to its last change by binlog position, and MERGEs the result with a position guard.
+Batch boundaries, duplicates, restarts and late events therefore cannot change the
+outcome (DESIGN.md invariants 3 and 5):
+
+- Position. `_position` is one struct column, `(phase, file, pos, row, offset,
+  row_index)`: the binlog position as numbers (snapshot phase below streaming), then the
+  Kafka offset and the row within a record as tie-breakers. Spark compares structs field
+  by field, so `s._position > t._position` is the whole guard; no string ever compares.
+- Reduce, then guard. Each key keeps only its highest-position change of the batch
+  (one bucket for inserts, updates and deletes alike, so they can never be reordered),
+  and a row is written only when that change is newer than the row's stored position.
+  Re-applying an applied range changes nothing; an older change arriving late is dropped.
+- Tombstones. A delete keeps the row with `_op = 'd'` (values as the delete's
+  before-image) so a late, older change for that key finds a newer position and is
+  dropped. Tombstones older than `lakehouse.tombstone_retention_hours` (by `_applied_at`)
+  are purged by an apply that reads changes, at most once per tenth of the window; a
+  change arriving more than that window after the delete of its key could bring the row
+  back, which is the window's contract.
+- Truncate. An `op = 't'` event removes the table's rows below its position and leaves
+  a marker row (`_op = 't'`, key columns null) whose position is the table's watermark:
+  any later-arriving change below it is dropped. Markers are kept for good (one per
+  source table).
+- Primary-key change. Decoders split it into delete (old key) + create (new key); when
+  the replica's key is a `key_columns` override the decoder may not know about, an
+  update whose before-image holds another key also deletes the old key here.
+- Applied version. Each MERGE commits with Delta's idempotent-DML transaction id
+  (`binlake.replica`, version = the changelog version applied), atomically with the data;
+  the replica's applied version is that transaction's version, and a retried commit of
+  the same version is skipped by Delta itself. A range with nothing for the replica
+  still commits (an empty MERGE) to move the applied version.
+
+Replica table `<database>.<replica>`: `_source_db`, `_source_table` (in the key when the
+replica gathers several source tables), the key columns, the source columns, then
+`_position`, `_op` (c/u/r live, d tombstone, t truncate marker), `_source_ts` (source
+commit time) and `_applied_at` (when this apply wrote the row). Live rows are the view
+`<database>.<replica>_current` (`_op` not in d, t): what dbt reads. Tables use Delta
+column mapping (any source column name), type widening and deletion vectors.
+With `history: true`, `<database>.<replica>_history` keeps SCD type 2 versions
+(`history.py`).
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import TYPE_CHECKING, Any
+
+from pyspark.sql import functions as F
+from pyspark.sql import types as T
+
+from binlog_assets.config import PipelineConfig
+from binlog_assets.formats.event import OP_CREATE, OP_DELETE, OP_READ, OP_TRUNCATE, OP_UPDATE
+from binlog_assets.lakehouse.changelog import changelog_version, read_changelog
+from binlog_assets.lakehouse.columns import (
+    POSITION_TYPE,
+    changelog_position,
+    is_source_table,
+    key_match,
+    position_literal,
+    split_table,
+)
+from binlog_assets.lakehouse.delta_log import table_exists, table_version, txn_version
+from binlog_assets.lakehouse.identifiers import check_columns, col, qualified
+from binlog_assets.lakehouse.routing import SOURCE_KEY_COLUMNS, ReplicaRoute, replica_route
+from binlog_assets.lakehouse.schema import (
+    SchemaChange,
+    apply_changes,
+    plan_changes,
+    spark_type,
+    widen_all,
+)
+
+if TYPE_CHECKING:
+    from pyspark.sql import Column, DataFrame, SparkSession
+
+# The Delta transaction id under which replica (and history) MERGEs record the applied
+# changelog version.
+APP_ID = "binlake.replica"
+
+ROW_OPS = (OP_CREATE, OP_UPDATE, OP_READ, OP_DELETE)
+LIVE_OPS = (OP_CREATE, OP_UPDATE, OP_READ)
+MERGED_OPS = (*ROW_OPS, OP_TRUNCATE)
+
+REPLICA_METADATA = (
+    ("_position", POSITION_TYPE),
+    ("_op", T.StringType()),
+    ("_source_ts", T.TimestampType()),
+    ("_applied_at", T.TimestampType()),
+)
+METADATA_COLUMNS = frozenset({*SOURCE_KEY_COLUMNS, *(n for n, _ in REPLICA_METADATA),
+                              "_valid_from", "_valid_to", "_is_current"})
+
+# Table properties recording what a replica was built with; a batch that disagrees fails.
+KEY_PROPERTY = "binlake.key_columns"
+SHARDED_PROPERTY = "binlake.sharded"
+TRUNCATED_PROPERTY = "binlake.truncated"
+PURGED_PROPERTY = "binlake.tombstones_purged_at"  # epoch seconds of the last purge
+# A purge (a DELETE scanning the table's `_applied_at` statistics) runs at most once per
+# this share of the retention window, so tombstones live between 1 and 1.1 windows.
+PURGE_EVERY = 0.1
+
+_TABLE_PROPERTIES = {
+    # Source column names may hold anything a MySQL identifier can; column mapping stores
+    # them as written (and allows adding columns without rewriting files).
+    "delta.columnMapping.mode": "name",
+    # Widening int -> bigint, float -> double or a decimal's precision without a rewrite.
+    "delta.enableTypeWidening": "true",
+    # A MERGE that touches a few rows of a file marks them instead of rewriting the file.
+    "delta.enableDeletionVectors": "true",
+}
+
+# Session settings are per SparkSession; the builder's own session holds them, and the
+# lock keeps two threads of one builder from interleaving their transaction ids.
+_TXN_APP_ID = "spark.databricks.delta.write.txnAppId"
+_TXN_VERSION = "spark.databricks.delta.write.txnVersion"
+
+
+class ReplicaError(RuntimeError):
+    """A replica that cannot be built from its changelog as configured; says why."""
+
+
+@dataclass(frozen=True)
+class ReplicaResult:
+    """What one apply did; numbers stay numbers so the UI can chart them."""
+
+    replica: str
+    rows: int = 0  # changelog rows of the replica's source tables read by this apply
+    applied_version: int = -1  # changelog version the replica now reflects
+    # Highest (phase, file, pos, row, offset, row_index) in the batch, None if empty.
+    last_position: tuple[int, ...] | None = None
+    upserts: int = 0  # insert, update and snapshot events read
+    deletes: int = 0  # delete events read
+    written: int = 0  # replica rows inserted or updated (after the reduce and the guard)
+    truncated: int = 0  # rows removed by truncates
+    tombstones: int = 0  # tombstones purged, past lakehouse.tombstone_retention_hours
+    schema_changes: tuple[str, ...] = field(default_factory=tuple)
+    skipped: bool = False  # nothing new: the replica was already at applied_version
+
+
+@dataclass
+class _Survey:
+    """One aggregate pass over the batch: what it holds for this replica."""
+
+    tables: list[str]
+    rows: int
+    last_position: tuple[int, ...] | None
+    declared: dict[str, T.DataType]
+    inferred: dict[str, T.DataType]
+    key_columns: set[tuple[str, ...]]
+    truncates: dict[str, tuple[int, ...]]  # db.table -> highest truncate position
+    upserts: int = 0
+    deletes: int = 0
+
+
+class ReplicaBuilder:
+    """Builds the replicas of one pipeline config from its changelog."""
+
+    def __init__(self, spark: SparkSession, config: PipelineConfig) -> None:
+        # A session of our own: the transaction-id settings must not leak into the
+        # caller's session (nor the caller's into ours). It shares the catalog.
+        self.spark = spark.newSession()
+        self.config = config
+        self.database = config.lakehouse.database
+        self._lock = threading.Lock()
+
+    def table_name(self, replica: str) -> tuple[str, str]:
+        return self.database, replica
+
+    def current_view_name(self, replica: str) -> tuple[str, str]:
+        return self.database, f"{replica}_current"
+
+    def history_name(self, replica: str) -> tuple[str, str]:
+        return self.database, f"{replica}_history"
+
+    def applied_version(self, replica: str) -> int | None:
+        """The changelog version the replica reflects; None before its first apply."""
+        return txn_version(self.spark, *self.table_name(replica), APP_ID)
+
+    def rebuild(self, replica: str) -> ReplicaResult:
+        """Drop the replica (and its view and history) and apply the whole changelog."""
+        route = replica_route(self.config, replica)
+        self.spark.sql(f"DROP VIEW IF EXISTS {qualified(*self.current_view_name(replica))}")
+        self.spark.sql(f"DROP TABLE IF EXISTS {qualified(*self.table_name(replica))}")
+        if route.history:
+            self.spark.sql(f"DROP TABLE IF EXISTS {qualified(*self.history_name(replica))}")
+        return self.apply(replica)
+
+    def apply(self, replica: str, *, up_to_version: int | None = None) -> ReplicaResult:
+        """Apply changelog versions above the replica's applied version, up to `up_to_version`
+        (default: the changelog's current version)."""
+        with self._lock:
+            return self._apply(replica_route(self.config, replica), up_to_version)
+
+    # -- the steps of one apply ---------------------------------------------------------
+
+    def _apply(self, route: ReplicaRoute, up_to_version: int | None) -> ReplicaResult:
+        spark = self.spark
+        up_to = changelog_version(spark, self.config) if up_to_version is None else up_to_version
+        targets = [self.table_name(route.replica)]
+        if route.history:
+            targets.append(self.history_name(route.replica))
+        applied = {t: txn_version(spark, *t, APP_ID) for t in targets}
+        behind = [t for t in targets if applied[t] is None or applied[t] < up_to]
+        if up_to < 0 or not behind:
+            done = applied[targets[0]]
+            return ReplicaResult(route.replica, applied_version=-1 if done is None else done,
+                                 skipped=True)
+        starts = [applied[t] for t in behind]
+        start = None if None in starts else min(starts)
+
+        batch = read_changelog(spark, self.config, start, up_to)
+        survey = self._survey(batch, route)
+        replica_table = self.table_name(route.replica)
+        if not survey.tables or (not survey.rows
+                                 and not table_exists(spark, *replica_table)):
+            # Nothing for this replica: an empty MERGE moves the applied version, so the
+            # next apply does not read these commits again.
+            existing = [t for t in behind if table_exists(spark, *t)]
+            for target in existing:
+                self._commit_empty(target, up_to)
+            return ReplicaResult(route.replica,
+                                 applied_version=up_to if existing else -1)
+
+        now = datetime.now(UTC)
+        props = (self._properties(replica_table) if table_exists(spark, *replica_table)
+                 else {})
+        key = self._key(route, survey, props)
+        changes = self._prepare_tables(route, survey, key)
+        columns = self._source_columns(replica_table)
+        rows = self._typed_rows(batch, route, survey, key, columns)
+
+        if route.history:
+            from binlog_assets.lakehouse.history import merge_history
+
+            rows = rows.persist()
+        try:
+            merged = {}
+            if replica_table in behind:
+                merged = self._merge_replica(route, rows, survey, key, up_to, now, props)
+            history_table = self.history_name(route.replica)
+            if route.history and history_table in behind:
+                with self._txn(up_to):
+                    merge_history(spark, history_table, rows, key, survey.truncates, now)
+        finally:
+            if route.history:
+                rows.unpersist()
+        return ReplicaResult(
+            route.replica,
+            rows=survey.rows,
+            applied_version=up_to,
+            last_position=survey.last_position,
+            upserts=survey.upserts,
+            deletes=survey.deletes,
+            written=int(merged.get("numTargetRowsInserted", 0))
+            + int(merged.get("numTargetRowsMatchedUpdated", 0)),
+            truncated=int(merged.get("numTargetRowsNotMatchedBySourceDeleted", 0)),
+            tombstones=self._purge(replica_table, now, props),
+            schema_changes=tuple(changes),
+        )
+
+    def _survey(self, batch: DataFrame, route: ReplicaRoute) -> _Survey:
+        """Tables, types, keys and truncates of the batch, in one small aggregate job."""
+        pos = changelog_position()
+        groups = (batch.groupBy("table", "op", "column_types", "value_types", "key_columns")
+                  .agg(F.count(F.lit(1)).alias("n"), F.max(pos).alias("last"))
+                  .collect())
+        tables = route.select({g["table"] for g in groups})
+        survey = _Survey(tables, 0, None, {}, {}, set(), {})
+        routed = set(tables)
+        # Earliest first, so that the column order of a new table is the source's.
+        for g in sorted(groups, key=lambda g: tuple(g["last"])):
+            if g["table"] not in routed:
+                continue
+            op = g["op"]
+            last = tuple(g["last"])
+            if op in LIVE_OPS:
+                survey.upserts += g["n"]
+            elif op == OP_DELETE:
+                survey.deletes += g["n"]
+            if op in MERGED_OPS:
+                survey.rows += g["n"]
+                if survey.last_position is None or last > survey.last_position:
+                    survey.last_position = last
+            if op == OP_TRUNCATE:
+                current = survey.truncates.get(g["table"])
+                survey.truncates[g["table"]] = last if current is None else max(current, last)
+            if op in ROW_OPS and g["key_columns"]:
+                survey.key_columns.add(tuple(g["key_columns"]))
+            for source, target in (("column_types", survey.declared),
+                                   ("value_types", survey.inferred)):
+                if g[source]:
+                    widen_all(target, {c: spark_type(t)
+                                       for c, t in json.loads(g[source]).items()})
+        return survey
+
+    def _key(self, route: ReplicaRoute, survey: _Survey, props: dict[str, str]) -> list[str]:
+        """The replica's key: source ids when sharded, then the source's key columns."""
+        stored = json.loads(props.get(KEY_PROPERTY, "null"))
+        if route.key_columns:
+            source_key = tuple(route.key_columns)
+        elif len(survey.key_columns) == 1:
+            (source_key,) = survey.key_columns
+        elif len(survey.key_columns) > 1:
+            raise ReplicaError(
+                f"replica {route.replica!r}: its source tables disagree on the primary key "
+                f"({sorted(survey.key_columns)}); set key_columns in the table config")
+        elif stored is not None:
+            source_key = tuple(stored)  # a batch of DDL and truncates only
+        else:
+            raise ReplicaError(
+                f"replica {route.replica!r}: the changes of {survey.tables[:5]} carry no "
+                "primary key; set key_columns in the table config")
+        check_columns(source_key, route.replica)
+        if stored is not None and tuple(stored) != source_key:
+            raise ReplicaError(
+                f"replica {route.replica!r} is keyed on {stored}, its changes now on "
+                f"{list(source_key)}: rebuild it (ReplicaBuilder.rebuild) after the "
+                "source's primary key change")
+        return [*SOURCE_KEY_COLUMNS, *source_key] if route.sharded else list(source_key)
+
+    def _properties(self, table: tuple[str, str]) -> dict[str, str]:
+        from delta.tables import DeltaTable
+
+        detail = DeltaTable.forName(self.spark, ".".join(table)).detail().first()
+        return dict(detail["properties"] or {})
+
+    def _prepare_tables(self, route: ReplicaRoute, survey: _Survey, key: list[str]
+                        ) -> list[str]:
+        """Create or evolve the replica (and history) for the batch's columns.
+
+        Returns a description of each change made. Schema changes commit before the MERGE;
+        they are idempotent, so a crash in between is harmless.
+        """
+        source_key = [k for k in key if k not in SOURCE_KEY_COLUMNS]
+        missing = [k for k in source_key if k not in survey.declared
+                   and k not in survey.inferred]
+        table = self.table_name(route.replica)
+        exists = table_exists(self.spark, *table)
+        if not exists and missing:
+            raise ReplicaError(f"replica {route.replica!r}: no type known for key column(s) "
+                               f"{missing} in {survey.tables[:5]}")
+        current = self._source_columns(table) if exists else {}
+        # A new table takes every column of the batch, whatever the mode: there is no
+        # schema yet to keep.
+        change = plan_changes(current, survey.declared, survey.inferred,
+                              route.schema_evolution if exists else "evolve", route.replica)
+        described = [f"add {f.name} {f.dataType.simpleString()}" for f in change.add]
+        described += [f"widen {n} {o.simpleString()} -> {t.simpleString()}"
+                      for n, o, t in change.retype]
+        targets = [table]
+        if route.history:
+            targets.append(self.history_name(route.replica))
+        for target in targets:
+            if not table_exists(self.spark, *target):
+                self._create(target, route, source_key, change, history=target != table)
+            elif change:
+                apply_changes(self.spark, target, change)
+        if change or not exists:
+            self._create_view(route.replica)
+        return described
+
+    def _create(self, target: tuple[str, str], route: ReplicaRoute, source_key: list[str],
+                change: SchemaChange, *, history: bool) -> None:
+        from delta.tables import DeltaTable
+
+        from binlog_assets.lakehouse.history import HISTORY_METADATA
+
+        columns = change.columns
+        ordered = [*source_key, *(c for c in columns if c not in source_key)]
+        schema = T.StructType(
+            [T.StructField(c, T.StringType()) for c in SOURCE_KEY_COLUMNS]
+            + [T.StructField(c, columns[c]) for c in ordered]
+            + [T.StructField(n, t) for n, t in (HISTORY_METADATA if history
+                                                 else REPLICA_METADATA)])
+        self.spark.sql(f"CREATE DATABASE IF NOT EXISTS {qualified(target[0])}")
+        builder = (DeltaTable.createIfNotExists(self.spark).tableName(".".join(target))
+                   .addColumns(schema)
+                   .property(KEY_PROPERTY, json.dumps(source_key))
+                   .property(SHARDED_PROPERTY, str(route.sharded).lower()))
+        if not history:
+            # A new table has no tombstone to purge for a while.
+            builder = builder.property(PURGED_PROPERTY, f"{datetime.now(UTC).timestamp():.3f}")
+        for k, v in _TABLE_PROPERTIES.items():
+            builder = builder.property(k, v)
+        builder.execute()
+
+    def _create_view(self, replica: str) -> None:
+        # Spark fixes a view's columns when it is created, so it is re-created whenever
+        # the replica's columns change. Only config-validated names are in this text.
+        self.spark.sql(
+            f"CREATE OR REPLACE VIEW {qualified(*self.current_view_name(replica))} AS "
+            f"SELECT * FROM {qualified(*self.table_name(replica))} "
+            f"WHERE _op NOT IN ('{OP_DELETE}', '{OP_TRUNCATE}')")
+
+    def _source_columns(self, table: tuple[str, str]) -> dict[str, T.DataType]:
+        """The replica's key and source columns with their types, in table order."""
+        schema = self.spark.table(".".join(table)).schema
+        return {f.name: f.dataType for f in schema if f.name not in METADATA_COLUMNS}
+
+    def _typed_rows(self, batch: DataFrame, route: ReplicaRoute, survey: _Survey,
+                    key: list[str], columns: dict[str, T.DataType]) -> DataFrame:
+        """The batch's row changes and truncates, typed by the replica's columns.
+
+        Columns: `_source_db`, `_source_table`, the replica's columns, `_position`, `_op`,
+        `_source_ts`. Truncates have null keys and values.
+        """
+        b = batch.where(F.col("table").isin(survey.tables) & F.col("op").isin(*MERGED_OPS))
+        source_key = [k for k in key if k not in SOURCE_KEY_COLUMNS]
+        # Every spelling the batch uses, so a column whose case changed still finds its
+        # replica column (Spark and MySQL names are case-insensitive).
+        spellings: dict[str, list[str]] = {c.lower(): [c] for c in columns}
+        for name in [*survey.declared, *survey.inferred]:
+            names = spellings.get(name.lower())
+            if names is not None and name not in names:
+                names.append(name)
+        text_schema = T.StructType([T.StructField(n, T.StringType())
+                                    for names in spellings.values() for n in names])
+        key_schema = T.StructType([T.StructField(k, T.StringType()) for k in source_key])
+
+        def parse(frame: DataFrame, image: Column, op: Column, *extra: Column) -> DataFrame:
+            # Parsed once into a struct column, and only then taken apart: a field read
+            # straight off `from_json(...)` makes Spark parse the text once per field.
+            return frame.select(
+                F.col("table"), F.col("offset"), op.alias("_op"),
+                changelog_position().alias("_position"),
+                F.timestamp_millis(F.col("source_ts")).alias("_source_ts"),
+                F.from_json(image, text_schema).alias("_image"), F.col("key"), *extra)
+
+        image = F.when(F.col("op") == OP_DELETE, F.col("before")).otherwise(F.col("after"))
+        parsed = parse(b, image, F.col("op"))
+        if route.key_columns:
+            parsed = parsed.unionByName(self._key_change_deletes(b, parse, source_key))
+        table_parts = F.split(F.col("table"), r"\.", 2)
+        out = [table_parts.getItem(0).alias("_source_db"),
+               table_parts.getItem(1).alias("_source_table")]
+        for column, data_type in columns.items():
+            text = F.coalesce(*[F.col("_image").getField(n)
+                                for n in spellings[column.lower()]])
+            if column in source_key:
+                # The record key only for an image without the key column: parsing it is
+                # skipped for every row whose image has it.
+                from_key = F.from_json(F.col("key"), key_schema).getField(column)
+                text = _require_key(F.coalesce(text, from_key), column, route.replica)
+            out.append(_cast_text(text, data_type).alias(column))
+        return parsed.select(*out, "_position", "_op", "_source_ts")
+
+    def _key_change_deletes(self, b: DataFrame, parse, source_key: list[str]) -> DataFrame:
+        """Deletes of the old key of updates that moved a row to another key.
+
+        Only needed with a key_columns override: decoders split such updates themselves
+        when they know the key, but an override of a sharded (regex) source reaches no
+        decoder.
+        """
+        key_schema = T.StructType([T.StructField(k, T.StringType()) for k in source_key])
+        updates = b.where((F.col("op") == OP_UPDATE) & F.col("before").isNotNull())
+        parsed = parse(updates, F.col("before"), F.lit(OP_DELETE),
+                       F.from_json(F.col("after"), key_schema).alias("_after_key"))
+        moved = F.lit(False)
+        for k in source_key:
+            moved = moved | ~F.col("_image").getField(k).eqNullSafe(
+                F.col("_after_key").getField(k))
+        return parsed.where(moved).drop("_after_key")
+
+    def _watermarks(self, table: tuple[str, str], survey: _Survey, props: dict[str, str]
+                    ) -> list[tuple]:
+        """(db, table, position) of every truncate: stored markers and the batch's."""
+        marks: dict[tuple[str, str], tuple[int, ...]] = {}
+        if props.get(TRUNCATED_PROPERTY) == "true":
+            stored = (self.spark.table(".".join(table)).where(F.col("_op") == OP_TRUNCATE)
+                      .select("_source_db", "_source_table", "_position").collect())
+            for r in stored:
+                marks[(r["_source_db"], r["_source_table"])] = tuple(r["_position"])
+        for name, position in survey.truncates.items():
+            k = split_table(name)
+            marks[k] = max(marks.get(k, position), position)
+        return [(db, t, p) for (db, t), p in marks.items()]
+
+    def _merge_replica(self, route: ReplicaRoute, rows: DataFrame, survey: _Survey,
+                       key: list[str], up_to: int, now: datetime, props: dict[str, str]
+                       ) -> dict[str, str]:
+        """Reduce per key, MERGE with the position guard; the MERGE's Delta metrics."""
+        from delta.tables import DeltaTable
+
+        table = self.table_name(route.replica)
+        if survey.truncates and props.get(TRUNCATED_PROPERTY) != "true":
+            # Set once, before the first marker lands, so that applies of replicas that
+            # were never truncated skip looking for markers.
+            self.spark.sql(f"ALTER TABLE {qualified(*table)} SET TBLPROPERTIES "
+                           f"('{TRUNCATED_PROPERTY}' = 'true')")
+        marks = self._watermarks(table, survey, props)
+        if marks:
+            # Changes below their table's latest truncate are gone at the source already.
+            wm = self.spark.createDataFrame(
+                marks, T.StructType([T.StructField("_wm_db", T.StringType()),
+                                     T.StructField("_wm_table", T.StringType()),
+                                     T.StructField("_wm", POSITION_TYPE)]))
+            rows = (rows.join(F.broadcast(wm), (F.col("_source_db") == F.col("_wm_db"))
+                              & (F.col("_source_table") == F.col("_wm_table")), "left")
+                    .where((F.col("_op") == OP_TRUNCATE) | F.col("_wm").isNull()
+                           | (F.col("_position") > F.col("_wm")))
+                    .drop("_wm_db", "_wm_table", "_wm"))
+        values = [c for c in rows.columns if c not in key]
+        reduced = (rows.groupBy(*[col(k) for k in key])
+                   .agg(F.max_by(F.struct(*[col(c) for c in values]), "_position").alias("_v"))
+                   .select(*[col(k) for k in key], "_v.*")
+                   .withColumn("_applied_at", F.lit(now)))
+        assignments = {qualified(c): col(c, "s") for c in reduced.columns}
+        merge = (DeltaTable.forName(self.spark, ".".join(table)).alias("t")
+                 .merge(reduced.alias("s"), key_match(key))
+                 .whenMatchedUpdate(condition=col("_position", "s") > col("_position", "t"),
+                                    set=assignments)
+                 .whenNotMatchedInsert(values=assignments))
+        if survey.truncates:
+            cleared = F.lit(False)
+            for name, position in survey.truncates.items():
+                cleared = cleared | (is_source_table(name, "t")
+                                     & (col("_position", "t") < position_literal(position)))
+            merge = merge.whenNotMatchedBySourceDelete(condition=cleared)
+        before = table_version(self.spark, *table)
+        with self._txn(up_to):
+            merge.execute()
+        if table_version(self.spark, *table) == before:
+            return {}  # another apply recorded this version first: Delta skipped ours
+        history = DeltaTable.forName(self.spark, ".".join(table)).history(1).first()
+        return dict(history["operationMetrics"] or {})
+
+    def _commit_empty(self, target: tuple[str, str], up_to: int) -> None:
+        from delta.tables import DeltaTable
+
+        empty = self.spark.table(".".join(target)).limit(0)
+        first = empty.columns[0]
+        merge = (DeltaTable.forName(self.spark, ".".join(target)).alias("t")
+                 .merge(empty.alias("s"), col(first, "t") == col(first, "s"))
+                 .whenNotMatchedInsert(values={qualified(first): col(first, "s")}))
+        with self._txn(up_to):
+            merge.execute()
+
+    def _purge(self, table: tuple[str, str], now: datetime, props: dict[str, str]) -> int:
+        """Delete tombstones older than the window, when the last purge is old enough;
+        returns how many. Delta prunes files by the `_applied_at` statistics and commits
+        nothing when no row matches."""
+        from delta.tables import DeltaTable
+
+        window = timedelta(hours=self.config.lakehouse.tombstone_retention_hours)
+        last = float(props.get(PURGED_PROPERTY, "0"))
+        if now.timestamp() - last < (window * PURGE_EVERY).total_seconds():
+            return 0
+        before = table_version(self.spark, *table)
+        delta = DeltaTable.forName(self.spark, ".".join(table))
+        delta.delete((F.col("_op") == OP_DELETE) & (F.col("_applied_at") < F.lit(now - window)))
+        purged = 0
+        if table_version(self.spark, *table) != before:
+            metrics = delta.history(1).first()["operationMetrics"] or {}
+            purged = int(metrics.get("numDeletedRows", 0))
+        self.spark.sql(f"ALTER TABLE {qualified(*table)} SET TBLPROPERTIES "
+                       f"('{PURGED_PROPERTY}' = '{now.timestamp():.3f}')")
+        return purged
+
+    def _txn(self, version: int) -> _Txn:
+        return _Txn(self.spark, version)
+
+
+class _Txn:
+    """Within the block, Delta DML commits carry (APP_ID, version) and are skipped when
+    the table already recorded that version or a later one."""
+
+    def __init__(self, spark: SparkSession, version: int) -> None:
+        self.spark = spark
+        self.version = version
+
+    def __enter__(self) -> None:
+        self.spark.conf.set(_TXN_APP_ID, APP_ID)
+        self.spark.conf.set(_TXN_VERSION, str(self.version))
+
+    def __exit__(self, *exc: Any) -> None:
+        self.spark.conf.unset(_TXN_APP_ID)
+        self.spark.conf.unset(_TXN_VERSION)
+
+
+def _cast_text(text: Column, data_type: T.DataType) -> Column:
+    """A value's JSON text (see changelog.to_json) as `data_type`."""
+    if isinstance(data_type, T.BinaryType):
+        return F.unbase64(text)
+    if isinstance(data_type, T.StringType):
+        return text
+    return text.cast(data_type)
+
+
+def _require_key(value: Column, column: str, replica: str) -> Column:
+    """`value`, or a clear job failure for a row change without a key value (a null key
+    would collide with the truncate markers)."""
+    message = F.concat(F.lit(f"replica {replica}: a change of "), F.col("table"),
+                       F.lit(" at offset "), F.col("offset").cast("string"),
+                       F.lit(f" has no value for key column {column!r}"))
+    return F.when(value.isNull() & (F.col("_op") != OP_TRUNCATE),
+                  F.raise_error(message)).otherwise(value)

@@ -1,0 +1,97 @@
+"""dbt over the replicas: dbt-spark with `method: session`, on the same warehouse and catalog.
+
+The dbt profile is generated from the pipeline config (`spark_conf`, the same settings
+every binlake Spark step uses), so dbt's own SparkSession opens the same warehouse and
+Hive catalog and finds the replicas' `<replica>_current` views. The dbt sources carry
+`meta.dagster.asset_key` = the replica assets, so the asset graph is one piece, and dbt
+tests show up as asset checks. dbt runs in its own process (the dbt CLI) and the local
+catalog is embedded Derby, one JVM at a time: dbt steps share the `spark` pool with the
+other Spark steps, so they never hold the catalog together.
+"""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import dagster as dg
+import yaml
+from dagster_dbt import DagsterDbtTranslator, DbtCliResource, DbtProject, dbt_assets
+
+from binlog_assets.config import PipelineConfig
+from binlog_assets.dev.paths import REPO_ROOT, var_dir
+from binlog_assets.lakehouse.spark import spark_conf
+from binlog_assets.orchestration.resources import FOLLOW_UPSTREAM, SPARK_POOL
+
+DBT_PROJECT_DIR = REPO_ROOT / "dbt"
+
+
+class BinlakeDbtTranslator(DagsterDbtTranslator):
+    """dbt models follow their upstream replicas as soon as those change."""
+
+    def get_automation_condition(self, dbt_resource_props) -> dg.AutomationCondition:
+        return FOLLOW_UPSTREAM
+
+
+def profiles_dir() -> Path:
+    return var_dir() / "dbt"
+
+
+def write_profiles(config: PipelineConfig, directory: Path | None = None) -> Path:
+    """Write profiles.yml for this config; returns its directory."""
+    directory = directory or profiles_dir()
+    directory.mkdir(parents=True, exist_ok=True)
+    params = spark_conf(config)
+    profile = {
+        "binlake": {
+            "target": "local",
+            "outputs": {
+                "local": {
+                    "type": "spark",
+                    "method": "session",
+                    "host": "NA",  # unused by the session method, required by the schema
+                    "schema": f"{config.lakehouse.database}_marts",
+                    "server_side_parameters": params,
+                }
+            },
+        }
+    }
+    (directory / "profiles.yml").write_text(yaml.safe_dump(profile, sort_keys=True))
+    return directory
+
+
+def dbt_env(config: PipelineConfig) -> dict[str, str]:
+    return {"BINLAKE_DATABASE": config.lakehouse.database}
+
+
+def prepare_manifest(config: PipelineConfig) -> DbtProject:
+    """The dbt project with a parsed manifest (parsed now when missing or stale)."""
+    directory = write_profiles(config)
+    project = DbtProject(project_dir=DBT_PROJECT_DIR, profiles_dir=directory)
+    sources = [p for p in DBT_PROJECT_DIR.rglob("*") if p.suffix in (".sql", ".yml")]
+    manifest = project.manifest_path
+    if not manifest.exists() or any(p.stat().st_mtime > manifest.stat().st_mtime
+                                    for p in sources):
+        dbt = Path(sys.executable).with_name("dbt")
+        subprocess.run(
+            [str(dbt), "parse", "--quiet", "--profiles-dir", str(directory)],
+            cwd=DBT_PROJECT_DIR, check=True, env={**os.environ, **dbt_env(config)},
+            timeout=300,
+        )
+    return project
+
+
+def build_dbt_assets(config: PipelineConfig) -> tuple[dg.AssetsDefinition, DbtCliResource]:
+    project = prepare_manifest(config)
+
+    @dbt_assets(manifest=project.manifest_path, pool=SPARK_POOL,
+                dagster_dbt_translator=BinlakeDbtTranslator())
+    def binlake_dbt_models(context: dg.AssetExecutionContext, dbt: DbtCliResource):
+        """Staging models over the replicas and the marts built on them (dbt build: models
+        and their tests, the tests reported as asset checks)."""
+        yield from dbt.cli(["build"], context=context).stream()
+
+    os.environ.update(dbt_env(config))
+    resource = DbtCliResource(project_dir=project, profiles_dir=str(project.profiles_dir),
+                              dbt_executable=str(Path(sys.executable).with_name("dbt")))
+    return binlake_dbt_models, resource

@@ -1,0 +1,78 @@
+"""Replica assets: one per configured replica table, built by Spark from the changelog.
+
+A multi-asset with one spec per replica name in the config (`replica/<name>`), all
+downstream of the changelog and subsettable, so the UI can build one replica or all.
+Each apply reads the changelog versions the replica has not applied yet; the run config
+`rebuild: true` drops the replica and applies the whole changelog again. Replicas follow
+new changelog data on their own (eager automation), and dbt follows them.
+"""
+
+import dagster as dg
+from dagster_pyspark import LazyPySparkResource
+from pydantic import Field
+
+from binlog_assets.config import PipelineConfig
+from binlog_assets.orchestration.changelog_asset import CHANGELOG_ASSET_KEY
+from binlog_assets.orchestration.resources import FOLLOW_UPSTREAM, SPARK_POOL, BinlakeResource
+
+
+class ReplicaRunConfig(dg.Config):
+    rebuild: bool = Field(False, description="drop the replicas and rebuild them from the "
+                                             "whole changelog")
+
+
+def replica_key(name: str) -> dg.AssetKey:
+    return dg.AssetKey(["replica", name])
+
+
+def replica_names(config: PipelineConfig) -> list[str]:
+    return sorted({t.replica for s in config.sources for t in s.tables})
+
+
+def build_replica_assets(config: PipelineConfig) -> dg.AssetsDefinition:
+    sources = {name: sorted(t.source for s in config.sources for t in s.tables
+                            if t.replica == name) for name in replica_names(config)}
+    specs = [
+        dg.AssetSpec(
+            replica_key(name),
+            deps=[CHANGELOG_ASSET_KEY],
+            group_name="binlake",
+            kinds={"spark", "delta"},
+            description=(f"Replica `{config.lakehouse.database}.{name}` of source table(s) "
+                         f"{', '.join(sources[name])}: equal to the source as of the last "
+                         f"applied binlog position; live rows in `{name}_current`."),
+            automation_condition=FOLLOW_UPSTREAM,
+        )
+        for name in replica_names(config)
+    ]
+
+    @dg.multi_asset(specs=specs, can_subset=True, pool=SPARK_POOL, name="replicas")
+    def replicas(context: dg.AssetExecutionContext, config: ReplicaRunConfig,
+                 binlake: BinlakeResource, pyspark: LazyPySparkResource):
+        from binlog_assets.lakehouse.replica import ReplicaBuilder
+
+        builder = ReplicaBuilder(pyspark.spark_session, binlake.pipeline)
+        for key in sorted(context.selected_asset_keys, key=lambda k: k.path):
+            name = key.path[-1]
+            result = builder.rebuild(name) if config.rebuild else builder.apply(name)
+            db, view = builder.current_view_name(name)
+            live = pyspark.spark_session.table(f"`{db}`.`{view}`").count()
+            context.log.info(f"replica {name}: {live} live rows; {result}")
+            yield dg.MaterializeResult(asset_key=key, metadata=replica_metadata(result, live))
+
+    return replicas
+
+
+def replica_metadata(result, live_rows: int) -> dict[str, dg.MetadataValue]:
+    md = {
+        "rows": dg.MetadataValue.int(live_rows),
+        "changelog_rows_read": dg.MetadataValue.int(result.rows),
+        "applied_changelog_version": dg.MetadataValue.int(result.applied_version),
+        "upserts": dg.MetadataValue.int(result.upserts),
+        "deletes": dg.MetadataValue.int(result.deletes),
+        "tombstones": dg.MetadataValue.int(result.tombstones),
+        "truncated": dg.MetadataValue.int(result.truncated),
+    }
+    if result.last_position is not None:
+        md["last_position"] = dg.MetadataValue.text(str(result.last_position))
+    return md

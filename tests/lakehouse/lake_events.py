@@ -1,0 +1,126 @@
+"""Test helpers: ChangeEvents as a Debezium decoder would make them, and a Kafka stand-in.
+
+`Source` plays a MySQL table: each statement gets the next binlog position (numbers
+that cross digit boundaries, so a string comparison would misorder them) and yields the
+events a decoder produces, typed like Debezium's schema block. `Partition` plays one
+Kafka topic-partition: it gives each record the next offset and writes ranges to the
+changelog through the real `ChangelogWriter`.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
+from decimal import Decimal
+from typing import Any
+
+from binlog_assets.config import PipelineConfig, parse_config
+from binlog_assets.formats.event import PHASE_SNAPSHOT, PHASE_STREAM, ChangeEvent, Position
+from binlog_assets.lakehouse.changelog import ChangelogWriter
+
+TOPIC = "binlog"
+GROUP = "test-group"
+TYPES = {"id": "bigint", "amount": "decimal(10,2)", "note": "string", "qty": "int"}
+
+MakeConfig = Callable[..., PipelineConfig]
+
+
+def row(id_: int, amount: str = "1.00", note: str = "n", qty: int = 1) -> dict[str, Any]:
+    return {"id": id_, "amount": Decimal(amount), "note": note, "qty": qty}
+
+
+@dataclass
+class Source:
+    """A source table; `file`/`pos` is its binlog cursor."""
+
+    table: str
+    types: dict[str, str] = field(default_factory=lambda: dict(TYPES))
+    key_columns: tuple[str, ...] = ("id",)
+    file: int = 9
+    pos: int = 95
+
+    def _next(self, step: int = 1, rotate: bool = False) -> Position:
+        if rotate:
+            self.file, self.pos = self.file + 1, 4
+        else:
+            self.pos += step
+        return Position(PHASE_STREAM, self.file, self.pos, 0)
+
+    def _event(self, op: str, key_row: dict[str, Any], before, after, position: Position,
+               ts: int | None = None) -> ChangeEvent:
+        key = tuple(key_row[k] for k in self.key_columns)
+        return ChangeEvent(self.table, op, key, self.key_columns, before, after, position,
+                           ts if ts is not None else 1_700_000_000_000 + position.pos,
+                           column_types=self.types)
+
+    def snapshot(self, after: dict[str, Any]) -> ChangeEvent:
+        # Debezium gives snapshot reads the binlog coordinates of the snapshot's start,
+        # which may well be above later streamed ones: the phase must decide.
+        return self._event("r", after, None, after, Position(PHASE_SNAPSHOT, 999, 999_999, 0))
+
+    def insert(self, after: dict[str, Any], **step: Any) -> ChangeEvent:
+        return self._event("c", after, None, after, self._next(**step))
+
+    def update(self, before: dict[str, Any], after: dict[str, Any], **step: Any
+               ) -> list[ChangeEvent]:
+        """An update; one that moves the key is split into delete + create, as decoders do."""
+        position = self._next(**step)
+        event = self._event("u", after, before, after, position)
+        if all(before[k] == after[k] for k in self.key_columns):
+            return [event]
+        return [self._event("d", before, before, None, position),
+                self._event("c", after, None, after, position)]
+
+    def delete(self, before: dict[str, Any], **step: Any) -> ChangeEvent:
+        return self._event("d", before, before, None, self._next(**step))
+
+    def truncate(self, **step: Any) -> ChangeEvent:
+        return ChangeEvent(self.table, "t", (), (), None, None, self._next(**step),
+                           1_700_000_000_000, column_types=None)
+
+    def ddl(self, types: dict[str, str], **step: Any) -> ChangeEvent:
+        self.types = dict(types)
+        return ChangeEvent(self.table, "ddl", (), self.key_columns, None, None,
+                           self._next(**step), 1_700_000_000_000, ddl="ALTER TABLE ...",
+                           column_types=self.types)
+
+
+def config_for(base: PipelineConfig, tables: list[dict[str, Any]], *,
+               retention_hours: float | None = None) -> PipelineConfig:
+    """`base` with a new database and one source whose table configs are `tables`."""
+    data = base.model_dump(mode="json", exclude_none=True)
+    data["lakehouse"]["database"] = f"lake_{uuid.uuid4().hex[:10]}"
+    if retention_hours is not None:
+        data["lakehouse"]["tombstone_retention_hours"] = retention_hours
+    data["sources"] = [{"name": "src", "topics": ["binlog"], "format": "debezium",
+                        "tables": tables}]
+    return parse_config(data)
+
+
+class Partition:
+    """One Kafka topic-partition in front of the changelog."""
+
+    def __init__(self, writer: ChangelogWriter, partition: int = 0, topic: str = TOPIC
+                 ) -> None:
+        self.writer = writer
+        self.topic = topic
+        self.partition = partition
+        self.end = 0
+
+    def records(self, records: Sequence[Sequence[ChangeEvent]]) -> list[ChangeEvent]:
+        """Give each record (the events decoded from one Kafka message) the next offset."""
+        out = []
+        for events in records:
+            for index, event in enumerate(events):
+                out.append(replace(event, topic=self.topic, partition=self.partition,
+                                   offset=self.end, row_index=index))
+            self.end += 1
+        return out
+
+    def write(self, events: Sequence[ChangeEvent], end_offset: int | None = None
+              ) -> int | None:
+        raw = {e.offset: f"raw-{e.offset}".encode() for e in events}
+        return self.writer.write(events, raw, group_id=GROUP, topic=self.topic,
+                                 partition=self.partition,
+                                 end_offset=self.end if end_offset is None else end_offset)

@@ -1,0 +1,121 @@
+"""The bronze changelog on real Delta: rows as written, idempotent retries, checkpoints."""
+
+from __future__ import annotations
+
+from datetime import date, datetime
+from decimal import Decimal
+
+import orjson
+import pytest
+from lake_events import GROUP, MakeConfig, Partition, Source, row
+
+from binlog_assets.formats.event import ChangeEvent, Position
+from binlog_assets.lakehouse.changelog import (
+    ChangelogWriter,
+    changelog_checkpoint,
+    changelog_version,
+    to_json,
+)
+
+TABLES = [{"source": "shop.orders", "replica": "orders"}]
+
+
+def test_to_json_keeps_types_recoverable() -> None:
+    text = to_json({"d": Decimal("12345678901234567890.123456789"), "b": b"\x00\xff",
+                    "day": date(2024, 2, 29), "at": datetime(2024, 2, 29, 1, 2, 3, 4)})
+    assert orjson.loads(text) == {"d": "12345678901234567890.123456789", "b": "AP8=",
+                                  "day": "2024-02-29", "at": "2024-02-29T01:02:03.000004"}
+    assert to_json(None) is None
+
+
+def test_write_appends_every_field_once(spark, make_config: MakeConfig) -> None:
+    config = make_config(TABLES)
+    part = Partition(ChangelogWriter(spark, config))
+    src = Source("shop.orders")
+    # A Maxwell-like event: no declared types, so the writer records the values' types.
+    untyped = ChangeEvent("shop.orders", "c", (7,), ("id",), None,
+                          {"id": 7, "when": datetime(2024, 1, 2, 3, 4, 5), "ok": True},
+                          Position(1, 3, 4, 0), None)
+    events = part.records([[src.insert(row(1, "2.50", "a", 3))], [untyped]])
+
+    assert changelog_checkpoint(spark, config, GROUP, "binlog", 0) is None
+    version = part.write(events)
+    assert version == changelog_version(spark, config)
+    assert changelog_checkpoint(spark, config, GROUP, "binlog", 0) == 2
+
+    rows = spark.table(f"{config.lakehouse.database}.changelog").orderBy("offset").collect()
+    assert [r["offset"] for r in rows] == [0, 1]
+    first, second = rows
+    assert (first["topic"], first["partition"], first["row_index"]) == ("binlog", 0, 0)
+    assert (first["table"], first["op"]) == ("shop.orders", "c")
+    assert orjson.loads(first["key"]) == {"id": 1}
+    assert first["key_columns"] == ["id"]
+    assert first["before"] is None
+    assert orjson.loads(first["after"]) == {"id": 1, "amount": "2.50", "note": "a", "qty": 3}
+    assert (first["pos_phase"], first["pos_file"], first["pos_pos"]) == (1, 9, 96)
+    assert orjson.loads(first["column_types"])["amount"] == "decimal(10,2)"
+    assert first["value_types"] is None
+    assert first["raw"] == b"raw-0"
+    assert second["column_types"] is None
+    assert orjson.loads(second["value_types"]) == {"id": "bigint", "when": "timestamp",
+                                                    "ok": "boolean"}
+    assert second["source_ts"] is None
+
+
+def test_retried_and_overlapping_writes_add_nothing_twice(spark, make_config: MakeConfig
+                                                          ) -> None:
+    config = make_config(TABLES)
+    part = Partition(ChangelogWriter(spark, config))
+    src = Source("shop.orders")
+    events = part.records([[src.insert(row(i))] for i in range(8)])
+    name = f"{config.lakehouse.database}.changelog"
+
+    first = part.write(events[:5], end_offset=5)
+    assert first is not None
+    # The same range again (a retry after a crash before the Kafka commit): skipped.
+    assert part.write(events[:5], end_offset=5) is None
+    assert part.write(events[:3], end_offset=3) is None
+    assert changelog_version(spark, config) == first
+    # A range overlapping the written one: only offsets from the checkpoint on land.
+    second = part.write(events, end_offset=8)
+    assert second == first + 1
+    offsets = [r["offset"] for r in spark.table(name).select("offset").collect()]
+    assert sorted(offsets) == list(range(8))
+    assert changelog_checkpoint(spark, config, GROUP, "binlog", 0) == 8
+
+
+def test_empty_range_still_moves_the_checkpoint(spark, make_config: MakeConfig) -> None:
+    config = make_config(TABLES)
+    part = Partition(ChangelogWriter(spark, config))
+    events = part.records([[Source("shop.orders").insert(row(1))]])
+    part.write(events, end_offset=1)
+    # Offsets 1..9 held no change (transaction markers, skipped records).
+    version = part.write([], end_offset=10)
+    assert version is not None
+    assert changelog_checkpoint(spark, config, GROUP, "binlog", 0) == 10
+    assert spark.table(f"{config.lakehouse.database}.changelog").count() == 1
+    assert part.write([], end_offset=10) is None
+
+
+def test_partitions_and_groups_keep_their_own_checkpoints(spark, make_config: MakeConfig
+                                                          ) -> None:
+    config = make_config(TABLES)
+    writer = ChangelogWriter(spark, config)
+    p0, p1 = Partition(writer, 0), Partition(writer, 1)
+    src = Source("shop.orders")
+    p0.write(p0.records([[src.insert(row(1))], [src.insert(row(2))]]))
+    p1.write(p1.records([[src.insert(row(3))]]))
+    assert changelog_checkpoint(spark, config, GROUP, "binlog", 0) == 2
+    assert changelog_checkpoint(spark, config, GROUP, "binlog", 1) == 1
+    assert changelog_checkpoint(spark, config, "other-group", "binlog", 0) is None
+
+
+def test_write_refuses_events_outside_its_range(spark, make_config: MakeConfig) -> None:
+    config = make_config(TABLES)
+    part = Partition(ChangelogWriter(spark, config))
+    events = part.records([[Source("shop.orders").insert(row(1))]])
+    with pytest.raises(ValueError, match="not below end_offset"):
+        part.write(events, end_offset=0)
+    with pytest.raises(ValueError, match=r"binlog\[0\] in a write for binlog\[3\]"):
+        ChangelogWriter(spark, config).write(events, None, group_id=GROUP, topic="binlog",
+                                             partition=3, end_offset=5)

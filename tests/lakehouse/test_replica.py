@@ -1,0 +1,214 @@
+"""Replica builds on real Spark + Delta: idempotency, tombstones, truncates, key changes,
+routing and hostile names. (The randomized reference-model test is test_replica_model.)"""
+
+from __future__ import annotations
+
+import re
+import time
+from decimal import Decimal
+
+import pytest
+from lake_events import MakeConfig, Partition, Source, row
+
+from binlog_assets.config import PipelineConfig
+from binlog_assets.formats.event import ChangeEvent, Position
+from binlog_assets.lakehouse.changelog import ChangelogWriter, changelog_version
+from binlog_assets.lakehouse.identifiers import UnsafeIdentifierError
+from binlog_assets.lakehouse.replica import ReplicaBuilder
+
+ORDERS = [{"source": "shop.orders", "replica": "orders"}]
+
+
+def live(spark, config: PipelineConfig, replica: str = "orders",
+         columns: tuple[str, ...] = ("id", "amount", "note")) -> dict:
+    """The replica's live rows: key -> the other `columns`."""
+    rows = spark.table(f"{config.lakehouse.database}.{replica}_current").collect()
+    return {r[columns[0]]: tuple(r[c] for c in columns[1:]) for r in rows}
+
+
+def content(spark, config: PipelineConfig, replica: str = "orders") -> list[tuple]:
+    """Every row of the replica table, every column (metadata included), sorted."""
+    return sorted(tuple(r) for r in
+                  spark.table(f"{config.lakehouse.database}.{replica}").collect())
+
+
+def setup(spark, config: PipelineConfig) -> tuple[Partition, ReplicaBuilder]:
+    return Partition(ChangelogWriter(spark, config)), ReplicaBuilder(spark, config)
+
+
+def test_reapplying_an_applied_range_leaves_the_replica_identical(
+        spark, make_config: MakeConfig) -> None:
+    config = make_config(ORDERS)
+    part, builder = setup(spark, config)
+    src = Source("shop.orders")
+    a, b = row(1, "1.00", "a"), row(2, "2.00", "b")
+    events = part.records([[src.insert(a)], [src.insert(b)], src.update(a, row(1, "1.50", "a2")),
+                           [src.delete(b)]])
+    part.write(events)
+    first = builder.apply("orders")
+    assert (first.rows, first.upserts, first.deletes, first.written) == (4, 3, 1, 2)
+    before = content(spark, config)
+
+    again = builder.apply("orders")
+    assert again.skipped and again.applied_version == first.applied_version
+    # The same changes land in bronze a second time (another consumer group re-read the
+    # topic): new changelog rows, same positions. The guard leaves every byte in place.
+    part.writer.write(events, None, group_id="second-group", topic="binlog", partition=0,
+                      end_offset=part.end)
+    replay = builder.apply("orders")
+    assert replay.applied_version == first.applied_version + 1
+    assert (replay.rows, replay.written) == (4, 0)
+    assert content(spark, config) == before
+    assert builder.apply("orders", up_to_version=first.applied_version).skipped
+    assert live(spark, config) == {1: (Decimal("1.50"), "a2")}
+
+
+def test_late_older_update_cannot_resurrect_a_deleted_row(spark, make_config: MakeConfig
+                                                          ) -> None:
+    config = make_config(ORDERS)
+    part, builder = setup(spark, config)
+    src = Source("shop.orders")
+    a = row(1, "1.00", "a")
+    created = src.insert(a)
+    late = src.update(a, row(1, "9.99", "late"))  # happened before the delete...
+    deleted = src.delete(row(1, "9.99", "late"))
+    part.write(part.records([[created], [deleted]]))
+    builder.apply("orders")
+    part.write(part.records([late]))  # ...but arrives after it
+    result = builder.apply("orders")
+    assert (result.upserts, result.written) == (1, 0)
+    assert live(spark, config) == {}
+    (tomb,) = spark.table(f"{config.lakehouse.database}.orders").collect()
+    assert tomb["_op"] == "d" and tomb["_position"]["pos"] == deleted.position.pos
+
+
+def test_tombstones_are_purged_after_the_window(spark, make_config: MakeConfig) -> None:
+    config = make_config(ORDERS, retention_hours=1 / 3600)  # one second
+    part, builder = setup(spark, config)
+    src = Source("shop.orders")
+    part.write(part.records([[src.insert(row(1))], [src.delete(row(1))]]))
+    assert builder.apply("orders").tombstones == 0
+    assert spark.table(f"{config.lakehouse.database}.orders").where("_op = 'd'").count() == 1
+    time.sleep(1.5)
+    part.write(part.records([[src.insert(row(2))]]))
+    assert builder.apply("orders").tombstones == 1
+    assert [r["id"] for r in spark.table(f"{config.lakehouse.database}.orders").collect()] == [2]
+
+
+def test_truncate_clears_older_rows_and_drops_later_arriving_older_changes(
+        spark, make_config: MakeConfig) -> None:
+    config = make_config(ORDERS)
+    part, builder = setup(spark, config)
+    src = Source("shop.orders")
+    early = [[src.insert(row(i))] for i in (1, 2, 3)]
+    late_insert = src.insert(row(4))  # before the truncate, delivered after it
+    truncate = src.truncate()
+    after = src.insert(row(5, "5.00", "after"))
+    newer_than_truncate = src.insert(row(6, "6.00", "early bird"))
+    # Row 6 arrives before the truncate it follows: the truncate must not remove it.
+    part.write(part.records([*early, [newer_than_truncate]]))
+    builder.apply("orders")
+    part.write(part.records([[truncate], [after]]))
+    result = builder.apply("orders")
+    assert result.truncated == 3
+    assert set(live(spark, config)) == {5, 6}
+    part.write(part.records([[late_insert]]))
+    builder.apply("orders")
+    assert set(live(spark, config)) == {5, 6}
+    markers = spark.table(f"{config.lakehouse.database}.orders").where("_op = 't'").collect()
+    assert [(m["id"], m["_position"]["pos"]) for m in markers] == [(None,
+                                                                    truncate.position.pos)]
+
+
+def test_primary_key_change_deletes_the_old_key(spark, make_config: MakeConfig) -> None:
+    config = make_config(ORDERS)
+    part, builder = setup(spark, config)
+    src = Source("shop.orders")
+    a = row(1, "1.00", "a")
+    part.write(part.records([[src.insert(a)], src.update(a, {**a, "id": 11})]))
+    builder.apply("orders")
+    assert live(spark, config) == {11: (Decimal("1.00"), "a")}
+
+
+def test_key_override_handles_a_key_change_the_decoder_did_not_split(
+        spark, make_config: MakeConfig) -> None:
+    config = make_config([{"source": "shop.orders", "replica": "orders",
+                           "key_columns": ["note"]}])
+    part, builder = setup(spark, config)
+    src = Source("shop.orders")  # events keyed by id, as the decoder saw them
+    a = row(1, "1.00", "old-no")
+    moved = row(1, "1.00", "new-no")
+    part.write(part.records([[src.insert(a)], src.update(a, moved)]))
+    builder.apply("orders")
+    assert live(spark, config, columns=("note", "id")) == {"new-no": (1,)}
+
+
+def test_shards_with_equal_ids_stay_apart(spark, make_config: MakeConfig) -> None:
+    config = make_config([{"source": r"shop_\d+\.orders", "replica": "orders"}])
+    part, builder = setup(spark, config)
+    one, two, other = Source("shop_1.orders"), Source("shop_2.orders"), Source("shop_1.items")
+    part.write(part.records([[one.insert(row(7, "1.00", "one"))],
+                             [two.insert(row(7, "2.00", "two"))],
+                             [other.insert(row(7, "3.00", "item"))],
+                             [two.delete(row(7, "2.00", "two"))],
+                             [two.insert(row(7, "2.50", "two again"))]]))
+    result = builder.apply("orders")
+    assert result.rows == 4
+    rows = spark.table(f"{config.lakehouse.database}.orders_current").collect()
+    assert sorted((r["_source_db"], r["_source_table"], r["id"], r["note"]) for r in rows) == [
+        ("shop_1", "orders", 7, "one"), ("shop_2", "orders", 7, "two again")]
+
+
+HOSTILE_TABLE = 'shop.we"ird`; DROP TABLE victim; --'
+HOSTILE_COLUMNS = ("a`b", "c;d", "e'f", 'g"h', "sp ace", "x`; DROP TABLE victim; --", "dot.ted")
+
+
+def _hostile_event(values: dict, position: int, types: dict) -> ChangeEvent:
+    return ChangeEvent(HOSTILE_TABLE, "c", (values["id"],), ("id",), None, values,
+                       Position(1, 1, position, 0), None, column_types=types)
+
+
+def test_hostile_names_are_replicated_as_data(spark, make_config: MakeConfig) -> None:
+    config = make_config([{"source": re.escape(HOSTILE_TABLE), "replica": "weird"}])
+    db = config.lakehouse.database
+    part, builder = setup(spark, config)
+    part.writer.ensure_table()
+    spark.sql(f"CREATE TABLE {db}.victim (x int) USING delta")
+    types = {"id": "bigint", **{c: "string" for c in HOSTILE_COLUMNS}}
+    values = {"id": 1, **{c: f"value of {c}" for c in HOSTILE_COLUMNS}}
+    part.write(part.records([[_hostile_event(values, 10, types)]]))
+    builder.apply("weird")
+
+    (got,) = spark.table(f"{db}.weird_current").collect()
+    assert (got["_source_db"], got["_source_table"]) == tuple(HOSTILE_TABLE.split(".", 1))
+    assert {c: got[c] for c in HOSTILE_COLUMNS} == {c: values[c] for c in HOSTILE_COLUMNS}
+    assert spark.catalog.tableExists(f"{db}.victim")
+
+
+@pytest.mark.parametrize("column", ["_op", "new\nline", "Dot.Ted"])
+def test_unusable_names_are_rejected_before_anything_runs(
+        spark, make_config: MakeConfig, column: str) -> None:
+    config = make_config([{"source": re.escape(HOSTILE_TABLE), "replica": "weird"}])
+    part, builder = setup(spark, config)
+    types = {"id": "bigint", "dot.ted": "string", column: "string"}
+    event = _hostile_event({"id": 1, "dot.ted": "x", column: "y"}, 10, types)
+    part.write(part.records([[event]]))
+    with pytest.raises(UnsafeIdentifierError, match=re.escape(repr(column)) + "|differ only"):
+        builder.apply("weird")
+    assert not spark.catalog.tableExists(f"{config.lakehouse.database}.weird")
+    assert builder.applied_version("weird") is None
+
+
+def test_rebuild_reproduces_the_live_rows(spark, make_config: MakeConfig) -> None:
+    config = make_config(ORDERS)
+    part, builder = setup(spark, config)
+    src = Source("shop.orders")
+    a = row(1, "1.00", "a")
+    part.write(part.records([[src.insert(a)], [src.insert(row(2))]]))
+    builder.apply("orders")
+    part.write(part.records([src.update(a, row(1, "1.25", "b")), [src.delete(row(2))]]))
+    builder.apply("orders")
+    expected = live(spark, config)
+    result = builder.rebuild("orders")
+    assert result.applied_version == changelog_version(spark, config) and result.rows == 4
+    assert live(spark, config) == expected == {1: (Decimal("1.25"), "b")}

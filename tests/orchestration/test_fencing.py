@@ -1,0 +1,81 @@
+"""Two runs of one partition at once: one commits, the other is fenced (invariant 4)."""
+
+import threading
+import time
+import uuid
+
+import orjson
+from confluent_kafka import Producer
+from confluent_kafka.admin import AdminClient, NewTopic
+
+from binlog_assets.config import PipelineConfig, parse_config
+from binlog_assets.consume.handlers import HandlerRegistry
+from binlog_assets.consume.run import RunSummary
+from binlog_assets.orchestration.changelog_asset import (
+    ChangelogRunConfig,
+    FencedRunError,
+    consume_partition,
+)
+from binlog_assets.orchestration.partitions import partition_key
+
+
+def slow_registry() -> HandlerRegistry:
+    """Handlers slow enough that both runs are mid-flight at once."""
+    registry = HandlerRegistry()
+    registry.register(r".*", lambda event: time.sleep(0.002), name="slow")
+    return registry
+
+
+def test_two_runs_on_one_partition_one_is_fenced(pipeline_config: PipelineConfig,
+                                                  spark) -> None:
+    topic = f"fence-{uuid.uuid4().hex[:8]}"
+    bootstrap = pipeline_config.bootstrap_servers
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    for f in admin.create_topics([NewTopic(topic, 1)]).values():
+        f.result()
+    p = Producer({"bootstrap.servers": bootstrap})
+    n = 3000
+    for i in range(n):
+        value = {"before": None, "after": {"id": i % 100, "v": i}, "op": "c", "ts_ms": i,
+                 "source": {"db": "fence", "table": "t", "file": "mysql-bin.000001",
+                            "pos": 100 + i, "row": 0, "snapshot": "false"}}
+        p.produce(topic, key=orjson.dumps({"id": i % 100}), value=orjson.dumps(value))
+    assert p.flush(30) == 0
+
+    data = pipeline_config.model_dump(mode="json", exclude_none=True)
+    data["kafka"]["group.id"] = f"g-{uuid.uuid4().hex[:6]}"
+    data["sources"] = [{"name": "fence", "topics": [topic], "format": "debezium", "lanes": 4,
+                        "max_in_flight": 500}]
+    cfg = parse_config(data)
+    key = partition_key(topic, 0)
+
+    # Both runs resolve the same checkpoint and race for the same range. (Two Dagster
+    # runs in one process would deadlock on Python's logging lock, and two processes on
+    # the embedded Derby catalog, so the runs are the asset's own code in two threads.)
+    outcomes: dict[int, object] = {}
+    start = threading.Barrier(2)
+
+    def launch(i: int) -> None:
+        start.wait()
+        try:
+            outcomes[i] = consume_partition(cfg, dict(cfg.kafka), spark, key,
+                                            ChangelogRunConfig(), slow_registry(),
+                                            group=cfg.kafka["group.id"])[0]
+        except Exception as e:  # noqa: BLE001 - the outcome is what the test checks
+            outcomes[i] = e
+
+    threads = [threading.Thread(target=launch, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(300)
+
+    fenced = [o for o in outcomes.values() if isinstance(o, Exception)]
+    committed = [o for o in outcomes.values() if isinstance(o, RunSummary)]
+    assert len(fenced) == 1 and len(committed) == 1, outcomes
+    assert isinstance(fenced[0], FencedRunError), repr(fenced[0])
+    assert committed[0].committed_offset == n
+
+    rows = spark.table(f"{cfg.lakehouse.database}.changelog").where(f"topic = '{topic}'")
+    assert rows.count() == n
+    assert rows.select("partition", "offset", "row_index").distinct().count() == n
