@@ -105,6 +105,8 @@ class DebeziumConnector:
             "include.schema.changes": "true",
             "decimal.handling.mode": "precise",
             "tombstones.on.delete": "true",
+            # Debezium skips truncates unless told otherwise; a replica must see them.
+            "skipped.operations": "none",
             # Connect creates topics itself, so the stack does not rely on the broker's
             # auto-creation; one partition keeps each table's changes in binlog order.
             "topic.creation.default.partitions": "1",

@@ -75,7 +75,8 @@ def wait_for_debezium(kafka_conf: dict, topics: list[str], settle: float = 4.0,
 
 
 def dagster_materialize(selection: str, partition: str | None = None) -> None:
-    cmd = [DAGSTER, "asset", "materialize", "-w", "workspace.yaml", "--select", selection]
+    cmd = [DAGSTER, "asset", "materialize", "-m", "binlog_assets.definitions",
+           "--select", selection]
     if partition:
         cmd += ["--partition", partition]
     print(f"$ {' '.join(cmd[1:])}", flush=True)
