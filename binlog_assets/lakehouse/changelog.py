@@ -30,6 +30,7 @@ from decimal import Decimal
 from typing import TYPE_CHECKING, Any
 
 import orjson
+from pyspark.sql import types as T
 
 from binlog_assets.config import PipelineConfig
 from binlog_assets.formats.event import ChangeEvent
@@ -39,31 +40,30 @@ from binlog_assets.lakehouse.schema import infer_type
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
-    from pyspark.sql.types import StructType
 
 CHANGELOG_TABLE = "changelog"
 
 _CHANGELOG_COLUMNS = (
-    ("topic", "string"),
-    ("partition", "int"),
-    ("offset", "bigint"),
-    ("row_index", "int"),
-    ("table", "string"),
-    ("op", "string"),
-    ("key", "string"),
-    ("key_columns", "array<string>"),
-    ("before", "string"),
-    ("after", "string"),
-    ("pos_phase", "int"),
-    ("pos_file", "bigint"),
-    ("pos_pos", "bigint"),
-    ("pos_row", "int"),
-    ("source_ts", "bigint"),
-    ("ddl", "string"),
-    ("column_types", "string"),
-    ("value_types", "string"),
-    ("raw", "binary"),
-    ("ingested_at", "timestamp"),
+    ("topic", T.StringType()),
+    ("partition", T.IntegerType()),
+    ("offset", T.LongType()),
+    ("row_index", T.IntegerType()),
+    ("table", T.StringType()),
+    ("op", T.StringType()),
+    ("key", T.StringType()),
+    ("key_columns", T.ArrayType(T.StringType())),
+    ("before", T.StringType()),
+    ("after", T.StringType()),
+    ("pos_phase", T.IntegerType()),
+    ("pos_file", T.LongType()),
+    ("pos_pos", T.LongType()),
+    ("pos_row", T.IntegerType()),
+    ("source_ts", T.LongType()),
+    ("ddl", T.StringType()),
+    ("column_types", T.StringType()),
+    ("value_types", T.StringType()),
+    ("raw", T.BinaryType()),
+    ("ingested_at", T.TimestampType()),
 )
 
 _TABLE_PROPERTIES = {
@@ -80,13 +80,8 @@ _TABLE_PROPERTIES = {
 _CREATE_LOCK = threading.Lock()
 
 
-def changelog_schema() -> StructType:
-    from pyspark.sql.types import StructType, _parse_datatype_string
-
-    schema = StructType()
-    for name, type_name in _CHANGELOG_COLUMNS:
-        schema.add(name, _parse_datatype_string(type_name), nullable=True)
-    return schema
+def changelog_schema() -> T.StructType:
+    return T.StructType([T.StructField(name, t) for name, t in _CHANGELOG_COLUMNS])
 
 
 def _json_default(value: Any) -> Any:
@@ -151,10 +146,6 @@ class ChangelogWriter:
         self._schema = changelog_schema()
         self._ready = False
 
-    @property
-    def name(self) -> str:
-        return qualified(self.database, self.table)
-
     def ensure_table(self) -> None:
         """Create the database and the changelog table when missing."""
         if self._ready:
@@ -187,7 +178,8 @@ class ChangelogWriter:
         retry, or another run): nothing is written. Events below the recorded checkpoint
         are dropped, so a retried range that overlaps a committed one adds only what is
         new. An empty `events` still commits, to move the checkpoint past offsets that
-        held no change (Delta 4.4 commits an empty append with its transaction).
+        held no change: Delta 4.4 commits an empty append with its transaction and adds
+        no file to the table.
         """
         txn = app_id(group_id, topic, partition)
         for event in events:

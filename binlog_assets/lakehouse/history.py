@@ -71,12 +71,11 @@ def merge_history(
     keep = [*data, "_op", "_source_ts", "_valid_from", "_applied_at", "_stored"]
     incoming = (rows.withColumnRenamed("_position", "_valid_from")
                 .withColumn("_applied_at", F.lit(now)).withColumn("_stored", F.lit(False)))
-    markers = incoming.where(F.col("_op") == OP_TRUNCATE)
-    changes = incoming.where(F.col("_op") != OP_TRUNCATE)
+    is_marker = F.col("_op") == OP_TRUNCATE
 
     # Every stored version of the keys this batch touches: their chains are recomputed.
-    touched = changes.select(*[col(k) for k in key]).distinct()
-    stored = (history.alias("h").where(F.col("_op") != OP_TRUNCATE)
+    touched = incoming.where(~is_marker).select(*[col(k) for k in key]).distinct()
+    stored = (history.alias("h").where(~is_marker)
               .join(touched.alias("s"), key_match(key, "h", "s"), "left_semi"))
     stored = stored.select(*[col(k) for k in key], *[col(c) for c in keep if c != "_stored"],
                            F.lit(True).alias("_stored"))
@@ -84,21 +83,20 @@ def merge_history(
     # One row per (key, change): a stored version wins over a re-delivered copy, so its
     # `_valid_from` and `_applied_at` stay as first written.
     group = [*[col(k) for k in key], change_identity(F.col("_valid_from")).alias("_id")]
-    chain = (changes.select(*[col(k) for k in key], *[col(c) for c in keep])
-             .unionByName(stored)
-             .groupBy(*group)
-             .agg(F.max_by(F.struct(*[col(c) for c in keep]),
-                           F.struct(F.col("_stored"), -F.col("_valid_from.offset")))
-                  .alias("_v"))
-             .select(*[col(k) for k in key], "_v.*"))
+    versions = (incoming.select(*[col(k) for k in key], *[col(c) for c in keep])
+                .unionByName(stored)
+                .groupBy(*group)
+                .agg(F.max_by(F.struct(*[col(c) for c in keep]),
+                              F.struct(F.col("_stored"), -F.col("_valid_from.offset")))
+                     .alias("_v"))
+                .select(*[col(k) for k in key], "_v.*"))
     following = F.lead("_valid_from").over(
         Window.partitionBy(*[col(k) for k in key]).orderBy("_valid_from"))
     valid_to = F.least(following, first_truncate_after(all_truncates, F.col("_valid_from")))
-    chain = (chain.withColumn("_valid_to", valid_to)
+    chain = (versions.where(~is_marker).withColumn("_valid_to", valid_to)
              .withColumn("_is_current", F.col("_valid_to").isNull()
                          & (F.col("_op") != OP_DELETE)))
-    marker_rows = (markers.select(*[col(k) for k in key], *[col(c) for c in keep])
-                   .withColumn("_valid_to", F.col("_valid_from"))
+    marker_rows = (versions.where(is_marker).withColumn("_valid_to", F.col("_valid_from"))
                    .withColumn("_is_current", F.lit(False)))
     source = chain.unionByName(marker_rows).drop("_stored")
 

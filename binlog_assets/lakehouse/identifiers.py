@@ -5,10 +5,11 @@ code. Table and database names never become Spark identifiers at all (a replica 
 named by the config; the source's names are stored as values in `_source_db` and
 `_source_table`). Column names do become replica columns: every one passes
 `check_column` (a clear `UnsafeIdentifierError` for what no quoting can make safe) and
-then reaches Spark only through `quote` (backticks, an embedded backtick doubled) or
-`col` (a `Column` built from the quoted name), never pasted into SQL text. Replica
-tables use Delta column mapping, so a checked name may hold quotes, semicolons, spaces or
-dots and is still stored as written.
+then reaches Spark as a StructField or `getField` name (never parsed), through `col` (a
+`Column` of the quoted name) or, in the one place SQL text needs it (ALTER TABLE), as
+`quote(name)`: in backticks, an embedded backtick doubled. Replica tables use Delta
+column mapping, so a checked name may hold quotes, semicolons, spaces or dots and is
+still stored as written.
 """
 
 from __future__ import annotations

@@ -15,6 +15,7 @@ outcome (DESIGN.md invariants 3 and 5):
   (one bucket for inserts, updates and deletes alike, so they can never be reordered),
   and a row is written only when that change is newer than the row's stored position.
   Re-applying an applied range changes nothing; an older change arriving late is dropped.
+  Into an empty table (an initial build, a rebuild) the reduced batch is simply appended.
 - Tombstones. A delete keeps the row with `_op = 'd'` (values as the delete's
   before-image) so a late, older change for that key finds a newer position and is
   dropped. Tombstones older than `lakehouse.tombstone_retention_hours` (by `_applied_at`)
@@ -229,8 +230,8 @@ class ReplicaBuilder:
                                  applied_version=up_to if existing else -1)
 
         now = datetime.now(UTC)
-        props = (self._properties(replica_table) if table_exists(spark, *replica_table)
-                 else {})
+        props, files = (self._detail(replica_table) if table_exists(spark, *replica_table)
+                        else ({}, 0))
         key = self._key(route, survey, props)
         changes = self._prepare_tables(route, survey, key)
         columns = self._source_columns(replica_table)
@@ -241,9 +242,10 @@ class ReplicaBuilder:
 
             rows = rows.persist()
         try:
-            merged = {}
+            written = truncated = 0
             if replica_table in behind:
-                merged = self._merge_replica(route, rows, survey, key, up_to, now, props)
+                written, truncated = self._merge_replica(route, rows, survey, key, up_to,
+                                                         now, props, empty=files == 0)
             history_table = self.history_name(route.replica)
             if route.history and history_table in behind:
                 with self._txn(up_to):
@@ -258,9 +260,8 @@ class ReplicaBuilder:
             last_position=survey.last_position,
             upserts=survey.upserts,
             deletes=survey.deletes,
-            written=int(merged.get("numTargetRowsInserted", 0))
-            + int(merged.get("numTargetRowsMatchedUpdated", 0)),
-            truncated=int(merged.get("numTargetRowsNotMatchedBySourceDeleted", 0)),
+            written=written,
+            truncated=truncated,
             tombstones=self._purge(replica_table, now, props),
             schema_changes=tuple(changes),
         )
@@ -325,11 +326,12 @@ class ReplicaBuilder:
                 "source's primary key change")
         return [*SOURCE_KEY_COLUMNS, *source_key] if route.sharded else list(source_key)
 
-    def _properties(self, table: tuple[str, str]) -> dict[str, str]:
+    def _detail(self, table: tuple[str, str]) -> tuple[dict[str, str], int]:
+        """The table's properties and its number of data files."""
         from delta.tables import DeltaTable
 
         detail = DeltaTable.forName(self.spark, ".".join(table)).detail().first()
-        return dict(detail["properties"] or {})
+        return dict(detail["properties"] or {}), int(detail["numFiles"] or 0)
 
     def _prepare_tables(self, route: ReplicaRoute, survey: _Survey, key: list[str]
                         ) -> list[str]:
@@ -483,9 +485,9 @@ class ReplicaBuilder:
         return [(db, t, p) for (db, t), p in marks.items()]
 
     def _merge_replica(self, route: ReplicaRoute, rows: DataFrame, survey: _Survey,
-                       key: list[str], up_to: int, now: datetime, props: dict[str, str]
-                       ) -> dict[str, str]:
-        """Reduce per key, MERGE with the position guard; the MERGE's Delta metrics."""
+                       key: list[str], up_to: int, now: datetime, props: dict[str, str],
+                       *, empty: bool) -> tuple[int, int]:
+        """Reduce per key, MERGE with the position guard; (rows written, rows truncated)."""
         from delta.tables import DeltaTable
 
         table = self.table_name(route.replica)
@@ -511,8 +513,18 @@ class ReplicaBuilder:
                    .agg(F.max_by(F.struct(*[col(c) for c in values]), "_position").alias("_v"))
                    .select(*[col(k) for k in key], "_v.*")
                    .withColumn("_applied_at", F.lit(now)))
+        name = ".".join(table)
+        before = table_version(self.spark, *table)
+        if empty:
+            # Nothing to match: the reduced batch is the table's content, appended with the
+            # same transaction id (an initial build or a rebuild, without MERGE's joins).
+            columns = self.spark.table(name).columns
+            (reduced.select(*[col(c) for c in columns]).write.format("delta").mode("append")
+             .option("txnAppId", APP_ID).option("txnVersion", up_to).saveAsTable(name))
+            metrics = self._last_metrics(table, before)
+            return int(metrics.get("numOutputRows", 0)), 0
         assignments = {qualified(c): col(c, "s") for c in reduced.columns}
-        merge = (DeltaTable.forName(self.spark, ".".join(table)).alias("t")
+        merge = (DeltaTable.forName(self.spark, name).alias("t")
                  .merge(reduced.alias("s"), key_match(key))
                  .whenMatchedUpdate(condition=col("_position", "s") > col("_position", "t"),
                                     set=assignments)
@@ -523,11 +535,20 @@ class ReplicaBuilder:
                 cleared = cleared | (is_source_table(name, "t")
                                      & (col("_position", "t") < position_literal(position)))
             merge = merge.whenNotMatchedBySourceDelete(condition=cleared)
-        before = table_version(self.spark, *table)
         with self._txn(up_to):
             merge.execute()
+        metrics = self._last_metrics(table, before)
+        written = (int(metrics.get("numTargetRowsInserted", 0))
+                   + int(metrics.get("numTargetRowsMatchedUpdated", 0)))
+        return written, int(metrics.get("numTargetRowsNotMatchedBySourceDeleted", 0))
+
+    def _last_metrics(self, table: tuple[str, str], before: int) -> dict[str, str]:
+        """The operation metrics of the commit after version `before`; empty when there
+        is none (another apply recorded this changelog version first: Delta skipped ours)."""
+        from delta.tables import DeltaTable
+
         if table_version(self.spark, *table) == before:
-            return {}  # another apply recorded this version first: Delta skipped ours
+            return {}
         history = DeltaTable.forName(self.spark, ".".join(table)).history(1).first()
         return dict(history["operationMetrics"] or {})
 
@@ -548,6 +569,8 @@ class ReplicaBuilder:
         nothing when no row matches."""
         from delta.tables import DeltaTable
 
+        if not props:
+            return 0  # the table was created by this apply
         window = timedelta(hours=self.config.lakehouse.tombstone_retention_hours)
         last = float(props.get(PURGED_PROPERTY, "0"))
         if now.timestamp() - last < (window * PURGE_EVERY).total_seconds():

@@ -181,10 +181,10 @@ def plan_changes(
 
 
 def apply_changes(spark: SparkSession, table: tuple[str, str], change: SchemaChange) -> None:
-    """Add and widen the replica's columns (each an idempotent, separate Delta commit).
+    """Add and widen the table's columns, each change its own Delta commit.
 
-    Done before the batch's MERGE, so a crash in between leaves a wider table that the
-    rerun finds already evolved.
+    Done before the batch's MERGE; a crash in between leaves a wider table, from which
+    the rerun plans again and finds nothing left to change.
     """
     from pyspark.errors import AnalysisException
 

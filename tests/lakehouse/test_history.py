@@ -26,8 +26,8 @@ def test_history_orders_versions_by_position(spark, make_config: MakeConfig) -> 
     part.write(part.records([[c1], [c3], [c2], u1, [d2]]))
     builder.apply("orders")
     # The second batch: u1 again (a producer re-send), the late update, the truncate
-    # (which closes key 3, untouched by this batch), a re-insert.
-    part.write(part.records([u1, u1_late, [truncate], [c1_again]]))
+    # twice (it closes key 3, untouched by this batch), a re-insert.
+    part.write(part.records([u1, u1_late, [truncate], [c1_again], [truncate]]))
     builder.apply("orders")
 
     versions = spark.table(f"{db}.orders_history").orderBy("id", "_valid_from").collect()

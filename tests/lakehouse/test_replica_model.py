@@ -86,7 +86,7 @@ def play(workload: dict) -> tuple[list[list], dict]:
     return records, state
 
 
-@settings(max_examples=10, deadline=None, derandomize=True,
+@settings(max_examples=12, deadline=None, derandomize=True,
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(workload=workloads(), data=st.data())
 def test_replica_equals_model_whatever_the_arrival(
