@@ -17,6 +17,6 @@ done
 mkdir -p docs
 chromium --headless --no-sandbox --disable-gpu --disable-quic --no-first-run \
   --disable-background-networking --disable-component-update --disable-sync \
-  --user-data-dir="$(mktemp -d)" --window-size=1600,1000 --virtual-time-budget=20000 \
-  --screenshot="$PWD/docs/asset_graph.png" "http://127.0.0.1:$port/asset-groups"
+  --user-data-dir="$(mktemp -d)" --window-size=1600,1000 --virtual-time-budget=30000 \
+  --screenshot="$PWD/docs/asset_graph.png" "http://127.0.0.1:$port/locations/binlog_assets.definitions/asset-groups/binlake"
 echo "saved docs/asset_graph.png"

@@ -24,6 +24,7 @@ from binlog_assets.lakehouse.spark import spark_conf
 from binlog_assets.orchestration.resources import FOLLOW_UPSTREAM, SPARK_POOL
 
 DBT_PROJECT_DIR = REPO_ROOT / "dbt"
+DBT_GROUP = "binlake"  # one group with the changelog and replicas: one graph on one page
 
 
 class BinlakeDbtTranslator(DagsterDbtTranslator):
@@ -31,6 +32,9 @@ class BinlakeDbtTranslator(DagsterDbtTranslator):
 
     def get_automation_condition(self, dbt_resource_props) -> dg.AutomationCondition:
         return FOLLOW_UPSTREAM
+
+    def get_group_name(self, dbt_resource_props) -> str:
+        return DBT_GROUP
 
 
 def profiles_dir() -> Path:
