@@ -5,6 +5,11 @@ downstream of the changelog and subsettable, so the UI can build one replica or 
 Each apply reads the changelog versions the replica has not applied yet; the run config
 `rebuild: true` drops the replica and applies the whole changelog again. Replicas follow
 new changelog data on their own (eager automation), and dbt follows them.
+
+Each replica carries the asset check `row_count_matches_changelog`, evaluated in the same
+step right after the apply (the Spark session is already up): the rows in
+`<replica>_current` against the live keys counted independently from the changelog
+(`lakehouse.audit.expected_live_rows`) at the applied changelog version.
 """
 
 import dagster as dg
@@ -19,6 +24,23 @@ from binlog_assets.orchestration.resources import FOLLOW_UPSTREAM, SPARK_POOL, B
 class ReplicaRunConfig(dg.Config):
     rebuild: bool = Field(False, description="drop the replicas and rebuild them from the "
                                              "whole changelog")
+
+
+ROW_COUNT_CHECK = "row_count_matches_changelog"
+
+
+def row_count_check_result(key: dg.AssetKey, live: int, expected: int,
+                           version: int) -> dg.AssetCheckResult:
+    return dg.AssetCheckResult(
+        asset_key=key, check_name=ROW_COUNT_CHECK, passed=live == expected,
+        metadata={"replica_rows": dg.MetadataValue.int(live),
+                  "changelog_live_keys": dg.MetadataValue.int(expected),
+                  "changelog_version": dg.MetadataValue.int(version)},
+        description=(f"{live} rows, as the changelog says at version {version}"
+                     if live == expected else
+                     f"{live} rows in the replica, but {expected} live keys in the changelog "
+                     f"at version {version}"),
+    )
 
 
 def replica_key(name: str) -> dg.AssetKey:
@@ -46,9 +68,16 @@ def build_replica_assets(config: PipelineConfig) -> dg.AssetsDefinition:
         for name in replica_names(config)
     ]
 
-    @dg.multi_asset(specs=specs, can_subset=True, pool=SPARK_POOL, name="replicas")
+    checks = [dg.AssetCheckSpec(ROW_COUNT_CHECK, asset=replica_key(name),
+                                description="rows in the replica's `_current` view equal the "
+                                            "live keys counted from the changelog")
+              for name in replica_names(config)]
+
+    @dg.multi_asset(specs=specs, check_specs=checks, can_subset=True, pool=SPARK_POOL,
+                    name="replicas")
     def replicas(context: dg.AssetExecutionContext, config: ReplicaRunConfig,
                  binlake: BinlakeResource, pyspark: LazyPySparkResource):
+        from binlog_assets.lakehouse.audit import expected_live_rows
         from binlog_assets.lakehouse.replica import ReplicaBuilder
 
         builder = ReplicaBuilder(pyspark.spark_session, binlake.pipeline)
@@ -59,6 +88,11 @@ def build_replica_assets(config: PipelineConfig) -> dg.AssetsDefinition:
             live = pyspark.spark_session.table(f"`{db}`.`{view}`").count()
             context.log.info(f"replica {name}: {live} live rows; {result}")
             yield dg.MaterializeResult(asset_key=key, metadata=replica_metadata(result, live))
+            check = dg.AssetCheckKey(key, ROW_COUNT_CHECK)
+            if check in context.selected_asset_check_keys:
+                expected = expected_live_rows(pyspark.spark_session, binlake.pipeline, name,
+                                              result.applied_version)
+                yield row_count_check_result(key, live, expected, result.applied_version)
 
     return replicas
 
