@@ -13,6 +13,11 @@ from binlog_assets.orchestration.partitions import kafka_partitions_def
 from binlog_assets.orchestration.sensors import CONSUME_JOB_NAME
 
 REPLICAS = dg.AssetSelection.key_prefixes("replica")
+# The changelog step and its checks (and the replica steps) share one process and so one
+# Spark session per run: a step subprocess each would start a JVM each. dbt stays on the
+# default multiprocess executor: its CLI opens its own Spark session, which must not meet
+# a live one of the run's process on the embedded Derby catalog.
+ONE_PROCESS = dg.in_process_executor
 # Everything downstream of the replicas is dbt's.
 DBT_MODELS = REPLICAS.downstream(include_self=False)
 
@@ -21,12 +26,14 @@ consume_changelog_job = dg.define_asset_job(
     selection=dg.AssetSelection.keys("changelog"),
     partitions_def=kafka_partitions_def,
     description="One bounded consumer run of a Kafka topic-partition into the changelog.",
+    executor_def=ONE_PROCESS,
 )
 
 build_replicas_job = dg.define_asset_job(
     name="build_replicas_job",
     selection=REPLICAS,
     description="Apply new changelog data to every replica (or rebuild them: run config).",
+    executor_def=ONE_PROCESS,
 )
 
 dbt_build_job = dg.define_asset_job(

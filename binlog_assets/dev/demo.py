@@ -29,7 +29,6 @@ from binlog_assets.dev import shop, stack
 from binlog_assets.dev.paths import REPO_ROOT, var_dir
 
 DAGSTER = str(Path(sys.executable).with_name("dagster"))
-DBT_MODELS = ("stg_customers", "stg_products", "stg_orders", "customer_revenue")
 
 
 def reset_local_state(config: PipelineConfig) -> None:
@@ -74,16 +73,16 @@ def wait_for_debezium(kafka_conf: dict, topics: list[str], settle: float = 4.0,
         consumer.close()
 
 
-def dagster_materialize(selection: str, partition: str | None = None) -> None:
-    cmd = [DAGSTER, "asset", "materialize", "-m", "binlog_assets.definitions",
-           "--select", selection]
+def dagster_job(job: str, partition: str | None = None) -> None:
+    """Execute one of the jobs users launch (`jobs/`), through the Dagster CLI."""
+    cmd = [DAGSTER, "job", "execute", "-m", "binlog_assets.definitions", "-j", job]
     if partition:
-        cmd += ["--partition", partition]
+        cmd += ["--tags", json.dumps({"dagster/partition": partition})]
     print(f"$ {' '.join(cmd[1:])}", flush=True)
     proc = subprocess.run(cmd, cwd=REPO_ROOT, capture_output=True, text=True)
     if proc.returncode != 0:
         sys.stderr.write(proc.stdout[-4000:] + proc.stderr[-4000:])
-        raise SystemExit(f"dagster run failed: {selection} {partition or ''}")
+        raise SystemExit(f"dagster run failed: {job} {partition or ''}")
 
 
 def discover_partitions() -> list[str]:
@@ -120,10 +119,9 @@ def main() -> int:
     print(f"Debezium published: {json.dumps(ends)}", flush=True)
 
     for key in discover_partitions():
-        dagster_materialize("changelog", key)
-    replicas = sorted(shop.REPLICAS)
-    dagster_materialize(",".join(f"replica/{r}" for r in replicas))
-    dagster_materialize(",".join(DBT_MODELS))
+        dagster_job("consume_changelog_job", key)
+    dagster_job("build_replicas_job")
+    dagster_job("dbt_build_job")
 
     from binlog_assets.lakehouse.spark import get_spark
 
