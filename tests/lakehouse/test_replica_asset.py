@@ -39,8 +39,8 @@ def _check(result: dg.ExecuteInProcessResult) -> dg.AssetCheckEvaluation:
     return evaluation
 
 
-def test_row_count_check_catches_a_missing_row_and_a_rebuild_restores_it(spark, make_config, tmp_path
-                                                           ) -> None:
+def test_row_count_check_catches_a_missing_row_and_a_rebuild_restores_it(
+        spark, make_config, tmp_path) -> None:
     config = make_config([{"source": r"shop_\d+\.orders", "replica": "orders"}])
     path = tmp_path / "binlake.yaml"
     path.write_text(yaml.safe_dump(config.model_dump(mode="json", exclude_none=True)))
