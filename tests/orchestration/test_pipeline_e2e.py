@@ -197,9 +197,14 @@ def test_events_to_replicas_to_dbt_through_backfill_and_automation(e2e_env, spar
             md = instance.get_latest_materialization_event(
                 dg.AssetKey(["replica", "orders"])).asset_materialization.metadata
             assert md["rows"].value == 6  # shop_1: 1,2,4,5,6; shop_2: 10 after the truncate
+            check_keys = [dg.AssetCheckKey(dg.AssetKey("stg_orders"),
+                                           "unique_stg_orders_order_key")]
+            check_keys += [dg.AssetCheckKey(k, "row_count_matches_changelog")
+                           for k in followers if k.path[0] == "replica"]
             checks = instance.event_log_storage.get_latest_asset_check_execution_by_key(
-                [dg.AssetCheckKey(dg.AssetKey("stg_orders"), "unique_stg_orders_order_key")])
-            assert all(c.status.value == "SUCCEEDED" for c in checks.values())
+                check_keys)
+            assert sorted(checks) == sorted(check_keys)
+            assert all(c.status.value == "SUCCEEDED" for c in checks.values()), checks
     finally:
         os.killpg(daemon.pid, signal.SIGTERM)
         daemon.wait(60)
