@@ -25,6 +25,7 @@ import dagster as dg
 from confluent_kafka import Consumer, TopicPartition
 
 from binlog_assets.config import PipelineConfig, load_config
+from binlog_assets.consume.checkpoint import retry_retriable
 from binlog_assets.dev import shop, stack
 from binlog_assets.dev.paths import REPO_ROOT, var_dir
 
@@ -60,8 +61,11 @@ def wait_for_debezium(kafka_conf: dict, topics: list[str], settle: float = 4.0,
             for t in topics:
                 if t in meta:
                     for p in meta[t].partitions:
-                        ends[f"{t}:{p}"] = consumer.get_watermark_offsets(
-                            TopicPartition(t, p), timeout=10, cached=False)[1]
+                        # A new topic's leader may still be moving: retry that.
+                        ends[f"{t}:{p}"] = retry_retriable(
+                            lambda t=t, p=p: consumer.get_watermark_offsets(
+                                TopicPartition(t, p), timeout=10, cached=False)[1],
+                            f"end offset of {t}[{p}]")
             if ends != last:
                 last, stable_since = ends, time.monotonic()
             elif len({k.rsplit(":", 1)[0] for k in ends}) == len(topics) and \
