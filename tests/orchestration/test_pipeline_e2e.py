@@ -129,6 +129,19 @@ def _wait(what: str, predicate, timeout: float, daemon: subprocess.Popen, log: P
     pytest.fail(f"timed out waiting for {what}; daemon log:\n{log.read_text()[-3000:]}")
 
 
+def _failure(instance: dg.DagsterInstance, run_id: str) -> str:
+    """The error messages of a failed run's step and run failure events."""
+    out = []
+    for record in instance.all_logs(run_id):
+        event = record.dagster_event
+        error = getattr(getattr(event, "event_specific_data", None), "error", None)
+        if event is not None and event.is_failure and error is not None:
+            out.append(f"{record.step_key}: {error.to_string()[-3000:]}")
+        elif event is not None and event.event_type_value == "PIPELINE_FAILURE":
+            out.append(f"run: {record.user_message}")
+    return "\n".join(out)
+
+
 @pytest.mark.long
 def test_events_to_replicas_to_dbt_through_backfill_and_automation(e2e_env, spark) -> None:
     topics, config, env, home, lake = e2e_env
@@ -165,7 +178,8 @@ def test_events_to_replicas_to_dbt_through_backfill_and_automation(e2e_env, spar
                         if r.job_name == "consume_changelog_job" and "dagster/backfill" in r.tags]
                 failed = [r for r in runs if r.status == dg.DagsterRunStatus.FAILURE]
                 if failed:
-                    pytest.fail(f"consumer run failed: {failed[0].run_id}")
+                    pytest.fail(f"consumer run failed: {failed[0].run_id}\n"
+                                f"{_failure(instance, failed[0].run_id)}")
                 done = [r for r in runs if r.status == dg.DagsterRunStatus.SUCCESS]
                 return runs if len(done) == 4 else None
 
