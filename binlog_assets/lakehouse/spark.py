@@ -64,9 +64,63 @@ def get_spark(config: PipelineConfig) -> SparkSession:
     conf = spark_conf(config)
     if config.lakehouse.is_local:
         config.lakehouse.resolved_path().mkdir(parents=True, exist_ok=True)
+    hold_catalog_lock(config)
     builder = SparkSession.builder
     for k, v in conf.items():
         builder = builder.config(k, v)
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("WARN")
     return spark
+
+
+# Catalog locks this process holds (path -> file descriptor), until it exits.
+_CATALOG_LOCKS: dict[str, int] = {}
+CATALOG_LOCK_TIMEOUT_SECONDS = 3600.0
+
+
+def uses_embedded_catalog(config: PipelineConfig) -> bool:
+    """A local lakehouse whose Hive catalog is binlake's embedded Derby (not overridden)."""
+    return (config.lakehouse.is_local
+            and "spark.hadoop.javax.jdo.option.ConnectionURL" not in config.spark.conf)
+
+
+def hold_catalog_lock(config: PipelineConfig,
+                      timeout: float = CATALOG_LOCK_TIMEOUT_SECONDS) -> None:
+    """Take the local lakehouse's catalog lock for the rest of this process's life.
+
+    Embedded Derby admits one JVM at a time, and a second one fails deep inside Hive
+    ("Unable to instantiate SessionHiveMetaStoreClient"). Every process that starts
+    Spark (or dbt's Spark) on a local lakehouse takes `<lakehouse>/catalog.lock` first,
+    waiting for whoever holds it; the kernel releases it when the process exits, and
+    binlake's JVM (a child of the process) goes with it. No-op for a lakehouse on object
+    storage or a configured metastore, and when this process already holds it.
+    """
+    import fcntl
+    import os
+    import time
+
+    if not uses_embedded_catalog(config):
+        return
+    lake = config.lakehouse.resolved_path()
+    lake.mkdir(parents=True, exist_ok=True)
+    path = str(lake / "catalog.lock")
+    if path in _CATALOG_LOCKS:
+        return
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            break
+        except BlockingIOError:
+            if time.monotonic() >= deadline:
+                holder = os.pread(fd, 64, 0).decode(errors="replace").strip()
+                os.close(fd)
+                raise TimeoutError(
+                    f"the embedded catalog of {lake} stayed locked by pid {holder or '?'} "
+                    f"for {timeout:.0f}s (Derby admits one Spark process at a time)"
+                ) from None
+            time.sleep(0.5)
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, str(os.getpid()).encode(), 0)
+    _CATALOG_LOCKS[path] = fd

@@ -237,7 +237,7 @@ def changelog(
     group = group_id(binlake)
     kafka_conf = binlake.kafka_conf()
     summary, sink = consume_partition(
-        binlake.pipeline, kafka_conf, pyspark.spark_session, key, config,
+        binlake.pipeline, kafka_conf, binlake.spark(pyspark), key, config,
         load_handlers(binlake.handlers), group=group,
         metadata_checkpoint=lambda: latest_metadata_checkpoint(context.instance, key),
     )

@@ -64,7 +64,7 @@ def checkpoint_agreement_check(context: dg.AssetCheckExecutionContext,
         key = partition_key(pl.topic, pl.partition)
         meta = latest_metadata_checkpoint(context.instance, key)
         rows[key] = {
-            "changelog": changelog_checkpoint(pyspark.spark_session, cfg, group, pl.topic,
+            "changelog": changelog_checkpoint(binlake.spark(pyspark), cfg, group, pl.topic,
                                               pl.partition),
             "metadata": None if meta is None else meta.offset,
             "kafka": pl.committed,

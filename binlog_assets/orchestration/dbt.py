@@ -20,8 +20,8 @@ from dagster_dbt import DagsterDbtTranslator, DbtCliResource, DbtProject, dbt_as
 
 from binlog_assets.config import PipelineConfig
 from binlog_assets.dev.paths import REPO_ROOT, var_dir
-from binlog_assets.lakehouse.spark import spark_conf
-from binlog_assets.orchestration.resources import FOLLOW_UPSTREAM, SPARK_POOL
+from binlog_assets.lakehouse.spark import hold_catalog_lock, spark_conf
+from binlog_assets.orchestration.resources import FOLLOW_UPSTREAM, SPARK_POOL, BinlakeResource
 
 DBT_PROJECT_DIR = REPO_ROOT / "dbt"
 DBT_GROUP = "binlake"  # one group with the changelog and replicas: one graph on one page
@@ -90,9 +90,12 @@ def build_dbt_assets(config: PipelineConfig) -> tuple[dg.AssetsDefinition, DbtCl
 
     @dbt_assets(manifest=project.manifest_path, pool=SPARK_POOL,
                 dagster_dbt_translator=BinlakeDbtTranslator())
-    def binlake_dbt_models(context: dg.AssetExecutionContext, dbt: DbtCliResource):
+    def binlake_dbt_models(context: dg.AssetExecutionContext, dbt: DbtCliResource,
+                           binlake: BinlakeResource):
         """Staging models over the replicas and the marts built on them (dbt build: models
         and their tests, the tests reported as asset checks)."""
+        # dbt's Spark opens the same embedded catalog: the step holds its lock meanwhile.
+        hold_catalog_lock(binlake.pipeline)
         yield from dbt.cli(["build"], context=context).stream()
 
     os.environ.update(dbt_env(config))

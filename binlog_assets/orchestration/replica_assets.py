@@ -80,17 +80,17 @@ def build_replica_assets(config: PipelineConfig) -> dg.AssetsDefinition:
         from binlog_assets.lakehouse.audit import expected_live_rows
         from binlog_assets.lakehouse.replica import ReplicaBuilder
 
-        builder = ReplicaBuilder(pyspark.spark_session, binlake.pipeline)
+        builder = ReplicaBuilder(binlake.spark(pyspark), binlake.pipeline)
         for key in sorted(context.selected_asset_keys, key=lambda k: k.path):
             name = key.path[-1]
             result = builder.rebuild(name) if config.rebuild else builder.apply(name)
             db, view = builder.current_view_name(name)
-            live = pyspark.spark_session.table(f"`{db}`.`{view}`").count()
+            live = binlake.spark(pyspark).table(f"`{db}`.`{view}`").count()
             context.log.info(f"replica {name}: {live} live rows; {result}")
             yield dg.MaterializeResult(asset_key=key, metadata=replica_metadata(result, live))
             check = dg.AssetCheckKey(key, ROW_COUNT_CHECK)
             if check in context.selected_asset_check_keys:
-                expected = expected_live_rows(pyspark.spark_session, binlake.pipeline, name,
+                expected = expected_live_rows(binlake.spark(pyspark), binlake.pipeline, name,
                                               result.applied_version)
                 yield row_count_check_result(key, live, expected, result.applied_version)
 

@@ -15,7 +15,7 @@ from dagster_pyspark import LazyPySparkResource
 from binlog_assets.config import PipelineConfig, load_config
 from binlog_assets.consume.handlers import HandlerRegistry
 from binlog_assets.dev.stack import kafka_client_config
-from binlog_assets.lakehouse.spark import spark_conf
+from binlog_assets.lakehouse.spark import hold_catalog_lock, spark_conf
 
 # Every step that starts Spark takes a slot of this pool. The local catalog is embedded
 # Derby, which admits one JVM at a time, so dagster.yaml gives pools one slot; with a
@@ -43,6 +43,12 @@ class BinlakeResource(dg.ConfigurableResource):
 
     def kafka_conf(self) -> dict[str, str | int | float | bool]:
         return kafka_client_config(self.pipeline)
+
+    def spark(self, pyspark: LazyPySparkResource):
+        """The run's SparkSession, once this process holds the local catalog lock (embedded
+        Derby admits one Spark process at a time; see `hold_catalog_lock`)."""
+        hold_catalog_lock(self.pipeline)
+        return pyspark.spark_session
 
 
 def spark_resource(config: PipelineConfig) -> LazyPySparkResource:
