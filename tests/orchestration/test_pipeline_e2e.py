@@ -143,6 +143,7 @@ def _failure(instance: dg.DagsterInstance, run_id: str) -> str:
 
 
 @pytest.mark.long
+@pytest.mark.timeout(2400)  # 4 Spark runs, then replicas and dbt, one JVM at a time
 def test_events_to_replicas_to_dbt_through_backfill_and_automation(e2e_env, spark) -> None:
     topics, config, env, home, lake = e2e_env
     bootstrap = config["kafka"]["bootstrap.servers"]
