@@ -92,9 +92,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--messages", type=int, default=1_000_000)
     parser.add_argument("--keys", type=int, default=100_000, help="distinct primary keys")
-    parser.add_argument("--lanes", type=int, default=16)
-    parser.add_argument("--max-in-flight", type=int, default=10_000)
-    parser.add_argument("--batch-size", type=int, default=1000,
+    parser.add_argument("--lanes", type=int, default=RunSettings.lanes)
+    parser.add_argument("--max-in-flight", type=int, default=RunSettings.max_in_flight)
+    parser.add_argument("--batch-size", type=int, default=RunSettings.batch_size,
                         help="consume(num_messages=...) for every side")
     parser.add_argument("--rounds", type=int, default=2,
                         help="each side runs this many times, interleaved; best counts")
