@@ -294,6 +294,13 @@ class LaneDispatcher:
         """True at or below the low-water mark: a paused partition may resume."""
         return self._in_flight <= self._low_water
 
+    def wait_below_low_water(self, timeout: float | None = None) -> bool:
+        """Wait until `below_low_water()` (or the dispatcher stopped); False on timeout."""
+        with self._changed:
+            return self._changed.wait_for(
+                lambda: self._in_flight <= self._low_water or self._halted, timeout
+            )
+
     def drain(self, timeout: float | None = None) -> bool:
         """Wait until everything submitted is done. False on timeout or when stopped."""
         with self._changed:

@@ -281,15 +281,21 @@ class BoundedRun:
                 return
             if dispatcher.failure is not None:
                 return
-            # Backpressure pauses this partition only; the poll loop keeps running.
-            # Finished events wait in the sink buffer behind a slow one: count them too.
+            # Finished events wait in the sink buffer behind a slow one: when too many do,
+            # the partition is paused; the poll loop keeps running and committing.
             buffered = len(self._sink_buffer) > 4 * s.max_in_flight
-            if not paused and (dispatcher.is_full() or buffered):
+            if not paused and buffered:
                 consumer.pause([self.tp])
                 paused = True
-            elif paused and dispatcher.below_low_water() and not buffered:
+            elif paused and not buffered:
                 consumer.resume([self.tp])
                 paused = False
+            # At max_in_flight the loop waits for the lanes to come down to the low-water
+            # mark, and wakes the moment they do. It does not pause the partition for
+            # that: a pause discards librdkafka's prefetched records (bounded anyway by
+            # consumer_defaults), and a consume timeout on a paused partition idled the
+            # run for up to 0.2 s after the lanes had drained.
+            full = dispatcher.is_full() and not dispatcher.wait_below_low_water(0.2)
             # Never fetch more than fits under max_in_flight: memory stays bounded.
             # Never ask for more than is left before the end offset either: a short last
             # batch would otherwise wait out the whole consume timeout.
@@ -300,11 +306,12 @@ class BoundedRun:
             ramp = min(2 * ramp, s.batch_size)
             if s.max_records is not None:
                 want = min(want, s.max_records - summary.records)
-            msgs = consumer.consume(num_messages=want, timeout=0.2 if paused else 1.0)
+            msgs = [] if full else consumer.consume(num_messages=want,
+                                                    timeout=0.2 if paused else 1.0)
             if msgs:
                 next_offset = self._handle_batch(msgs, dispatcher, tracker, summary, end,
                                                  next_offset)
-            elif not paused:
+            elif not paused and not full:
                 # read_committed skips markers and aborted records: the position can pass
                 # the last delivered offset without any message saying so.
                 pos = consumer.position([self.tp])[0].offset
