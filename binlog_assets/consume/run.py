@@ -484,8 +484,8 @@ def consumer_defaults(max_in_flight: int) -> dict[str, object]:
     messages prefetched per partition, 1 MiB fetches) only cost memory: a fetch's buffer
     stays allocated while any of its records is still queued. Half of `max_in_flight`
     ahead keeps the poll thread fed. Measured on a million-record backlog of 210 B
-    records: peak RSS 126 MiB with librdkafka's defaults, 74 with 10,000 messages and
-    1 MiB fetches, 55-60 with these, at the same throughput.
+    records (one run each, bench/RESULTS.md): peak RSS 62.5 MiB with 10,000 messages and
+    1 MiB fetches, 54-55 MiB with these, throughput the same within the noise.
     """
     return {
         "queued.min.messages": max(1000, max_in_flight // 2),
