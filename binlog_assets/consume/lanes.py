@@ -233,12 +233,20 @@ class LaneDispatcher:
         special = False
         previous = None
         cached = self._cached_keys
+        last_table = None
+        fixed = seed = table_lane = 0
+        key_lanes: dict[tuple, int] = {}
         for event in events:
             table = event.table
-            route = routes.get(table)
-            if route is None:
-                route = self._route(event)
-            fixed, seed, table_lane, key_lanes = route
+            if table != last_table:
+                # Records of one table come in runs: look its route up once per run.
+                route = routes.get(table)
+                if route is None:
+                    route = self._route(event)
+                fixed, seed, table_lane, key_lanes = route
+                last_table = table
+                if barriers and table in barriers:
+                    special = True
             if fixed >= 0:
                 lane = fixed
             else:
@@ -260,8 +268,6 @@ class LaneDispatcher:
                     key_lanes[key] = lane
                 if event.op == OP_DDL:
                     special = True
-            if barriers and table in barriers:
-                special = True
             offset = event.offset
             if offset == previous:
                 multi[offset] = multi.get(offset, 1) + 1
