@@ -198,8 +198,7 @@ class BoundedRun:
         # max_in_flight of them are alive at once, so at the default threshold (700 net
         # allocations) the collector runs every few records and finds nothing. Measured
         # on 200k records: 1,170 collections, 0.25-0.40 s; at 20,000, ten, 0.05 s.
-        thresholds = gc.get_threshold()
-        gc.set_threshold(max(thresholds[0], _GC_THRESHOLD), *thresholds[1:])
+        _raise_gc_threshold()
         consumer: Consumer | None = None
         dispatcher: LaneDispatcher | None = None
         starting: _Started | None = None
@@ -261,7 +260,7 @@ class BoundedRun:
                 dispatcher.close()
             if consumer is not None:
                 consumer.close()
-            gc.set_threshold(*thresholds)
+            _restore_gc_threshold()
             gc.unfreeze()
 
     def _loop(self, consumer: Consumer, dispatcher: LaneDispatcher, tracker: OffsetTracker,
@@ -495,6 +494,31 @@ def consumer_defaults(max_in_flight: int) -> dict[str, object]:
         # fetcher long after the run has emptied it.
         "fetch.queue.backoff.ms": 10,
     }
+
+
+# Runs in progress in this process and the collector thresholds from before the first:
+# concurrent runs (one per partition, in threads) must not restore them while another
+# still runs, nor leave the raised threshold behind.
+_gc_lock = threading.Lock()
+_gc_runs = 0
+_gc_saved: tuple[int, ...] = ()
+
+
+def _raise_gc_threshold() -> None:
+    global _gc_runs, _gc_saved
+    with _gc_lock:
+        if _gc_runs == 0:
+            _gc_saved = gc.get_threshold()
+            gc.set_threshold(max(_gc_saved[0], _GC_THRESHOLD), *_gc_saved[1:])
+        _gc_runs += 1
+
+
+def _restore_gc_threshold() -> None:
+    global _gc_runs
+    with _gc_lock:
+        _gc_runs -= 1
+        if _gc_runs == 0:
+            gc.set_threshold(*_gc_saved)
 
 
 class _Started(threading.Thread):

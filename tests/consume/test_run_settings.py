@@ -3,6 +3,8 @@ from `max_in_flight`, and the small first batches. A fake consumer serves the re
 
 from __future__ import annotations
 
+import gc
+import threading
 import time
 
 import orjson
@@ -206,3 +208,32 @@ def test_at_max_in_flight_the_run_waits_for_the_lanes_without_pausing(fake_kafka
     # 400 handler calls of 1 ms on 2 lanes: about 0.2 s of handling; the waits for the
     # low-water mark (up to 0.2 s each, about 40 of them) must end as the lanes drain.
     assert time.monotonic() - began < 5
+
+
+def test_gc_threshold_is_raised_during_runs_and_restored_after_concurrent_ones(
+    fake_kafka,
+) -> None:
+    before = gc.get_threshold()
+    seen: list[int] = []
+    release = threading.Event()
+    registry = HandlerRegistry()
+
+    def handler(ev) -> None:
+        seen.append(gc.get_threshold()[0])
+        release.wait(5)
+
+    registry.register("db.t", handler)
+    fake_kafka(3)
+    runs = [BoundedRun("t", 0, registry, RunSettings(kafka_conf={}, group_id=f"g{i}",
+                                                     format="debezium", lanes=1))
+            for i in range(2)]
+    threads = [threading.Thread(target=r.run) for r in runs]
+    threads[0].start()
+    time.sleep(0.2)
+    threads[1].start()
+    time.sleep(0.2)
+    release.set()
+    for t in threads:
+        t.join(10)
+    assert len(seen) == 6 and min(seen) >= 20_000  # raised in both runs, throughout
+    assert gc.get_threshold() == before  # and restored once the last one ended
