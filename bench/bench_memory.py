@@ -1,7 +1,7 @@
 """Bounded memory: peak RSS of one BoundedRun over a 10,000,000-record backlog vs 10,000.
 
-A run's memory should depend on `max_in_flight` and librdkafka's prefetch
-(`queued.max.messages.kbytes`, 16 MiB here for every child), never on the backlog. Each
+A run's memory should depend on `max_in_flight` and librdkafka's prefetch (which a run
+derives from `max_in_flight`: `consumer_defaults`), never on the backlog. Each
 run is a fresh child process (this file with `--child`) whose handler does nothing; it
 reports its own peak: `VmHWM` (the high-water RSS of its address space) and `ru_maxrss`.
 Linux carries a parent's peak RSS into a child's `ru_maxrss` across fork+exec, so the
@@ -16,7 +16,7 @@ that each peak is reached early and then stays flat.
 
     .venv/bin/python bench/bench_memory.py                    # 10,000,000 vs 10,000
     .venv/bin/python bench/bench_memory.py --big 1000000      # quicker
-    .venv/bin/python bench/bench_memory.py --conf queued.min.messages=10000   # less prefetch
+    .venv/bin/python bench/bench_memory.py --conf queued.min.messages=2000    # less prefetch
 """
 
 from __future__ import annotations
@@ -41,6 +41,8 @@ from harness import (
     running_broker,
 )
 
+from binlog_assets.consume.run import RunSettings, consumer_defaults
+
 TARGET_RATIO = 1.5
 _RSS_SAMPLE_SECONDS = 0.5
 
@@ -54,9 +56,13 @@ def status_kb(field: str) -> int:
     raise KeyError(field)
 
 
-def consumer_conf(args: argparse.Namespace) -> dict:
+def consumer_conf(args: argparse.Namespace, *, baseline: bool = False) -> dict:
+    """binlake's Kafka config (the user's part), or for the plain loop the effective
+    settings binlake runs with; `--conf` overrides either."""
     extra = dict(item.split("=", 1) for item in args.conf)
-    return {**kafka_conf(args.bootstrap), **extra}
+    base = ({**consumer_defaults(args.max_in_flight), **kafka_conf(args.bootstrap)}
+            if baseline else kafka_conf(args.bootstrap))
+    return {**base, **extra}
 
 
 def measured(work: Callable[[], dict]) -> dict:
@@ -115,7 +121,8 @@ def child_loop(args: argparse.Namespace) -> dict:
     end = args.count
 
     def work() -> dict:
-        consumer = Consumer({**consumer_conf(args), "group.id": group_id("memory-loop"),
+        consumer = Consumer({**consumer_conf(args, baseline=True),
+                             "group.id": group_id("memory-loop"),
                              "enable.partition.eof": True})
         last = -1
         try:
@@ -194,9 +201,9 @@ def main() -> None:
     parser.add_argument("--small", type=int, default=10_000, help="small backlog")
     parser.add_argument("--keys", type=int, default=1_000_000, help="distinct primary keys")
     parser.add_argument("--producers", type=int, default=2, help="producer processes")
-    parser.add_argument("--lanes", type=int, default=16)
-    parser.add_argument("--max-in-flight", type=int, default=10_000)
-    parser.add_argument("--batch-size", type=int, default=1000)
+    parser.add_argument("--lanes", type=int, default=RunSettings.lanes)
+    parser.add_argument("--max-in-flight", type=int, default=RunSettings.max_in_flight)
+    parser.add_argument("--batch-size", type=int, default=RunSettings.batch_size)
     parser.add_argument("--baseline-records", type=int, default=1_000_000,
                         help="records of the large backlog the plain loop reads")
     parser.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE",
@@ -235,7 +242,8 @@ def main() -> None:
                   f"{r['vm_hwm_kb'] / 1024:.0f} MiB", flush=True)
 
     small, big = runs[f"binlake {args.small}"], runs[f"binlake {args.big}"]
-    settings = ", ".join(["queued.max.messages.kbytes=16384", *args.conf])
+    settings = ", ".join([*(f"{k}={v}" for k, v in consumer_defaults(args.max_in_flight).items()),
+                          *args.conf])
     print(f"\nlanes={args.lanes}, max_in_flight={args.max_in_flight}, batch={args.batch_size}, "
           f"{settings}; total {time.perf_counter() - began:.0f}s")
     print(f"{'side':<9}{'backlog':>12}{'read':>12}{'seconds':>9}{'msgs/s':>10}{'in-flight':>11}"

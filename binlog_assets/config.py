@@ -26,6 +26,8 @@ Format = Literal["debezium", "maxwell", "canal", "dts"]
 SchemaEvolution = Literal["evolve", "exception", "ignore"]
 
 _IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+# Key slots are small objects, but a DDL barrier visits every one of them.
+_MAX_KEY_SLOTS = 32_768
 
 
 class ConfigError(ValueError):
@@ -70,8 +72,14 @@ class SourceConfig(_Model):
     topics: tuple[str, ...] = Field(min_length=1)
     format: Format = "debezium"
     ordering: Ordering = "key"
-    lanes: int = Field(16, ge=1, le=4096)
+    lanes: int = Field(16, ge=1, le=4096, description="events handled at once, at most")
     workers: int | None = Field(None, ge=1, le=256, description="threads serving the lanes")
+    key_slots_per_lane: int = Field(
+        8, ge=1, le=64,
+        description="serial key slots per lane: ordering keys hash into lanes * this many "
+                    "slots, and a free lane takes any slot with work (1: a key's lane is "
+                    "crc32(key) % lanes, and hash skew can leave lanes idle)",
+    )
     max_in_flight: int = Field(10_000, ge=1)
     max_retries: int = Field(3, ge=0)
     strict: bool = Field(False, description="fail the run on a bad message instead of DLQ")
@@ -84,6 +92,15 @@ class SourceConfig(_Model):
         if not _IDENT.match(v):
             raise ValueError("must be a plain identifier ([A-Za-z_][A-Za-z0-9_]*)")
         return v
+
+    @model_validator(mode="after")
+    def _slots_bounded(self) -> SourceConfig:
+        if self.lanes * self.key_slots_per_lane > _MAX_KEY_SLOTS:
+            raise ValueError(
+                f"lanes * key_slots_per_lane must be at most {_MAX_KEY_SLOTS:,}, got "
+                f"{self.lanes} * {self.key_slots_per_lane}"
+            )
+        return self
 
     @property
     def dlq_topic(self) -> str:

@@ -97,13 +97,22 @@ def kafka_committed_source(consumer: Consumer, tp: TopicPartition) -> Checkpoint
     return read
 
 
-def reset_source(consumer: Consumer, tp: TopicPartition, policy: str) -> CheckpointSource:
-    """`earliest` / `latest` (librdkafka's auto.offset.reset names) from the watermarks."""
+def reset_source(
+    consumer: Consumer,
+    tp: TopicPartition,
+    policy: str,
+    watermarks: Callable[[], tuple[int, int]] | None = None,
+) -> CheckpointSource:
+    """`earliest` / `latest` (librdkafka's auto.offset.reset names) from the watermarks;
+    `watermarks` gives them when the caller queries them anyway (one round trip, not two)."""
 
     def read() -> Checkpoint:
-        low, high = consumer.get_watermark_offsets(
-            TopicPartition(tp.topic, tp.partition), timeout=30, cached=False
-        )
+        if watermarks is not None:
+            low, high = watermarks()
+        else:
+            low, high = consumer.get_watermark_offsets(
+                TopicPartition(tp.topic, tp.partition), timeout=30, cached=False
+            )
         if policy in ("earliest", "smallest", "beginning"):
             return Checkpoint(low, RESET)
         if policy in ("latest", "largest", "end"):

@@ -5,7 +5,11 @@ Python's salted `hash()`), and a lane is serial: its events run one after anothe
 submission order, so per ordering key handlers observe events in position order
 (invariant 1) under any lane count. Lanes are many and cheap; `workers` threads run them,
 a lane on at most one worker at a time. Having more lanes than workers is what keeps
-workers busy when keys hash unevenly: an idle worker takes any lane with work.
+workers busy when keys hash unevenly: an idle worker takes any lane with work. A bounded
+run gives the dispatcher `lanes × key_slots_per_lane` of these serial lanes (the "key
+slots" of the configuration, where `lanes` means parallelism) over `min(lanes, 64)`
+workers. A lane keeps its worker for a time slice at most while other lanes wait, then
+goes to the back of the queue with the rest of its events, still in order.
 
 A DDL event is a barrier for its table. Under `table` or `partition` ordering all of the
 table's events share the DDL's lane, so lane order already is the barrier. Under `key`
@@ -17,8 +21,9 @@ barrier cannot deadlock with any number of workers.
 
 An event is done when all of its table's handlers finished (they run concurrently when
 there are several), or when it was dead-lettered after its retries (see `errors.py`).
-Done offsets go to `on_done_many` in batches; a Kafka record decoded into several events
-is reported once, when its last event is done. `max_in_flight` bounds what the poll
+Done offsets go to `on_done_many` in batches (a worker reports before it waits for work,
+or every 50 ms / 1,024 events); a Kafka record decoded into several events is reported
+once, when its last event is done. `max_in_flight` bounds what the poll
 thread should submit: it checks `is_full()` and pauses the partition, and resumes at
 `below_low_water()`. `submit_many` itself never blocks.
 """
@@ -33,7 +38,8 @@ from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from operator import attrgetter
-from queue import SimpleQueue
+from queue import Empty, SimpleQueue
+from time import monotonic
 from types import TracebackType
 
 from binlog_assets.consume.errors import (
@@ -47,6 +53,14 @@ from binlog_assets.consume.errors import (
 from binlog_assets.consume.handlers import Handler, HandlerRegistry
 from binlog_assets.formats.event import OP_DDL, ChangeEvent
 
+try:
+    from collections import _count_elements  # Counter.update's C loop, without its checks
+except ImportError:  # pragma: no cover - other interpreters
+
+    def _count_elements(mapping, iterable):  # type: ignore[no-redef]
+        for element in iterable:
+            mapping[element] = mapping.get(element, 0) + 1
+
 log = logging.getLogger(__name__)
 
 ORDERING_PARTITION = "partition"
@@ -56,12 +70,22 @@ ORDERING_MODES = (ORDERING_PARTITION, ORDERING_TABLE, ORDERING_KEY)
 
 MAX_DEFAULT_WORKERS = 64
 
-# Hashing a key costs more than looking its lane up, and hot keys repeat. The cache is per
-# table and cleared when full, which bounds it without any bookkeeping per hit. It is keyed
-# by equality, so 1 and 1.0 would share a lane; a decoder gives a column one type anyway.
-_KEY_LANE_CACHE = 65_536
+# Hashing a key costs more than looking its lane up, and hot keys repeat. The caches (one
+# per table) hold at most this many keys in all and are cleared when full, which bounds
+# them without any bookkeeping per hit. 65,536 per table cost 12 MiB of a run's peak on a
+# million-key backlog; a miss costs about 0.3 us (single-integer keys) to 0.8 us. Keyed by
+# equality, so 1 and 1.0 would share a lane; a decoder gives a column one type anyway.
+_KEY_LANE_CACHE = 4096
 
 _TABLE_OP = attrgetter("table", "op")
+
+# A worker reports finished events when it has nothing else to run, or after this many
+# events or seconds, whichever comes first: the in-flight count and the commit point lag
+# by at most that much, and a run of cheap handlers pays one report per batch of lanes.
+_REPORT_EVENTS = 1024
+_REPORT_SECONDS = 0.05
+# How long a lane may keep its worker while other lanes wait for one (see `_run_lane`).
+_SLICE_SECONDS = 0.01
 
 # Lane states, changed only under the dispatcher lock.
 _IDLE = 0  # no entries, not on the ready queue, no worker on it
@@ -170,6 +194,7 @@ class LaneDispatcher:
         self._multi: dict[int, int] = {}
         self._last_offset: int | None = None
         self._routes: dict[str, _Route] = {}
+        self._cached_keys = 0  # keys in the routes' key -> lane caches
         self._barriers: dict[str, _Barrier] = {}  # table -> its latest DDL barrier
         self._lanes = [_Lane(i) for i in range(lanes)]
         self._ready: SimpleQueue[_Lane | None] = SimpleQueue()
@@ -207,26 +232,42 @@ class LaneDispatcher:
         multi: dict[int, int] = {}
         special = False
         previous = None
+        cached = self._cached_keys
+        last_table = None
+        fixed = seed = table_lane = 0
+        key_lanes: dict[tuple, int] = {}
         for event in events:
             table = event.table
-            route = routes.get(table)
-            if route is None:
-                route = self._route(event)
-            fixed, seed, table_lane, key_lanes = route
+            if table != last_table:
+                # Records of one table come in runs: look its route up once per run.
+                route = routes.get(table)
+                if route is None:
+                    route = self._route(event)
+                fixed, seed, table_lane, key_lanes = route
+                last_table = table
+                if barriers and table in barriers:
+                    special = True
             if fixed >= 0:
                 lane = fixed
             else:
                 key = event.key
                 lane = key_lanes.get(key)
                 if lane is None:
-                    lane = crc32(repr(key).encode(), seed) % lanes if key else table_lane
-                    if len(key_lanes) >= _KEY_LANE_CACHE:
-                        key_lanes.clear()
+                    if not key:
+                        lane = table_lane
+                    elif len(key) == 1 and type(key[0]) is int:
+                        # The same bytes as repr(key).encode(), at a third of the cost.
+                        lane = crc32(b"(%d,)" % key, seed) % lanes
+                    else:
+                        lane = crc32(repr(key).encode(), seed) % lanes
+                    cached += 1
+                    if cached > _KEY_LANE_CACHE:
+                        for other in routes.values():
+                            other[3].clear()
+                        cached = 1
                     key_lanes[key] = lane
                 if event.op == OP_DDL:
                     special = True
-            if barriers and table in barriers:
-                special = True
             offset = event.offset
             if offset == previous:
                 multi[offset] = multi.get(offset, 1) + 1
@@ -237,6 +278,7 @@ class LaneDispatcher:
             else:
                 batch.append(event)
         self._last_offset = previous
+        self._cached_keys = cached
         with self._lock:
             self._in_flight += len(events)
             if multi:
@@ -257,6 +299,13 @@ class LaneDispatcher:
     def below_low_water(self) -> bool:
         """True at or below the low-water mark: a paused partition may resume."""
         return self._in_flight <= self._low_water
+
+    def wait_below_low_water(self, timeout: float | None = None) -> bool:
+        """Wait until `below_low_water()` (or the dispatcher stopped); False on timeout."""
+        with self._changed:
+            return self._changed.wait_for(
+                lambda: self._in_flight <= self._low_water or self._halted, timeout
+            )
 
     def drain(self, timeout: float | None = None) -> bool:
         """Wait until everything submitted is done. False on timeout or when stopped."""
@@ -420,53 +469,110 @@ class LaneDispatcher:
     # -- the workers' side ------------------------------------------------------------
     def _work(self, stats: _WorkerStats) -> None:
         get = self._ready.get
-        while (lane := get()) is not None:
-            try:
-                self._run_lane(lane, stats)
-            except BaseException as exc:
-                # A dispatcher bug: stop rather than hang. Once stopping, an interrupted
-                # fan-out (its pool futures cancelled by close) is expected, not a failure.
-                if not self._halted:
-                    self._halt(exc)
+        done: list[int] = []  # one offset per finished event, not yet reported
+        since = 0.0  # when the oldest of them could have finished
+        try:
+            while True:
+                # Finished events are reported in batches: one tracker call and one
+                # in-flight update for several lanes rather than one per lane. They are
+                # reported before this worker would wait, and before it runs another lane
+                # once they are _REPORT_SECONDS old or _REPORT_EVENTS many.
+                if not done:
+                    lane = get()
+                    since = monotonic()
+                else:
+                    try:
+                        lane = get(False)
+                    except Empty:
+                        self._report(done)
+                        lane = get()
+                        since = monotonic()
+                    else:
+                        if (len(done) >= _REPORT_EVENTS
+                                or monotonic() - since >= _REPORT_SECONDS):
+                            self._report(done)
+                            since = monotonic()
+                if lane is None:
+                    break
+                try:
+                    self._run_lane(lane, stats, done)
+                except BaseException as exc:
+                    # A dispatcher bug: stop rather than hang. Once stopping, an interrupted
+                    # fan-out (its pool futures cancelled by close) is expected, not a
+                    # failure.
+                    if not self._halted:
+                        self._halt(exc)
+        finally:
+            if done:
+                self._report(done)
 
-    def _run_lane(self, lane: _Lane, stats: _WorkerStats) -> None:
+    def _run_lane(self, lane: _Lane, stats: _WorkerStats, done: list[int]) -> None:
         with self._lock:
             entries, lane.entries = lane.entries, []
-        done: list[int] = []  # one offset per finished event
         parked = False
+        rest: list = []  # entries not run when the lane gave its worker up
+        # A lane keeps its worker for one time slice while other lanes wait: slow handlers
+        # then take turns, and a long lane no longer holds the run's tail on one thread.
+        deadline = monotonic() + _SLICE_SECONDS
         try:
             for i, entry in enumerate(entries):
                 if self._halted:
                     break
                 if type(entry) is list:
-                    self._run_batch(lane, entry, done, stats)
+                    stopped = self._run_batch(lane, entry, done, stats, deadline)
+                    if stopped is not None:
+                        rest = [entry[stopped:], *entries[i + 1 :]]
+                        break
                 elif self._control(lane, entry, entries, i):
                     parked = True
                     break
         except _Stopping:
             pass
         finally:
-            self._finish(lane, done, parked)
+            with self._lock:
+                if not parked:
+                    if rest:
+                        # Back to the end of the ready queue, its order kept: it is still
+                        # this lane's turn only, and no other worker can have run it.
+                        lane.entries = rest + lane.entries
+                    if lane.entries and not self._halted:
+                        self._ready.put(lane)
+                    else:
+                        lane.state = _IDLE
 
     def _run_batch(
-        self, lane: _Lane, batch: list[ChangeEvent], done: list[int], stats: _WorkerStats
-    ) -> None:
+        self,
+        lane: _Lane,
+        batch: list[ChangeEvent],
+        done: list[int],
+        stats: _WorkerStats,
+        deadline: float,
+    ) -> int | None:
+        """Run `batch` in order. Returns None when it ran to its end (or the dispatcher
+        stopped), else the index of the first event not run: the time slice is over and
+        other lanes are waiting for a worker."""
         handlers_for = self._registry.handlers_for
+        waiting = self._ready.qsize
         append = done.append
+        first = len(done)  # events finished here are the ones appended past it
         fast = 0
-        count = 0
-        table = handlers = None
+        stopped = None
+        table = handlers = fn = None
         try:
-            for event in batch:
+            for index, event in enumerate(batch):
                 if self._halted:
+                    break
+                if monotonic() >= deadline and index and waiting():
+                    stopped = index
                     break
                 if event.table != table:
                     table = event.table
                     handlers = handlers_for(table)
-                if len(handlers) == 1 and lane.breaker is None:
+                    fn = handlers[0].fn if len(handlers) == 1 else None
+                if fn is not None and lane.breaker is None:
                     # The common case: one handler, no failure, no breaker to consult.
                     try:
-                        handlers[0].fn(event)
+                        fn(event)
                     except BaseException as exc:
                         if not self._handle(lane, event, handlers, exc, stats):
                             break
@@ -475,11 +581,12 @@ class LaneDispatcher:
                 elif not self._handle(lane, event, handlers, None, stats):
                     break
                 append(event.offset)
-                count += 1
         finally:
             stats.handled += fast
+            count = len(done) - first
             finished = batch if count == len(batch) else batch[:count]
-            stats.by_table_op.update(map(_TABLE_OP, finished))
+            _count_elements(stats.by_table_op, map(_TABLE_OP, finished))
+        return stopped
 
     def _control(self, lane: _Lane, entry: _Control, entries: list, i: int) -> bool:
         """Apply a barrier entry; True when the lane was parked to wait for the barrier."""
@@ -507,29 +614,27 @@ class LaneDispatcher:
             waiters.append(lane)
             return True
 
-    def _finish(self, lane: _Lane, done: list[int], parked: bool) -> None:
+    def _report(self, done: list[int]) -> None:
+        """Report finished events (one offset each) as done offsets; empties `done`."""
         finished = len(done)
-        if done and self._multi:
+        offsets = done[:]
+        done.clear()
+        if self._multi:
             with self._lock:
-                done = self._settle_multi(done)
-        if done and self._on_done_many is not None:
+                offsets = self._settle_multi(offsets)
+        if offsets and self._on_done_many is not None:
             try:
-                self._on_done_many(done)
+                self._on_done_many(offsets)
             except BaseException as exc:
-                exc.add_note(f"binlake: on_done_many failed for offsets {done[0]}..{done[-1]}")
+                exc.add_note(
+                    f"binlake: on_done_many failed for offsets {offsets[0]}..{offsets[-1]}"
+                )
                 self._halt(exc)
         with self._lock:
-            if finished:
-                before = self._in_flight
-                self._in_flight = after = before - finished
-                if after == 0 or after <= self._low_water < before:
-                    self._changed.notify_all()
-            if parked:
-                return
-            if lane.entries and not self._halted:
-                self._ready.put(lane)
-            else:
-                lane.state = _IDLE
+            before = self._in_flight
+            self._in_flight = after = before - finished
+            if after == 0 or after <= self._low_water < before:
+                self._changed.notify_all()
 
     def _settle_multi(self, done: list[int]) -> list[int]:
         """Keep only offsets whose record has no event left (under the lock)."""

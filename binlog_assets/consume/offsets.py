@@ -67,6 +67,11 @@ class OffsetTracker:
         """True when a previous run finished `offset`: the run must not handle it again."""
         return offset in self._prior
 
+    def has_prior(self) -> bool:
+        """True while offsets finished by a previous run may still be ahead: only then
+        does `is_already_done` need asking (the poll thread asks once per batch)."""
+        return bool(self._prior)
+
     def received(self, offset: int) -> None:
         self.received_many((offset,))
 

@@ -199,6 +199,7 @@ def consume_partition(
         table_ordering={t.source: t.ordering for t in source.tables if t.ordering},
         lanes=source.lanes,
         workers=source.workers,
+        key_slots_per_lane=source.key_slots_per_lane,
         max_in_flight=source.max_in_flight,
         error_policy=ErrorPolicy(max_retries=source.max_retries, strict=source.strict),
         dead_letter_topic=source.dlq_topic,
