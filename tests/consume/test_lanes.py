@@ -467,26 +467,32 @@ def test_configuration_errors_name_the_field(kwargs: dict, field: str) -> None:
         LaneDispatcher(HandlerRegistry(), **kwargs)
 
 
-def test_slow_io_handlers_scale_with_workers() -> None:
-    """5 ms handlers on 1000 keys: many lanes on 64 workers approach 64x over serial."""
+def test_slow_io_handlers_run_on_every_worker_at_once() -> None:
+    """5 ms handlers on 1000 keys over 64 workers: all 64 are busy at the same moment.
+
+    The speed-up this gives is measured by bench/bench_slow_handlers.py (not by a timed
+    test, which a loaded machine would make flaky); this checks the parallelism it comes
+    from: the peak number of handlers running at once.
+    """
+    lock = threading.Lock()
+    running = peak = 0
 
     def handler(ev: ChangeEvent) -> None:
+        nonlocal running, peak
+        with lock:
+            running += 1
+            peak = max(peak, running)
         time.sleep(0.005)
+        with lock:
+            running -= 1
 
     registry = HandlerRegistry()
     registry.register("db.t", handler)
     events = [event(o, key=(o,)) for o in range(1000)]
-    began = time.perf_counter()
-    for ev in events[:40]:
-        handler(ev)
-    serial = (time.perf_counter() - began) / 40 * len(events)
     with LaneDispatcher(registry, lanes=512, workers=64) as dispatcher:
-        began = time.perf_counter()
         dispatcher.submit_many(events)
-        assert dispatcher.drain(timeout=30)
-        parallel = time.perf_counter() - began
-    # About 60x here; the bound leaves room for a loaded machine.
-    assert serial / parallel > 20
+        assert dispatcher.drain(timeout=60)
+    assert peak >= 48, peak  # 64 on an idle machine; a serializing dispatcher gives 1
 
 
 def test_ordering_is_per_key_across_many_keys_and_lanes() -> None:
