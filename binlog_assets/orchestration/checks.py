@@ -18,7 +18,7 @@ from binlog_assets.orchestration.changelog_asset import (
     latest_metadata_checkpoint,
 )
 from binlog_assets.orchestration.partitions import KAFKA_PARTITIONS_NAME, partition_key
-from binlog_assets.orchestration.resources import SPARK_POOL, BinlakeResource
+from binlog_assets.orchestration.resources import BinlakeResource
 from binlog_assets.orchestration.sensors import group_id
 
 
@@ -49,7 +49,11 @@ def changelog_lag_check(context: dg.AssetCheckExecutionContext,
     )
 
 
-@dg.asset_check(asset=CHANGELOG_ASSET_KEY, name="checkpoint_agreement_check", pool=SPARK_POOL,
+# Not in the `spark` pool: in a consumer run (one process) it follows the changelog step
+# and reuses its session and its catalog lock. Had it to wait for a pool slot, it could
+# deadlock with another run's changelog step that holds the slot and waits for the lock;
+# run on its own, the catalog lock alone keeps it off Derby while another JVM is on it.
+@dg.asset_check(asset=CHANGELOG_ASSET_KEY, name="checkpoint_agreement_check",
                 description="Changelog transaction state, materialization metadata and Kafka "
                             "committed offsets agree for every partition.")
 def checkpoint_agreement_check(context: dg.AssetCheckExecutionContext,
