@@ -63,6 +63,8 @@ SHORT_KEYS = tuple(k for k in KEYS if k.split(":")[0] in ("shop.shop.customers",
                                                           "shop.shop.products"))
 
 
+# Every child starts a Spark JVM: on 2 shared cores a child takes 0.5 to 3 minutes.
+@pytest.mark.timeout(2400)
 def test_sigkill_at_each_commit_boundary(debezium_connect, mariadb, pipeline_config, spark,
                                          tmp_path) -> None:
     _sigkill_drill(_trials(1), "sigkill_commit_boundaries", SHORT_KEYS,
@@ -70,6 +72,7 @@ def test_sigkill_at_each_commit_boundary(debezium_connect, mariadb, pipeline_con
 
 
 @pytest.mark.long
+@pytest.mark.timeout(7200)
 def test_sigkill_at_each_commit_boundary_long(debezium_connect, mariadb, pipeline_config,
                                               spark, tmp_path) -> None:
     _sigkill_drill(_trials(3), "sigkill_commit_boundaries_long", KEYS, REPLICAS, mariadb,
