@@ -87,14 +87,16 @@ def _drill(broker: KafkaBroker, pipeline_config: PipelineConfig, spark) -> None:
     for key, value in records:
         p.produce(topic, key=key, value=value)
     assert p.flush(60) == 0
+    del p  # it would reconnect (and log about it) all through the broker's downtime
 
     data = pipeline_config.model_dump(mode="json", exclude_none=True)
     data["kafka"] = {**data["kafka"], "bootstrap.servers": bootstrap,
                      "group.id": f"g-{topic}"}
     data["lakehouse"] = {**data["lakehouse"], "database": "drill_restart"}
-    # Small commit points: several changelog commits happen before the broker goes.
+    # Commit points every 1000 records (2 x max_in_flight): the broker goes after the
+    # first, with two more to come.
     data["sources"] = [{"name": "restart", "topics": [topic], "format": "debezium",
-                        "lanes": 4, "max_in_flight": 100,
+                        "lanes": 4, "max_in_flight": 500,
                         "tables": [{"source": "restart.items", "replica": "items"}]}]
     cfg = parse_config(data)
     group = cfg.kafka["group.id"]
