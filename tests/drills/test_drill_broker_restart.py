@@ -82,12 +82,13 @@ def _drill(broker: KafkaBroker, pipeline_config: PipelineConfig, spark) -> None:
     admin = AdminClient({"bootstrap.servers": bootstrap})
     for f in admin.create_topics([NewTopic(topic, 1)]).values():
         f.result(60)
+    del admin
     records, model = _stream(seed=7)
     p = Producer({"bootstrap.servers": bootstrap, "linger.ms": 20})
     for key, value in records:
         p.produce(topic, key=key, value=value)
     assert p.flush(60) == 0
-    del p  # it would reconnect (and log about it) all through the broker's downtime
+    del p  # clients left open reconnect (and log about it) through the downtime
 
     data = pipeline_config.model_dump(mode="json", exclude_none=True)
     data["kafka"] = {**data["kafka"], "bootstrap.servers": bootstrap,
