@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 JARS := .cache/jars
 export DAGSTER_HOME := $(CURDIR)/var/dagster
 
-.PHONY: setup demo test test-long test-unit stack-up stack-down stack-status source-up source-down source-status dev lint bench
+.PHONY: setup demo test test-long drills-long test-unit stack-up stack-down stack-status source-up source-down source-status dev lint bench
 
 setup: .cache/apt.stamp $(VENV)/.installed $(JARS)/kafka/.stamp $(JARS)/delta/.stamp $(JARS)/connect/.stamp $(DAGSTER_HOME)/dagster.yaml
 
@@ -41,6 +41,11 @@ test: setup
 ## The long variants: the daemon-driven end-to-end pipeline (backfill + automation).
 test-long: setup
 	$(PY) -m pytest -q -m long
+
+## The long drill variants (more SIGKILL trials, fuzz examples, fencing races); their
+## figures go to var/drills/report.json and report.md (BINLAKE_DRILL_REPORT moves them).
+drills-long: setup
+	$(PY) -m pytest -q -s -m long tests/drills tests/orchestration/test_fencing.py
 
 test-unit: setup
 	$(PY) -m pytest -q -m "not integration"

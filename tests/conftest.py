@@ -1,7 +1,12 @@
-"""Session-wide fixtures: the real Kafka broker and the real Spark + Delta session.
+"""Session-wide fixtures: the real Kafka broker, the real Spark + Delta session, and the
+binlog source (MariaDB with a ROW binlog, Debezium in Kafka Connect).
 
-Both start once per test session on loopback (a free port, a temporary directory) and
-are shared by every integration test; unit tests never touch them.
+Each starts once per test session on loopback (a free port, a temporary directory) and
+is shared by every integration test that asks for it; unit tests never touch them.
+`mariadb` is a `mariadbd` with a ROW binlog on a free loopback port; `debezium_connect`
+is a Connect standalone worker running Debezium's MariaDB connector (topic prefix
+`shop`, every non-system database) into the session's `kafka_broker`, so the source
+tests, the end-to-end test and the drills share one of each.
 """
 
 from __future__ import annotations
@@ -12,8 +17,17 @@ from pathlib import Path
 
 import pytest
 
-from binlog_assets.config import PipelineConfig, parse_config
+from binlog_assets.config import (
+    CONFIG_ENV,
+    DEFAULT_CONFIG_PATH,
+    PipelineConfig,
+    load_config,
+    parse_config,
+)
+from binlog_assets.dev.connect import DebeziumConnector, KafkaConnect
 from binlog_assets.dev.kafka import KafkaBroker
+from binlog_assets.dev.mariadb import MariaDBServer
+from binlog_assets.dev.stack import source_skip_reason
 
 
 @pytest.fixture(scope="session")
@@ -79,9 +93,48 @@ def binlake_env(config_file: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return config_file
 
 
+
+# Read at import, before any test's monkeypatch points BINLAKE_CONFIG at the session's
+# own config (whose bootstrap.servers is the embedded broker, not the user's cluster).
+_USER_CONFIG = Path(os.environ.get(CONFIG_ENV) or DEFAULT_CONFIG_PATH)
+
+
+@pytest.fixture(scope="session")
+def mariadb(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MariaDBServer]:
+    server = MariaDBServer(tmp_path_factory.mktemp("mariadb"))
+    seconds = server.start()
+    print(f"\nmariadb 127.0.0.1:{server.port} ready in {seconds:.1f}s")
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="session")
+def debezium_connect(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[KafkaConnect]:
+    # Checked before the broker and database fixtures run, so a skip starts nothing.
+    if _USER_CONFIG.exists() and (reason := source_skip_reason(load_config(_USER_CONFIG))):
+        pytest.skip(reason)
+    broker: KafkaBroker = request.getfixturevalue("kafka_broker")
+    server: MariaDBServer = request.getfixturevalue("mariadb")
+    connect = KafkaConnect(
+        tmp_path_factory.mktemp("connect"), broker.bootstrap_servers,
+        DebeziumConnector.for_server(server, topic_prefix="shop"),
+    )
+    seconds = connect.start()
+    print(f"\nkafka connect {connect.rest_url} + debezium ready in {seconds:.1f}s")
+    try:
+        yield connect
+    finally:
+        connect.stop()
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     # Anything that asks for the real stack is an integration test, marked as such.
-    real = {"kafka_broker", "spark", "pipeline_config", "config_file", "binlake_env"}
+    real = {"kafka_broker", "spark", "pipeline_config", "config_file", "binlake_env",
+            "mariadb", "debezium_connect"}
     for item in items:
         if real & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.integration)

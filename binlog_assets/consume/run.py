@@ -38,6 +38,7 @@ from binlog_assets.consume.errors import ErrorPolicy
 from binlog_assets.consume.handlers import HandlerRegistry
 from binlog_assets.consume.lanes import MAX_DEFAULT_WORKERS, LaneDispatcher
 from binlog_assets.consume.offsets import OffsetTracker
+from binlog_assets.faults import fault_point
 from binlog_assets.formats.event import ChangeEvent, DecodeError
 
 log = logging.getLogger(__name__)
@@ -308,6 +309,7 @@ class BoundedRun:
             msgs = [] if full else consumer.consume(num_messages=want,
                                                     timeout=0.2 if paused else 1.0)
             if msgs:
+                fault_point("after_fetch")
                 next_offset = self._handle_batch(msgs, dispatcher, tracker, summary, end,
                                                  next_offset)
             elif not paused and not full:
@@ -462,11 +464,15 @@ class BoundedRun:
             self._dlq.flush()
         offset = tracker.committable()
         metadata = tracker.encode_metadata()
-        if self.sink is not None and offset > (self._sink_end or 0):
-            self._flush_sink(offset)
+        if offset > (self._sink_end or 0):
+            fault_point("after_handlers")
+            if self.sink is not None:
+                self._flush_sink(offset)
+                fault_point("after_changelog_commit")
         target = [TopicPartition(self.tp.topic, self.tp.partition, offset, metadata=metadata)]
         retry_retriable(lambda: consumer.commit(offsets=target, asynchronous=False),
                         f"committing {self.tp.topic}[{self.tp.partition}]@{offset}")
+        fault_point("after_kafka_commit")
         if summary is not None:
             summary.committed_offset = offset
         if self.on_commit is not None:

@@ -83,7 +83,8 @@ class KafkaBroker:
         if not (logs / "meta.properties").exists():
             self._java(
                 "kafka.tools.StorageTool", "format", "--config", str(props),
-                "--cluster-id", _cluster_id(), "--ignore-formatted",
+                # One form: a random id starting with "-" would read as an option.
+                f"--cluster-id={_cluster_id()}", "--ignore-formatted",
             ).check_returncode()
         cmd = self._java_cmd("kafka.Kafka", str(props))
         with open(self.data_dir / "broker.stdout", "ab") as out:

@@ -205,9 +205,11 @@ def source_rows(conn, replica: str) -> set[tuple]:
     return out
 
 
-def replica_rows(spark, database: str, replica: str) -> set[tuple]:
+def replica_rows(spark, database: str, replica: str, frame=None) -> set[tuple]:
+    """The replica's live rows; `frame` instead of the catalog's `<replica>_current` view
+    when given (say, the live rows of a replica read by path from another lakehouse)."""
     tables, columns = REPLICAS[replica]
-    df = spark.table(f"`{database}`.`{replica}_current`")
+    df = frame if frame is not None else spark.table(f"`{database}`.`{replica}_current`")
     present = set(df.columns)
     sharded = len(tables) > 1
     out: set[tuple] = set()
@@ -218,10 +220,12 @@ def replica_rows(spark, database: str, replica: str) -> set[tuple]:
     return out
 
 
-def compare(conn, spark, database: str) -> list[TableComparison]:
+def compare(conn, spark, database: str, read=None) -> list[TableComparison]:
+    """Per replica, its source tables against its live rows; `read(replica)` returns the
+    live rows as a DataFrame when the replica is not in `spark`'s catalog."""
     results = []
     for replica in REPLICAS:
         src = source_rows(conn, replica)
-        rep = replica_rows(spark, database, replica)
+        rep = replica_rows(spark, database, replica, None if read is None else read(replica))
         results.append(TableComparison(replica, len(src), len(rep), len(src ^ rep)))
     return results

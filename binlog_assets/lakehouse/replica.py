@@ -57,6 +57,7 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from binlog_assets.config import PipelineConfig
+from binlog_assets.faults import fault_point
 from binlog_assets.formats.event import OP_CREATE, OP_DELETE, OP_READ, OP_TRUNCATE, OP_UPDATE
 from binlog_assets.lakehouse.changelog import changelog_version, read_changelog
 from binlog_assets.lakehouse.columns import (
@@ -515,6 +516,7 @@ class ReplicaBuilder:
                    .withColumn("_applied_at", F.lit(now)))
         name = ".".join(table)
         before = table_version(self.spark, *table)
+        fault_point("during_replica_merge")
         if empty:
             # Nothing to match: the reduced batch is the table's content, appended with the
             # same transaction id (an initial build or a rebuild, without MERGE's joins).

@@ -1,16 +1,24 @@
-"""Two runs of one partition at once: one commits, the other is fenced (invariant 4)."""
+"""Two runs of one partition at once: one commits, the other is fenced (invariant 4).
 
+Also the drill "a second run started on the same partition": its figures (trials,
+fenced runs, changelog rows, duplicate coordinates) go to the drill report; `make
+drills-long` runs more trials.
+"""
+
+import os
 import threading
 import time
 import uuid
 
 import orjson
+import pytest
 from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from binlog_assets.config import PipelineConfig, parse_config
 from binlog_assets.consume.handlers import HandlerRegistry
 from binlog_assets.consume.run import RunSummary
+from binlog_assets.dev import drills
 from binlog_assets.orchestration.changelog_asset import (
     ChangelogRunConfig,
     FencedRunError,
@@ -28,6 +36,36 @@ def slow_registry() -> HandlerRegistry:
 
 def test_two_runs_on_one_partition_one_is_fenced(pipeline_config: PipelineConfig,
                                                   spark) -> None:
+    _fencing_drill(pipeline_config, spark, 1, "second_run_fenced")
+
+
+@pytest.mark.long
+def test_two_runs_on_one_partition_one_is_fenced_long(pipeline_config: PipelineConfig,
+                                                       spark) -> None:
+    _fencing_drill(pipeline_config, spark,
+                   int(os.environ.get("BINLAKE_DRILL_TRIALS") or 3), "second_run_fenced_long")
+
+
+def _fencing_drill(pipeline_config: PipelineConfig, spark, trials: int, name: str) -> None:
+    figures = {"trials": 0, "fenced": 0, "committed": 0, "changelog_rows": 0,
+               "duplicate_coordinates": 0, "seconds": 0.0}
+    try:
+        for _ in range(trials):
+            began = time.monotonic()
+            fenced, committed, rows, distinct = _race(pipeline_config, spark)
+            figures["trials"] += 1
+            figures["fenced"] += fenced
+            figures["committed"] += committed
+            figures["changelog_rows"] += rows
+            figures["duplicate_coordinates"] += rows - distinct
+            figures["seconds"] += round(time.monotonic() - began, 1)
+    finally:
+        drills.record(name, figures)
+
+
+def _race(pipeline_config: PipelineConfig, spark) -> tuple[int, int, int, int]:
+    """Two runs race on a fresh partition; (fenced runs, committed runs, changelog rows,
+    distinct coordinates)."""
     topic = f"fence-{uuid.uuid4().hex[:8]}"
     bootstrap = pipeline_config.bootstrap_servers
     admin = AdminClient({"bootstrap.servers": bootstrap})
@@ -77,5 +115,8 @@ def test_two_runs_on_one_partition_one_is_fenced(pipeline_config: PipelineConfig
     assert committed[0].committed_offset == n
 
     rows = spark.table(f"{cfg.lakehouse.database}.changelog").where(f"topic = '{topic}'")
-    assert rows.count() == n
-    assert rows.select("partition", "offset", "row_index").distinct().count() == n
+    count = rows.count()
+    distinct = rows.select("partition", "offset", "row_index").distinct().count()
+    assert count == n
+    assert distinct == n
+    return len(fenced), len(committed), count, distinct

@@ -1,0 +1,135 @@
+"""Shared pieces of the end-to-end test and the drills on the real source stack.
+
+The shop schema (`binlog_assets.dev.shop`) in the session's MariaDB, captured by the
+session's Debezium connector (topic prefix `shop`) into the session's broker: four row
+topics and the schema-change topic, one partition each. Every consumer here starts from
+offset 0 of those topics under its own group and lakehouse database, so the replicas it
+builds must equal the source tables as they are, whatever other tests wrote before.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+import uuid
+from collections import Counter
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+from confluent_kafka import Consumer, TopicPartition
+
+from binlog_assets.config import PipelineConfig, parse_config
+from binlog_assets.dev import shop
+from binlog_assets.dev.demo import wait_for_debezium
+from binlog_assets.formats.debezium import DebeziumDecoder
+from binlog_assets.orchestration.partitions import partition_key
+
+PREFIX = "shop"
+TOPICS = (PREFIX, *(f"{PREFIX}.{t}" for t in
+                    ("shop.customers", "shop.products", "shop_1.orders", "shop_2.orders")))
+KEYS = tuple(partition_key(t, 0) for t in TOPICS)
+TABLES = [
+    {"source": "shop.customers", "replica": "customers"},
+    {"source": "shop.products", "replica": "products"},
+    {"source": r"shop_\d+\.orders", "replica": "orders"},
+]
+REPLICAS = tuple(sorted(shop.REPLICAS))
+
+
+def shop_config(base: PipelineConfig, database: str, *, lakehouse: Path | None = None,
+                **source: Any) -> PipelineConfig:
+    """The shop pipeline on the session's broker, with its own group and database."""
+    data = base.model_dump(mode="json", exclude_none=True)
+    data["kafka"]["group.id"] = f"{database}-{uuid.uuid4().hex[:6]}"
+    data["lakehouse"] = {**data["lakehouse"], "database": database}
+    if lakehouse is not None:
+        data["lakehouse"]["path"] = str(lakehouse)
+    data["sources"] = [{"name": "shop", "topics": list(TOPICS), "format": "debezium",
+                        "tables": TABLES, **source}]
+    return parse_config(data)
+
+
+def workload(conn, seed: int, statements: int) -> int:
+    """A seeded random mix (inserts, updates, deletes, re-inserts, key changes), plus
+    one of each rarer change: an added column (once per database), a primary-key change,
+    and a truncate followed by new rows. Returns the statements run."""
+    shop.create_schema(conn)
+    rng = random.Random(seed)
+    ran = shop.random_workload(conn, seed, statements)
+    with conn.cursor() as cur:
+        cur.execute("SELECT COUNT(*) FROM information_schema.columns WHERE table_schema="
+                    "'shop' AND table_name='customers' AND column_name='tier'")
+        if not cur.fetchone()[0]:
+            cur.execute("ALTER TABLE shop.customers ADD COLUMN tier VARCHAR(20) NULL")
+            ran += 1
+        cur.execute("SELECT id FROM shop.customers ORDER BY id LIMIT 3")
+        for (cid,) in cur.fetchall():
+            cur.execute("UPDATE shop.customers SET tier = %s WHERE id = %s",
+                        (rng.choice(["gold", "basic"]), cid))
+            ran += 1
+        cur.execute("SELECT MIN(id), MAX(id) FROM shop.products")
+        low, high = cur.fetchone()
+        if low is not None:
+            # A primary-key change: Debezium emits a delete of `low` and a create.
+            cur.execute("UPDATE shop.products SET id = %s WHERE id = %s",
+                        (max(high, 200) + 1, low))
+            ran += 1
+        cur.execute("TRUNCATE TABLE shop_2.orders")
+        for i in range(1, 4):
+            cur.execute("INSERT INTO shop_2.orders VALUES (%s, %s, %s, %s, %s, %s)",
+                        (i, i, i, i, "new", shop.T0 + timedelta(seconds=rng.randint(0, 9999))))
+        ran += 4
+    ran += shop.random_workload(conn, seed + 1, statements // 4)
+    return ran
+
+
+def wait_published(kafka_conf: dict, settle: float = 2.0) -> dict[str, int]:
+    """End offsets of the shop topics once Debezium stopped publishing for `settle` s."""
+    return wait_for_debezium(kafka_conf, list(TOPICS), settle=settle)
+
+
+def kafka_model(kafka_conf: dict, ends: dict[str, int]) -> Counter:
+    """What the changelog must hold: (topic, partition, offset, row_index) of every event
+    the decoder makes of the topics' records below `ends` (Counter: each exactly once)."""
+    consumer = Consumer({**kafka_conf, "group.id": f"model-{uuid.uuid4().hex[:6]}",
+                         "enable.auto.commit": False, "enable.partition.eof": True})
+    decoder = DebeziumDecoder()
+    out: Counter = Counter()
+    try:
+        for key, end in ends.items():
+            topic, partition = key.rsplit(":", 1)
+            if end <= 0:
+                continue
+            consumer.assign([TopicPartition(topic, int(partition), 0)])
+            deadline = time.monotonic() + 120
+            last = -1
+            while last < end - 1 and time.monotonic() < deadline:
+                for m in consumer.consume(500, timeout=1.0):
+                    if m.error() is not None or m.offset() >= end:
+                        continue
+                    last = max(last, m.offset())
+                    for e in decoder.decode(m.value(), topic=m.topic(), partition=m.partition(),
+                                            offset=m.offset(), key=m.key(),
+                                            headers=m.headers()):
+                        out[(e.topic, e.partition, e.offset, e.row_index)] += 1
+            assert last >= end - 1 or not out, f"{key}: read up to {last}, end {end}"
+    finally:
+        consumer.close()
+    return out
+
+
+def changelog_coordinates(frame) -> Counter:
+    """(topic, partition, offset, row_index) -> rows, of a changelog DataFrame."""
+    rows = frame.groupBy("topic", "partition", "offset", "row_index").count().collect()
+    return Counter({(r["topic"], r["partition"], r["offset"], r["row_index"]): r["count"]
+                    for r in rows})
+
+
+def coordinate_diff(expected: Counter, got: Counter) -> dict[str, int]:
+    """Events missing from the changelog, unexpected ones, and duplicates."""
+    return {
+        "missing": sum(1 for k in expected if k not in got),
+        "unexpected": sum(1 for k in got if k not in expected),
+        "duplicates": sum(n - 1 for n in got.values() if n > 1),
+    }
