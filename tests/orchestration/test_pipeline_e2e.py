@@ -209,6 +209,16 @@ def test_events_to_replicas_to_dbt_through_backfill_and_automation(e2e_env, spar
                            for k in followers)
 
             _wait("replicas and dbt models", all_followed, 600, daemon, log)
+
+            def all_runs_finished():
+                runs = instance.get_runs()
+                return runs if all(r.is_finished for r in runs) else None
+
+            # Every run the daemon launched (the backfill's and automation's) ends well.
+            runs = _wait("the runs to finish", all_runs_finished, 300, daemon, log)
+            failed = [r for r in runs if r.status != dg.DagsterRunStatus.SUCCESS]
+            assert not failed, [(r.job_name, r.status, _failure(instance, r.run_id))
+                                for r in failed]
             md = instance.get_latest_materialization_event(
                 dg.AssetKey(["replica", "orders"])).asset_materialization.metadata
             assert md["rows"].value == 6  # shop_1: 1,2,4,5,6; shop_2: 10 after the truncate
