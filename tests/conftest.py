@@ -12,7 +12,7 @@ tests, the end-to-end test and the drills share one of each.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -30,15 +30,20 @@ from binlog_assets.dev.mariadb import MariaDBServer
 from binlog_assets.dev.stack import source_skip_reason
 
 
+def _serve(service, label: Callable[[], str]) -> Iterator:
+    """Start a local service for the session, say how long it took, stop it at the end."""
+    seconds = service.start()
+    print(f"\n{label()} ready in {seconds:.1f}s")
+    try:
+        yield service
+    finally:
+        service.stop()
+
+
 @pytest.fixture(scope="session")
 def kafka_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KafkaBroker]:
     broker = KafkaBroker(tmp_path_factory.mktemp("kafka"))
-    seconds = broker.start()
-    print(f"\nkafka broker {broker.bootstrap_servers} ready in {seconds:.1f}s")
-    try:
-        yield broker
-    finally:
-        broker.stop()
+    yield from _serve(broker, lambda: f"kafka broker {broker.bootstrap_servers}")
 
 
 @pytest.fixture(scope="session")
@@ -102,12 +107,7 @@ _USER_CONFIG = Path(os.environ.get(CONFIG_ENV) or DEFAULT_CONFIG_PATH)
 @pytest.fixture(scope="session")
 def mariadb(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MariaDBServer]:
     server = MariaDBServer(tmp_path_factory.mktemp("mariadb"))
-    seconds = server.start()
-    print(f"\nmariadb 127.0.0.1:{server.port} ready in {seconds:.1f}s")
-    try:
-        yield server
-    finally:
-        server.stop()
+    yield from _serve(server, lambda: f"mariadb 127.0.0.1:{server.port}")
 
 
 @pytest.fixture(scope="session")
