@@ -264,12 +264,7 @@ class DebeziumDecoder(ChangeDecoder):
                     return orjson.loads(value[cut + len(_PAYLOAD_KEY) : -1]), plan
                 except orjson.JSONDecodeError:
                     pass  # not exactly {"schema":…,"payload":…}: parse it whole below
-        try:
-            doc = orjson.loads(value)
-        except orjson.JSONDecodeError as exc:
-            raise self._fail(f"value is not valid JSON: {exc}") from None
-        if type(doc) is not dict:
-            raise self._fail("value must be a JSON object")
+        doc = self._load_object(value)
         if "op" in doc or "payload" not in doc:
             return doc, None
         schema = doc.get("schema")

@@ -263,12 +263,7 @@ class DtsDecoder(ChangeDecoder):
             raise self._fail(message) from None
 
     def _json_record(self, value: bytes) -> dict[str, Any]:
-        try:
-            record = orjson.loads(value)
-        except orjson.JSONDecodeError as exc:
-            raise self._fail(f"value is not valid JSON: {exc}") from None
-        if type(record) is not dict:
-            raise self._fail("value must be a JSON object")
+        record = self._load_object(value)
         for images_name in ("beforeImages", "afterImages"):
             images = record.get(images_name)
             if type(images) is not list:
