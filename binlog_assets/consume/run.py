@@ -242,6 +242,7 @@ class BoundedRun:
                 return summary
             consumer.assign([TopicPartition(self.tp.topic, self.tp.partition, start.offset)])
             self._loop(consumer, dispatcher, tracker, summary, began)
+            dispatcher.finishing()
             if summary.stop_reason == STOP_END:
                 tracker.skip_to(summary.end_offset)
             # Keep committing while the lanes drain: a crash now loses no finished work.
@@ -249,6 +250,8 @@ class BoundedRun:
                    and dispatcher.failure is None):
                 self._commit(consumer, tracker, summary)
             self._raise_if_strict_failed(dispatcher, consumer, tracker)
+            if dispatcher.in_flight() == 0:
+                dispatcher.stop()  # idle: its threads exit while the commit is in flight
             self._commit(consumer, tracker, summary)
             summary.dead_lettered = summary.decode_dead_lettered + dispatcher.dead_lettered
             summary.skipped = Counter(self.decoder.skipped)
@@ -499,6 +502,14 @@ def consumer_defaults(max_in_flight: int) -> dict[str, object]:
         # With a bounded queue, librdkafka's default 1 s backoff when it is full idles the
         # fetcher long after the run has emptied it.
         "fetch.queue.backoff.ms": 10,
+        # A new client sends FindCoordinator on its bootstrap connection and librdkafka
+        # (2.10+) decommissions that connection as soon as the first metadata names the
+        # real brokers, failing the request in flight; the retry then waits out the
+        # sparse-connection interval, reconnect.backoff.ms / 2 (50 ms at librdkafka's
+        # 100 ms default), so every run's checkpoint read took 60+ ms on a local broker.
+        # At 10 ms it takes 20-25 ms. Reconnects after a failure still back off
+        # exponentially up to reconnect.backoff.max.ms.
+        "reconnect.backoff.ms": 10,
     }
 
 

@@ -576,3 +576,97 @@ def test_key_lane_cache_is_bounded_across_tables_and_agrees_with_lane_of() -> No
         for o, key in enumerate(special):
             ev = event(o, "db.d", key)
             assert cache[key] == zlib.crc32(ordering_key_bytes(ev, "key")) % 64, key
+
+
+def test_a_burst_of_ready_lanes_wakes_every_waiting_worker_while_the_poll_thread_is_busy() -> None:
+    """Each put wakes one waiting worker of its own. `queue.SimpleQueue` woke one worker
+    for a burst of puts and left the others asleep while the putting thread kept the GIL
+    busy (decoding, in a run): with 64 workers, 63 of them started 40 ms late."""
+    ready = lanes_module._ReadyQueue()
+    got: list[object] = []
+    started = threading.Barrier(9)
+
+    def worker() -> None:
+        wake = threading.Lock()
+        wake.acquire()
+        started.wait()
+        got.append(ready.get(wake))
+
+    threads = [threading.Thread(target=worker, daemon=True) for _ in range(8)]
+    for thread in threads:
+        thread.start()
+    started.wait()
+    deadline = time.monotonic() + 5
+    while len(ready._idle) < 8 and time.monotonic() < deadline:
+        time.sleep(0.001)  # until every worker waits
+    assert len(ready._idle) == 8
+    items = [lanes_module._Lane(i) for i in range(8)]
+    for item in items:
+        ready.put(item)
+    # Every put released a waiting worker of its own; none is left waiting for a put.
+    assert ready._idle == []
+    # Busy on the GIL, as a poll thread decoding the next batch is, until all are taken.
+    deadline = time.monotonic() + 5
+    while len(got) < 8 and time.monotonic() < deadline:
+        sum(range(200))
+    assert sorted(lane.index for lane in got) == list(range(8)), len(got)
+    with pytest.raises(lanes_module.Empty):
+        ready.get_nowait()
+
+
+def test_ready_lanes_come_first_in_first_out_then_longest_first_when_finishing() -> None:
+    ready = lanes_module._ReadyQueue()
+    lanes = []
+    for index, queued in enumerate([1, 5, 3, 2]):
+        lane = lanes_module._Lane(index)
+        lane.entries = [[event(index * 10 + i, key=(index,)) for i in range(queued)]]
+        lanes.append(lane)
+    for lane in lanes[:2]:
+        ready.put(lane)
+    assert ready.get_nowait() is lanes[0]  # first in, first out before finishing
+    for lane in lanes[2:]:
+        ready.put(lane)
+    ready.longest_first()
+    ready.put(lanes[0])
+    assert ready.qsize() == 4
+    # Queued events, not arrival: 5, 3, 2, then the lane put back after the switch (1).
+    assert [ready.get_nowait().index for _ in range(4)] == [1, 2, 3, 0]
+    ready.put(lanes[1])
+    ready.put(None)  # a worker's stop goes first
+    assert ready.get_nowait() is None
+
+
+def test_finishing_runs_the_longest_lanes_first_and_keeps_each_lanes_order() -> None:
+    """One worker held on a gate while three lanes queue 1, 6 and 3 events; after
+    `finishing()` the lane with the most events runs first (it bounds the drain), and
+    every lane's events still run in submission order."""
+    gate, entered = threading.Event(), threading.Event()
+    seen: list[tuple] = []
+    registry = HandlerRegistry()
+
+    def handler(ev: ChangeEvent) -> None:
+        if ev.offset == 0:
+            entered.set()
+            gate.wait(10)
+        seen.append((ev.key, ev.offset))
+
+    registry.register("db.t", handler)
+    with LaneDispatcher(registry, lanes=64, workers=1) as dispatcher:
+        by_lane: dict[int, tuple] = {}
+        for k in range(1000):
+            by_lane.setdefault(dispatcher.lane_of(event(0, key=(k,))), (k,))
+            if len(by_lane) == 4:
+                break
+        gate_key, short, long, middle = by_lane.values()
+        dispatcher.submit_many([event(0, key=gate_key)])
+        assert entered.wait(10)
+        for offset, k in enumerate([short] + [long] * 6 + [middle] * 3, start=1):
+            dispatcher.submit_many([event(offset, key=k)])
+        dispatcher.finishing()
+        gate.set()
+        assert dispatcher.drain(timeout=30), dispatcher.failure
+    order = [k for k, _ in seen[1:]]
+    assert order == [long] * 6 + [middle] * 3 + [short], seen
+    for key in (short, long, middle):
+        offsets = [o for k, o in seen if k == key]
+        assert offsets == sorted(offsets)
