@@ -111,6 +111,10 @@ class LakehouseConfig(_Model):
     path: str = Field("var/lakehouse", description="root of the warehouse and the catalog")
     database: str = "binlake"
     tombstone_retention_hours: float = Field(168.0, gt=0)
+    # A batch with at least this many changes per row already in the replica rewrites
+    # the replica in one pass (one aggregate over its rows and the batch, one overwrite)
+    # instead of MERGEing: a catch-up touches every file anyway. 0 always rewrites.
+    rewrite_ratio: float = Field(0.5, ge=0)
 
     @field_validator("database")
     @classmethod

@@ -16,6 +16,10 @@ outcome (DESIGN.md invariants 3 and 5):
   and a row is written only when that change is newer than the row's stored position.
   Re-applying an applied range changes nothing; an older change arriving late is dropped.
   Into an empty table (an initial build, a rebuild) the reduced batch is simply appended.
+  A batch with at least `lakehouse.rewrite_ratio` changes per stored row (a catch-up,
+  which touches every file anyway) skips MERGE: the stored rows and the batch go through
+  one aggregate per key (highest position wins, the stored row on a tie) and the result
+  overwrites the table in one commit (`_rewrite_replica`).
 - Tombstones. A delete keeps the row with `_op = 'd'` (values as the delete's
   before-image) so a late, older change for that key finds a newer position and is
   dropped. Tombstones older than `lakehouse.tombstone_retention_hours` (by `_applied_at`)
@@ -171,6 +175,7 @@ class ReplicaBuilder:
         self.config = config
         self.database = config.lakehouse.database
         self._lock = threading.Lock()
+        self._locations: dict[tuple[str, str], str] = {}  # table -> its Delta location
 
     def table_name(self, replica: str) -> tuple[str, str]:
         return self.database, replica
@@ -332,6 +337,7 @@ class ReplicaBuilder:
         from delta.tables import DeltaTable
 
         detail = DeltaTable.forName(self.spark, ".".join(table)).detail().first()
+        self._locations[table] = str(detail["location"])
         return dict(detail["properties"] or {}), int(detail["numFiles"] or 0)
 
     def _prepare_tables(self, route: ReplicaRoute, survey: _Survey, key: list[str]
@@ -525,6 +531,8 @@ class ReplicaBuilder:
              .option("txnAppId", APP_ID).option("txnVersion", up_to).saveAsTable(name))
             metrics = self._last_metrics(table, before)
             return int(metrics.get("numOutputRows", 0)), 0
+        if self._rewrites(table, survey):
+            return self._rewrite_replica(table, rows, survey, key, up_to, now)
         assignments = {qualified(c): col(c, "s") for c in reduced.columns}
         merge = (DeltaTable.forName(self.spark, name).alias("t")
                  .merge(reduced.alias("s"), key_match(key))
@@ -543,6 +551,59 @@ class ReplicaBuilder:
         written = (int(metrics.get("numTargetRowsInserted", 0))
                    + int(metrics.get("numTargetRowsMatchedUpdated", 0)))
         return written, int(metrics.get("numTargetRowsNotMatchedBySourceDeleted", 0))
+
+    def _rewrites(self, table: tuple[str, str], survey: _Survey) -> bool:
+        """Whether the batch is large enough against the replica to rewrite it rather
+        than MERGE (`lakehouse.rewrite_ratio`). Delta counts the rows from its log."""
+        ratio = self.config.lakehouse.rewrite_ratio
+        if ratio == 0:
+            return True
+        return survey.rows >= ratio * self.spark.table(".".join(table)).count()
+
+    def _rewrite_replica(self, table: tuple[str, str], rows: DataFrame, survey: _Survey,
+                         key: list[str], up_to: int, now: datetime) -> tuple[int, int]:
+        """The replica's rows and the batch's changes in one aggregate per key, written
+        back over the table in one commit; (rows written, rows truncated).
+
+        The same outcome as the MERGE, in one shuffle and one write where MERGE takes a
+        reduce, a materialized source, a join to find the files, a join to write them and
+        deletion vectors. Each key keeps its highest `_position`, and on a tie the row
+        already stored (so a re-applied range leaves every byte, `_applied_at` included,
+        as it was: the guard's `>`); rows of a truncated table below its truncate are
+        left out. The overwrite carries the same transaction id as a MERGE would.
+        """
+        name = ".".join(table)
+        stored = self.spark.table(name)
+        columns = stored.columns
+        batch = rows.withColumn("_applied_at", F.lit(now))
+        both = (stored.withColumn("_stored", F.lit(1))
+                .unionByName(batch.select(*[col(c) for c in columns])
+                             .withColumn("_stored", F.lit(0))))
+        values = [c for c in columns if c not in key]
+        winners = (both.groupBy(*[col(k) for k in key])
+                   .agg(F.max_by(F.struct(*[col(c) for c in values], F.col("_stored")),
+                                 F.struct("_position", "_stored")).alias("_v"))
+                   .select(*[col(k) for k in key], "_v.*"))
+        cleared = F.lit(False)
+        for source, position in survey.truncates.items():
+            cleared = cleared | (is_source_table(source)
+                                 & (F.col("_position") < position_literal(position)))
+        from pyspark.sql import Observation
+
+        counts = Observation("binlake_rewrite")
+        winners = winners.observe(
+            counts,
+            F.sum(F.when(~cleared & (F.col("_stored") == 0), 1).otherwise(0)).alias("written"),
+            F.sum(F.when(cleared, 1).otherwise(0)).alias("truncated"))
+        location = self._locations[table]  # from `_detail`, read by this apply
+        before = table_version(self.spark, *table)
+        (winners.where(~cleared).select(*[col(c) for c in columns])
+         .write.format("delta").mode("overwrite")
+         .option("txnAppId", APP_ID).option("txnVersion", up_to).save(location))
+        if table_version(self.spark, *table) == before:
+            return 0, 0  # this changelog version was recorded first: Delta skipped ours
+        got = counts.get
+        return int(got.get("written") or 0), int(got.get("truncated") or 0)
 
     def _last_metrics(self, table: tuple[str, str], before: int) -> dict[str, str]:
         """The operation metrics of the commit after version `before`; empty when there

@@ -10,14 +10,29 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from lake_events import MakeConfig, config_for
+from lake_events import ALWAYS_MERGE, ALWAYS_REWRITE, MakeConfig, config_for
 
 from binlog_assets.config import PipelineConfig
 
 
 @pytest.fixture
 def make_config(pipeline_config: PipelineConfig) -> MakeConfig:
+    """Configs with the product's defaults, a database of their own each."""
+
     def make(tables: list[dict[str, Any]], **kwargs: Any) -> PipelineConfig:
         return config_for(pipeline_config, tables, **kwargs)
+
+    return make
+
+
+@pytest.fixture(params=["merge", "rewrite"])
+def make_config_each_path(pipeline_config: PipelineConfig, request: pytest.FixtureRequest
+                          ) -> MakeConfig:
+    """Configs whose replicas apply every batch into existing rows by MERGE, or (the
+    second run of each test) by the one-pass rewrite: both must give the same replicas."""
+    ratio = ALWAYS_MERGE if request.param == "merge" else ALWAYS_REWRITE
+
+    def make(tables: list[dict[str, Any]], **kwargs: Any) -> PipelineConfig:
+        return config_for(pipeline_config, tables, **{"rewrite_ratio": ratio, **kwargs})
 
     return make

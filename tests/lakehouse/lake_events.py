@@ -86,13 +86,22 @@ class Source:
                            column_types=self.types)
 
 
+# `lakehouse.rewrite_ratio` values that force each way of applying a batch to a replica
+# that has rows: MERGE, or the one-pass rewrite.
+ALWAYS_MERGE = 1e12
+ALWAYS_REWRITE = 0.0
+
+
 def config_for(base: PipelineConfig, tables: list[dict[str, Any]], *,
-               retention_hours: float | None = None) -> PipelineConfig:
+               retention_hours: float | None = None,
+               rewrite_ratio: float | None = None) -> PipelineConfig:
     """`base` with a new database and one source whose table configs are `tables`."""
     data = base.model_dump(mode="json", exclude_none=True)
     data["lakehouse"]["database"] = f"lake_{uuid.uuid4().hex[:10]}"
     if retention_hours is not None:
         data["lakehouse"]["tombstone_retention_hours"] = retention_hours
+    if rewrite_ratio is not None:
+        data["lakehouse"]["rewrite_ratio"] = rewrite_ratio
     data["sources"] = [{"name": "src", "topics": ["binlog"], "format": "debezium",
                         "tables": tables}]
     return parse_config(data)

@@ -37,8 +37,8 @@ def setup(spark, config: PipelineConfig) -> tuple[Partition, ReplicaBuilder]:
 
 
 def test_reapplying_an_applied_range_leaves_the_replica_identical(
-        spark, make_config: MakeConfig) -> None:
-    config = make_config(ORDERS)
+        spark, make_config_each_path: MakeConfig) -> None:
+    config = make_config_each_path(ORDERS)
     part, builder = setup(spark, config)
     src = Source("shop.orders")
     a, b = row(1, "1.00", "a"), row(2, "2.00", "b")
@@ -63,9 +63,9 @@ def test_reapplying_an_applied_range_leaves_the_replica_identical(
     assert live(spark, config) == {1: (Decimal("1.50"), "a2")}
 
 
-def test_late_older_update_cannot_resurrect_a_deleted_row(spark, make_config: MakeConfig
+def test_late_older_update_cannot_resurrect_a_deleted_row(spark, make_config_each_path: MakeConfig
                                                           ) -> None:
-    config = make_config(ORDERS)
+    config = make_config_each_path(ORDERS)
     part, builder = setup(spark, config)
     src = Source("shop.orders")
     a = row(1, "1.00", "a")
@@ -82,8 +82,8 @@ def test_late_older_update_cannot_resurrect_a_deleted_row(spark, make_config: Ma
     assert tomb["_op"] == "d" and tomb["_position"]["pos"] == deleted.position.pos
 
 
-def test_tombstones_are_purged_after_the_window(spark, make_config: MakeConfig) -> None:
-    config = make_config(ORDERS, retention_hours=1 / 3600)  # one second
+def test_tombstones_are_purged_after_the_window(spark, make_config_each_path: MakeConfig) -> None:
+    config = make_config_each_path(ORDERS, retention_hours=1 / 3600)  # one second
     part, builder = setup(spark, config)
     src = Source("shop.orders")
     part.write(part.records([[src.insert(row(1))], [src.delete(row(1))]]))
@@ -96,8 +96,8 @@ def test_tombstones_are_purged_after_the_window(spark, make_config: MakeConfig) 
 
 
 def test_truncate_clears_older_rows_and_drops_later_arriving_older_changes(
-        spark, make_config: MakeConfig) -> None:
-    config = make_config(ORDERS)
+        spark, make_config_each_path: MakeConfig) -> None:
+    config = make_config_each_path(ORDERS)
     part, builder = setup(spark, config)
     src = Source("shop.orders")
     early = [[src.insert(row(i))] for i in (1, 2, 3)]
@@ -120,8 +120,8 @@ def test_truncate_clears_older_rows_and_drops_later_arriving_older_changes(
                                                                     truncate.position.pos)]
 
 
-def test_primary_key_change_deletes_the_old_key(spark, make_config: MakeConfig) -> None:
-    config = make_config(ORDERS)
+def test_primary_key_change_deletes_the_old_key(spark, make_config_each_path: MakeConfig) -> None:
+    config = make_config_each_path(ORDERS)
     part, builder = setup(spark, config)
     src = Source("shop.orders")
     a = row(1, "1.00", "a")
@@ -131,8 +131,8 @@ def test_primary_key_change_deletes_the_old_key(spark, make_config: MakeConfig) 
 
 
 def test_key_override_handles_a_key_change_the_decoder_did_not_split(
-        spark, make_config: MakeConfig) -> None:
-    config = make_config([{"source": "shop.orders", "replica": "orders",
+        spark, make_config_each_path: MakeConfig) -> None:
+    config = make_config_each_path([{"source": "shop.orders", "replica": "orders",
                            "key_columns": ["note"]}])
     part, builder = setup(spark, config)
     src = Source("shop.orders")  # events keyed by id, as the decoder saw them
@@ -143,8 +143,8 @@ def test_key_override_handles_a_key_change_the_decoder_did_not_split(
     assert live(spark, config, columns=("note", "id")) == {"new-no": (1,)}
 
 
-def test_shards_with_equal_ids_stay_apart(spark, make_config: MakeConfig) -> None:
-    config = make_config([{"source": r"shop_\d+\.orders", "replica": "orders"}])
+def test_shards_with_equal_ids_stay_apart(spark, make_config_each_path: MakeConfig) -> None:
+    config = make_config_each_path([{"source": r"shop_\d+\.orders", "replica": "orders"}])
     part, builder = setup(spark, config)
     one, two, other = Source("shop_1.orders"), Source("shop_2.orders"), Source("shop_1.items")
     part.write(part.records([[one.insert(row(7, "1.00", "one"))],
@@ -168,8 +168,8 @@ def _hostile_event(values: dict, position: int, types: dict) -> ChangeEvent:
                        Position(1, 1, position, 0), None, column_types=types)
 
 
-def test_hostile_names_are_replicated_as_data(spark, make_config: MakeConfig) -> None:
-    config = make_config([{"source": re.escape(HOSTILE_TABLE), "replica": "weird"}])
+def test_hostile_names_are_replicated_as_data(spark, make_config_each_path: MakeConfig) -> None:
+    config = make_config_each_path([{"source": re.escape(HOSTILE_TABLE), "replica": "weird"}])
     db = config.lakehouse.database
     part, builder = setup(spark, config)
     part.writer.ensure_table()
@@ -187,8 +187,8 @@ def test_hostile_names_are_replicated_as_data(spark, make_config: MakeConfig) ->
 
 @pytest.mark.parametrize("column", ["_op", "new\nline", "Dot.Ted"])
 def test_unusable_names_are_rejected_before_anything_runs(
-        spark, make_config: MakeConfig, column: str) -> None:
-    config = make_config([{"source": re.escape(HOSTILE_TABLE), "replica": "weird"}])
+        spark, make_config_each_path: MakeConfig, column: str) -> None:
+    config = make_config_each_path([{"source": re.escape(HOSTILE_TABLE), "replica": "weird"}])
     part, builder = setup(spark, config)
     types = {"id": "bigint", "dot.ted": "string", column: "string"}
     event = _hostile_event({"id": 1, "dot.ted": "x", column: "y"}, 10, types)
@@ -199,8 +199,8 @@ def test_unusable_names_are_rejected_before_anything_runs(
     assert builder.applied_version("weird") is None
 
 
-def test_rebuild_reproduces_the_live_rows(spark, make_config: MakeConfig) -> None:
-    config = make_config(ORDERS)
+def test_rebuild_reproduces_the_live_rows(spark, make_config_each_path: MakeConfig) -> None:
+    config = make_config_each_path(ORDERS)
     part, builder = setup(spark, config)
     src = Source("shop.orders")
     a = row(1, "1.00", "a")

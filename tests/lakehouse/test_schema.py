@@ -101,9 +101,9 @@ def _schema(spark, config, replica: str = "orders") -> dict[str, str]:
             if not f.name.startswith("_")}
 
 
-def test_evolve_follows_ddl_and_new_fields_and_never_drops(spark, make_config: MakeConfig
+def test_evolve_follows_ddl_and_new_fields_and_never_drops(spark, make_config_each_path: MakeConfig
                                                           ) -> None:
-    config = make_config([{"source": "shop.orders", "replica": "orders"}])
+    config = make_config_each_path([{"source": "shop.orders", "replica": "orders"}])
     part, builder = Partition(ChangelogWriter(spark, config)), ReplicaBuilder(spark, config)
     src = Source("shop.orders")
     part.write(part.records([[src.insert(row(1, "1.00", "a", 5))]]))
@@ -136,8 +136,8 @@ def test_evolve_follows_ddl_and_new_fields_and_never_drops(spark, make_config: M
     assert rows == {1: ("5", None, None), 2: ("6", "red", 42), 3: ("three", None, None)}
 
 
-def test_exception_mode_stops_before_writing(spark, make_config: MakeConfig) -> None:
-    config = make_config([{"source": "shop.orders", "replica": "orders",
+def test_exception_mode_stops_before_writing(spark, make_config_each_path: MakeConfig) -> None:
+    config = make_config_each_path([{"source": "shop.orders", "replica": "orders",
                            "schema_evolution": "exception"}])
     part, builder = Partition(ChangelogWriter(spark, config)), ReplicaBuilder(spark, config)
     src = Source("shop.orders")
@@ -152,9 +152,9 @@ def test_exception_mode_stops_before_writing(spark, make_config: MakeConfig) -> 
     assert spark.table(f"{config.lakehouse.database}.orders").count() == 1
 
 
-def test_ignore_mode_applies_rows_without_new_columns(spark, make_config: MakeConfig
+def test_ignore_mode_applies_rows_without_new_columns(spark, make_config_each_path: MakeConfig
                                                       ) -> None:
-    config = make_config([{"source": "shop.orders", "replica": "orders",
+    config = make_config_each_path([{"source": "shop.orders", "replica": "orders",
                            "schema_evolution": "ignore"}])
     part, builder = Partition(ChangelogWriter(spark, config)), ReplicaBuilder(spark, config)
     src = Source("shop.orders")
