@@ -582,7 +582,7 @@ def test_a_burst_of_ready_lanes_wakes_every_waiting_worker_while_the_poll_thread
     """Each put wakes one waiting worker of its own. `queue.SimpleQueue` woke one worker
     for a burst of puts and left the others asleep while the putting thread kept the GIL
     busy (decoding, in a run): with 64 workers, 63 of them started 40 ms late."""
-    ready = lanes_module._ReadyQueue()
+    ready = lanes_module._ReadyQueue(8)
     got: list[object] = []
     started = threading.Barrier(9)
 
@@ -615,7 +615,7 @@ def test_a_burst_of_ready_lanes_wakes_every_waiting_worker_while_the_poll_thread
 
 
 def test_ready_lanes_come_first_in_first_out_then_longest_first_when_finishing() -> None:
-    ready = lanes_module._ReadyQueue()
+    ready = lanes_module._ReadyQueue(1)
     lanes = []
     for index, queued in enumerate([1, 5, 3, 2]):
         lane = lanes_module._Lane(index)
@@ -670,3 +670,40 @@ def test_finishing_runs_the_longest_lanes_first_and_keeps_each_lanes_order() -> 
     for key in (short, long, middle):
         offsets = [o for k, o in seen if k == key]
         assert offsets == sorted(offsets)
+
+
+def test_with_cheap_handlers_a_ready_lane_wakes_a_worker_only_when_none_is_running() -> None:
+    """Not eager (cheap handlers measured): the running worker takes the next lane
+    itself, and waking more only makes them compete with the poll thread for the GIL.
+    A stop always wakes a worker."""
+    ready = lanes_module._ReadyQueue(4)
+    ready.eager = False
+    took: list[object] = []
+    hold = threading.Event()
+
+    def worker() -> None:
+        wake = threading.Lock()
+        wake.acquire()
+        took.append(ready.get(wake))
+        hold.wait(10)  # stays a running worker
+
+    threads = [threading.Thread(target=worker, daemon=True) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    deadline = time.monotonic() + 5
+    while len(ready._idle) < 4 and time.monotonic() < deadline:
+        time.sleep(0.001)
+    first, second = lanes_module._Lane(0), lanes_module._Lane(1)
+    ready.put(first)  # no worker running: one is woken
+    ready.put(second)  # one is running: nobody else
+    while not took and time.monotonic() < deadline:
+        time.sleep(0.001)
+    assert took == [first]
+    assert len(ready._idle) == 3 and ready.qsize() == 1
+    ready.eager = True
+    ready.put(lanes_module._Lane(2))  # eager: a waiting worker for this one
+    assert len(ready._idle) == 2
+    ready.eager = False
+    ready.put(None)  # a stop wakes one whatever the mode
+    assert len(ready._idle) == 1
+    hold.set()
