@@ -39,10 +39,13 @@ T = TypeVar("T")
 
 # librdkafka does not flag these as retriable on every call, yet each only means the
 # group coordinator is moving or still loading (a fresh broker, a broker restart).
+# _WAIT_COORD is the client's own "still looking for the coordinator": after a broker
+# restart a synchronous commit met it and failed the run, where waiting would have done.
 _COORDINATOR_ERRORS = frozenset({
     KafkaError.NOT_COORDINATOR,
     KafkaError.COORDINATOR_LOAD_IN_PROGRESS,
     KafkaError.COORDINATOR_NOT_AVAILABLE,
+    KafkaError._WAIT_COORD,
 })
 
 

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import pytest
+from confluent_kafka import KafkaError, KafkaException
 
+from binlog_assets.consume import checkpoint as checkpoint_module
 from binlog_assets.consume.checkpoint import (
     CHANGELOG,
     KAFKA,
@@ -11,6 +13,7 @@ from binlog_assets.consume.checkpoint import (
     Checkpoint,
     override_source,
     resolve_checkpoint,
+    retry_retriable,
 )
 
 
@@ -44,3 +47,36 @@ def test_done_beyond_merged_only_from_sources_agreeing_on_the_offset() -> None:
 def test_no_source_answers_is_an_error() -> None:
     with pytest.raises(RuntimeError, match="no checkpoint source"):
         resolve_checkpoint([fixed(None)])
+
+
+def failing(codes: list[int]):
+    """A Kafka call that raises each of `codes` in turn, then returns 'ok'."""
+    left = list(codes)
+
+    def call() -> str:
+        if left:
+            raise KafkaException(KafkaError(left.pop(0)))
+        return "ok"
+
+    return call
+
+
+def test_coordinator_waits_are_retried_until_the_call_succeeds(monkeypatch) -> None:
+    monkeypatch.setattr(checkpoint_module.time, "sleep", lambda _s: None)
+    # What a commit meets while a restarted broker's coordinator comes back.
+    call = failing([KafkaError._WAIT_COORD, KafkaError.COORDINATOR_LOAD_IN_PROGRESS,
+                    KafkaError.NOT_COORDINATOR, KafkaError._WAIT_COORD])
+    assert retry_retriable(call, "committing") == "ok"
+
+
+def test_other_kafka_errors_fail_at_once_naming_what_was_done() -> None:
+    call = failing([KafkaError.TOPIC_AUTHORIZATION_FAILED])
+    with pytest.raises(RuntimeError, match="committing t\\[0\\]@5: .*"):
+        retry_retriable(call, "committing t[0]@5")
+
+
+def test_coordinator_waits_give_up_at_the_timeout(monkeypatch) -> None:
+    monkeypatch.setattr(checkpoint_module.time, "sleep", lambda _s: None)
+    call = failing([KafkaError._WAIT_COORD] * 1000)
+    with pytest.raises(RuntimeError, match="Waiting for coordinator"):
+        retry_retriable(call, "committing", timeout=0.0)
