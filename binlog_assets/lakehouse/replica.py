@@ -175,7 +175,6 @@ class ReplicaBuilder:
         self.config = config
         self.database = config.lakehouse.database
         self._lock = threading.Lock()
-        self._locations: dict[tuple[str, str], str] = {}  # table -> its Delta location
 
     def table_name(self, replica: str) -> tuple[str, str]:
         return self.database, replica
@@ -236,8 +235,8 @@ class ReplicaBuilder:
                                  applied_version=up_to if existing else -1)
 
         now = datetime.now(UTC)
-        props, files = (self._detail(replica_table) if table_exists(spark, *replica_table)
-                        else ({}, 0))
+        props, files, location = (self._detail(replica_table)
+                                  if table_exists(spark, *replica_table) else ({}, 0, ""))
         key = self._key(route, survey, props)
         changes = self._prepare_tables(route, survey, key)
         columns = self._source_columns(replica_table)
@@ -251,7 +250,8 @@ class ReplicaBuilder:
             written = truncated = 0
             if replica_table in behind:
                 written, truncated = self._merge_replica(route, rows, survey, key, up_to,
-                                                         now, props, empty=files == 0)
+                                                         now, props, location,
+                                                         empty=files == 0)
             history_table = self.history_name(route.replica)
             if route.history and history_table in behind:
                 with self._txn(up_to):
@@ -332,13 +332,13 @@ class ReplicaBuilder:
                 "source's primary key change")
         return [*SOURCE_KEY_COLUMNS, *source_key] if route.sharded else list(source_key)
 
-    def _detail(self, table: tuple[str, str]) -> tuple[dict[str, str], int]:
-        """The table's properties and its number of data files."""
+    def _detail(self, table: tuple[str, str]) -> tuple[dict[str, str], int, str]:
+        """The table's properties, its number of data files and its location."""
         from delta.tables import DeltaTable
 
         detail = DeltaTable.forName(self.spark, ".".join(table)).detail().first()
-        self._locations[table] = str(detail["location"])
-        return dict(detail["properties"] or {}), int(detail["numFiles"] or 0)
+        return (dict(detail["properties"] or {}), int(detail["numFiles"] or 0),
+                str(detail["location"]))
 
     def _prepare_tables(self, route: ReplicaRoute, survey: _Survey, key: list[str]
                         ) -> list[str]:
@@ -493,7 +493,7 @@ class ReplicaBuilder:
 
     def _merge_replica(self, route: ReplicaRoute, rows: DataFrame, survey: _Survey,
                        key: list[str], up_to: int, now: datetime, props: dict[str, str],
-                       *, empty: bool) -> tuple[int, int]:
+                       location: str, *, empty: bool) -> tuple[int, int]:
         """Reduce per key, MERGE with the position guard; (rows written, rows truncated)."""
         from delta.tables import DeltaTable
 
@@ -532,7 +532,7 @@ class ReplicaBuilder:
             metrics = self._last_metrics(table, before)
             return int(metrics.get("numOutputRows", 0)), 0
         if self._rewrites(table, survey):
-            return self._rewrite_replica(table, rows, survey, key, up_to, now)
+            return self._rewrite_replica(table, location, rows, survey, key, up_to, now)
         assignments = {qualified(c): col(c, "s") for c in reduced.columns}
         merge = (DeltaTable.forName(self.spark, name).alias("t")
                  .merge(reduced.alias("s"), key_match(key))
@@ -540,11 +540,8 @@ class ReplicaBuilder:
                                     set=assignments)
                  .whenNotMatchedInsert(values=assignments))
         if survey.truncates:
-            cleared = F.lit(False)
-            for name, position in survey.truncates.items():
-                cleared = cleared | (is_source_table(name, "t")
-                                     & (col("_position", "t") < position_literal(position)))
-            merge = merge.whenNotMatchedBySourceDelete(condition=cleared)
+            merge = merge.whenNotMatchedBySourceDelete(
+                condition=_below_truncates(survey.truncates, "t"))
         with self._txn(up_to):
             merge.execute()
         metrics = self._last_metrics(table, before)
@@ -560,8 +557,9 @@ class ReplicaBuilder:
             return True
         return survey.rows >= ratio * self.spark.table(".".join(table)).count()
 
-    def _rewrite_replica(self, table: tuple[str, str], rows: DataFrame, survey: _Survey,
-                         key: list[str], up_to: int, now: datetime) -> tuple[int, int]:
+    def _rewrite_replica(self, table: tuple[str, str], location: str, rows: DataFrame,
+                         survey: _Survey, key: list[str], up_to: int, now: datetime
+                         ) -> tuple[int, int]:
         """The replica's rows and the batch's changes in one aggregate per key, written
         back over the table in one commit; (rows written, rows truncated).
 
@@ -584,10 +582,7 @@ class ReplicaBuilder:
                    .agg(F.max_by(F.struct(*[col(c) for c in values], F.col("_stored")),
                                  F.struct("_position", "_stored")).alias("_v"))
                    .select(*[col(k) for k in key], "_v.*"))
-        cleared = F.lit(False)
-        for source, position in survey.truncates.items():
-            cleared = cleared | (is_source_table(source)
-                                 & (F.col("_position") < position_literal(position)))
+        cleared = _below_truncates(survey.truncates)
         from pyspark.sql import Observation
 
         counts = Observation("binlake_rewrite")
@@ -595,7 +590,6 @@ class ReplicaBuilder:
             counts,
             F.sum(F.when(~cleared & (F.col("_stored") == 0), 1).otherwise(0)).alias("written"),
             F.sum(F.when(cleared, 1).otherwise(0)).alias("truncated"))
-        location = self._locations[table]  # from `_detail`, read by this apply
         before = table_version(self.spark, *table)
         (winners.where(~cleared).select(*[col(c) for c in columns])
          .write.format("delta").mode("overwrite")
@@ -668,6 +662,17 @@ class _Txn:
     def __exit__(self, *exc: Any) -> None:
         self.spark.conf.unset(_TXN_APP_ID)
         self.spark.conf.unset(_TXN_VERSION)
+
+
+def _below_truncates(truncates: dict[str, tuple[int, ...]], alias: str | None = None
+                     ) -> Column:
+    """The row (of DataFrame `alias`) comes from a truncated source table and is older
+    than its truncate: `truncates` maps db.table to the truncate's position."""
+    cleared = F.lit(False)
+    for name, position in truncates.items():
+        cleared = cleared | (is_source_table(name, alias)
+                             & (col("_position", alias) < position_literal(position)))
+    return cleared
 
 
 def _cast_text(text: Column, data_type: T.DataType) -> Column:

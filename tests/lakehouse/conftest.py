@@ -26,13 +26,9 @@ def make_config(pipeline_config: PipelineConfig) -> MakeConfig:
 
 
 @pytest.fixture(params=["merge", "rewrite"])
-def make_config_each_path(pipeline_config: PipelineConfig, request: pytest.FixtureRequest
+def make_config_each_path(make_config: MakeConfig, request: pytest.FixtureRequest
                           ) -> MakeConfig:
     """Configs whose replicas apply every batch into existing rows by MERGE, or (the
     second run of each test) by the one-pass rewrite: both must give the same replicas."""
     ratio = ALWAYS_MERGE if request.param == "merge" else ALWAYS_REWRITE
-
-    def make(tables: list[dict[str, Any]], **kwargs: Any) -> PipelineConfig:
-        return config_for(pipeline_config, tables, **{"rewrite_ratio": ratio, **kwargs})
-
-    return make
+    return lambda tables, **kwargs: make_config(tables, **{"rewrite_ratio": ratio, **kwargs})
