@@ -1,9 +1,9 @@
 """Silver replicas: each replica table equals its source tables as of the last applied position.
 
 `ReplicaBuilder.apply` reads the changelog rows committed since the replica's applied
-changelog version, keeps the source tables routed to the replica (`routing.py`), types
-their `before`/`after` JSON by the declared column types (`schema.py`), reduces every
-key to its last change by binlog position, and MERGEs the result with a position guard.
+changelog version, keeps the source tables routed to the replica (`routing.py`), reduces
+every key to its last change by binlog position, types its `before`/`after` JSON by the
+declared column types (`schema.py`), and MERGEs the result with a position guard.
 Batch boundaries, duplicates, restarts and late events therefore cannot change the
 outcome (DESIGN.md invariants 3 and 5):
 
@@ -14,6 +14,8 @@ outcome (DESIGN.md invariants 3 and 5):
 - Reduce, then guard. Each key keeps only its highest-position change of the batch
   (one bucket for inserts, updates and deletes alike, so they can never be reordered),
   and a row is written only when that change is newer than the row's stored position.
+  The reduce runs on the typed key with the images still JSON text: only the changes
+  that win it are parsed and typed.
   Re-applying an applied range changes nothing; an older change arriving late is dropped.
   Into an empty table (an initial build, a rebuild) the reduced batch is simply appended.
   A batch with at least `lakehouse.rewrite_ratio` changes per stored row (a catch-up,
@@ -240,7 +242,7 @@ class ReplicaBuilder:
         key = self._key(route, survey, props)
         changes = self._prepare_tables(route, survey, key)
         columns = self._source_columns(replica_table)
-        rows = self._typed_rows(batch, route, survey, key, columns)
+        rows = self._keyed_rows(batch, route, survey, key, columns)
 
         if route.history:
             from binlog_assets.lakehouse.history import merge_history
@@ -249,13 +251,16 @@ class ReplicaBuilder:
         try:
             written = truncated = 0
             if replica_table in behind:
-                written, truncated = self._merge_replica(route, rows, survey, key, up_to,
-                                                         now, props, location,
+                written, truncated = self._merge_replica(route, rows, survey, key, columns,
+                                                         up_to, now, props, location,
                                                          empty=files == 0)
             history_table = self.history_name(route.replica)
             if route.history and history_table in behind:
+                typed = self._typed(rows, survey, key, columns,
+                                    [*SOURCE_KEY_COLUMNS, *columns, "_position", "_op",
+                                     "_source_ts"])
                 with self._txn(up_to):
-                    merge_history(spark, history_table, rows, key, survey.truncates, now)
+                    merge_history(spark, history_table, typed, key, survey.truncates, now)
         finally:
             if route.history:
                 rows.unpersist()
@@ -413,69 +418,98 @@ class ReplicaBuilder:
         schema = self.spark.table(".".join(table)).schema
         return {f.name: f.dataType for f in schema if f.name not in METADATA_COLUMNS}
 
-    def _typed_rows(self, batch: DataFrame, route: ReplicaRoute, survey: _Survey,
+    def _keyed_rows(self, batch: DataFrame, route: ReplicaRoute, survey: _Survey,
                     key: list[str], columns: dict[str, T.DataType]) -> DataFrame:
-        """The batch's row changes and truncates, typed by the replica's columns.
+        """The batch's row changes and truncates with their key typed and their image
+        still JSON text, so that only the changes that survive the reduce get parsed.
 
-        Columns: `_source_db`, `_source_table`, the replica's columns, `_position`, `_op`,
-        `_source_ts`. Truncates have null keys and values.
+        Columns: `_source_db`, `_source_table`, the key's source columns, `_position`,
+        `_op`, `_source_ts`, `_image` (the after-image, the before-image of a delete).
+        Truncates have null keys. The key comes from the record's own key (`key`, a small
+        JSON object the decoder took from the same image) and from the image only when the
+        record has none; with a `key_columns` override it comes from the image (the record
+        key is the decoder's), and updates that moved a row to another key add a delete of
+        the old one (`_key_change_deletes`).
         """
         b = batch.where(F.col("table").isin(survey.tables) & F.col("op").isin(*MERGED_OPS))
-        source_key = [k for k in key if k not in SOURCE_KEY_COLUMNS]
-        # Every spelling the batch uses, so a column whose case changed still finds its
-        # replica column (Spark and MySQL names are case-insensitive).
-        spellings: dict[str, list[str]] = {c.lower(): [c] for c in columns}
-        for name in [*survey.declared, *survey.inferred]:
-            names = spellings.get(name.lower())
-            if names is not None and name not in names:
-                names.append(name)
-        text_schema = T.StructType([T.StructField(n, T.StringType())
-                                    for names in spellings.values() for n in names])
-        key_schema = T.StructType([T.StructField(k, T.StringType()) for k in source_key])
-
-        def parse(frame: DataFrame, image: Column, op: Column, *extra: Column) -> DataFrame:
-            # Parsed once into a struct column, and only then taken apart: a field read
-            # straight off `from_json(...)` makes Spark parse the text once per field.
-            return frame.select(
-                F.col("table"), F.col("offset"), op.alias("_op"),
-                changelog_position().alias("_position"),
-                F.timestamp_millis(F.col("source_ts")).alias("_source_ts"),
-                F.from_json(image, text_schema).alias("_image"), F.col("key"), *extra)
-
         image = F.when(F.col("op") == OP_DELETE, F.col("before")).otherwise(F.col("after"))
-        parsed = parse(b, image, F.col("op"))
+        keyed = self._keyed(b, route, survey, key, columns, image, F.col("op"),
+                            image_first=bool(route.key_columns))
         if route.key_columns:
-            parsed = parsed.unionByName(self._key_change_deletes(b, parse, source_key))
+            keyed = keyed.unionByName(self._key_change_deletes(b, route, survey, key, columns))
+        return keyed
+
+    def _keyed(self, b: DataFrame, route: ReplicaRoute, survey: _Survey, key: list[str],
+               columns: dict[str, T.DataType], image: Column, op: Column, *,
+               image_first: bool) -> DataFrame:
+        source_key = [k for k in key if k not in SOURCE_KEY_COLUMNS]
+        spellings = _spellings({k: columns[k] for k in source_key}, survey)
+        in_record = F.from_json(F.col("key"), _text_schema({k: [k] for k in source_key}))
+        in_image = F.from_json(F.col("_image"), _text_schema(spellings))
+        framed = b.select(
+            F.col("table"), F.col("offset"), F.col("key"), image.alias("_image"),
+            op.alias("_op"), changelog_position().alias("_position"),
+            F.timestamp_millis(F.col("source_ts")).alias("_source_ts"))
+        texts = []
+        for i, column in enumerate(source_key):
+            from_image = [in_image.getField(n) for n in spellings[column.lower()]]
+            from_record = [in_record.getField(column)]
+            # Coalesce stops at its first non-null argument: the second source is parsed
+            # only for rows whose first lacks the value.
+            texts.append(F.coalesce(*(from_image + from_record if image_first
+                                      else from_record + from_image)).alias(f"_key{i}"))
+        # The key texts are columns of their own before the check reads them twice (null?
+        # else the value): Spark evaluated an expression written twice into one CASE twice.
+        framed = framed.select("*", *texts)
         table_parts = F.split(F.col("table"), r"\.", 2)
         out = [table_parts.getItem(0).alias("_source_db"),
                table_parts.getItem(1).alias("_source_table")]
-        for column, data_type in columns.items():
-            text = F.coalesce(*[F.col("_image").getField(n)
-                                for n in spellings[column.lower()]])
-            if column in source_key:
-                # The record key only for an image without the key column: parsing it is
-                # skipped for every row whose image has it.
-                from_key = F.from_json(F.col("key"), key_schema).getField(column)
-                text = _require_key(F.coalesce(text, from_key), column, route.replica)
-            out.append(_cast_text(text, data_type).alias(column))
-        return parsed.select(*out, "_position", "_op", "_source_ts")
+        for i, column in enumerate(source_key):
+            checked = _require_key(F.col(f"_key{i}"), column, route.replica)
+            out.append(_cast_text(checked, columns[column]).alias(column))
+        return framed.select(*out, "_position", "_op", "_source_ts", "_image")
 
-    def _key_change_deletes(self, b: DataFrame, parse, source_key: list[str]) -> DataFrame:
+    def _key_change_deletes(self, b: DataFrame, route: ReplicaRoute, survey: _Survey,
+                            key: list[str], columns: dict[str, T.DataType]) -> DataFrame:
         """Deletes of the old key of updates that moved a row to another key.
 
         Only needed with a key_columns override: decoders split such updates themselves
         when they know the key, but an override of a sharded (regex) source reaches no
         decoder.
         """
-        key_schema = T.StructType([T.StructField(k, T.StringType()) for k in source_key])
-        updates = b.where((F.col("op") == OP_UPDATE) & F.col("before").isNotNull())
-        parsed = parse(updates, F.col("before"), F.lit(OP_DELETE),
-                       F.from_json(F.col("after"), key_schema).alias("_after_key"))
+        source_key = [k for k in key if k not in SOURCE_KEY_COLUMNS]
+        key_schema = _text_schema({k: [k] for k in source_key})
+        before = F.from_json(F.col("before"), key_schema)
+        after = F.from_json(F.col("after"), key_schema)
         moved = F.lit(False)
         for k in source_key:
-            moved = moved | ~F.col("_image").getField(k).eqNullSafe(
-                F.col("_after_key").getField(k))
-        return parsed.where(moved).drop("_after_key")
+            moved = moved | ~before.getField(k).eqNullSafe(after.getField(k))
+        updates = b.where((F.col("op") == OP_UPDATE) & F.col("before").isNotNull() & moved)
+        return self._keyed(updates, route, survey, key, columns, F.col("before"),
+                           F.lit(OP_DELETE), image_first=True)
+
+    def _typed(self, frame: DataFrame, survey: _Survey, key: list[str],
+               columns: dict[str, T.DataType], out: list[str],
+               stored: Column | None = None) -> DataFrame:
+        """`frame`'s columns `out`, the replica's source columns among them parsed from
+        `_image` and typed (those of rows where `stored` holds are kept as they are)."""
+        spellings = _spellings(columns, survey)
+        parsed = frame.withColumn("_image", F.from_json(F.col("_image"),
+                                                        _text_schema(spellings)))
+        # Parsed once into a struct column and only then taken apart: a field read
+        # straight off `from_json(...)` makes Spark parse the text once per field.
+        select = []
+        for name in out:
+            if name in columns and name not in key:
+                text = F.coalesce(*[F.col("_image").getField(n)
+                                    for n in spellings[name.lower()]])
+                value = _cast_text(text, columns[name])
+                if stored is not None:
+                    value = F.when(stored, col(name)).otherwise(value)
+                select.append(value.alias(name))
+            else:
+                select.append(col(name))
+        return parsed.select(*select)
 
     def _watermarks(self, table: tuple[str, str], survey: _Survey, props: dict[str, str]
                     ) -> list[tuple]:
@@ -492,9 +526,14 @@ class ReplicaBuilder:
         return [(db, t, p) for (db, t), p in marks.items()]
 
     def _merge_replica(self, route: ReplicaRoute, rows: DataFrame, survey: _Survey,
-                       key: list[str], up_to: int, now: datetime, props: dict[str, str],
-                       location: str, *, empty: bool) -> tuple[int, int]:
-        """Reduce per key, MERGE with the position guard; (rows written, rows truncated)."""
+                       key: list[str], columns: dict[str, T.DataType], up_to: int,
+                       now: datetime, props: dict[str, str], location: str, *, empty: bool
+                       ) -> tuple[int, int]:
+        """Reduce per key, MERGE with the position guard; (rows written, rows truncated).
+
+        `rows` are `_keyed_rows`: the images are parsed after the reduce, for the changes
+        that won it only.
+        """
         from delta.tables import DeltaTable
 
         table = self.table_name(route.replica)
@@ -515,24 +554,26 @@ class ReplicaBuilder:
                     .where((F.col("_op") == OP_TRUNCATE) | F.col("_wm").isNull()
                            | (F.col("_position") > F.col("_wm")))
                     .drop("_wm_db", "_wm_table", "_wm"))
+        name = ".".join(table)
+        fault_point("during_replica_merge")
+        stored_columns = self.spark.table(name).columns
+        if not empty and self._rewrites(table, survey):
+            return self._rewrite_replica(table, location, rows, survey, key, columns, up_to,
+                                         now)
+        before = table_version(self.spark, *table)
         values = [c for c in rows.columns if c not in key]
         reduced = (rows.groupBy(*[col(k) for k in key])
                    .agg(F.max_by(F.struct(*[col(c) for c in values]), "_position").alias("_v"))
                    .select(*[col(k) for k in key], "_v.*")
                    .withColumn("_applied_at", F.lit(now)))
-        name = ".".join(table)
-        before = table_version(self.spark, *table)
-        fault_point("during_replica_merge")
+        reduced = self._typed(reduced, survey, key, columns, stored_columns)
         if empty:
             # Nothing to match: the reduced batch is the table's content, appended with the
             # same transaction id (an initial build or a rebuild, without MERGE's joins).
-            columns = self.spark.table(name).columns
-            (reduced.select(*[col(c) for c in columns]).write.format("delta").mode("append")
+            (reduced.write.format("delta").mode("append")
              .option("txnAppId", APP_ID).option("txnVersion", up_to).saveAsTable(name))
             metrics = self._last_metrics(table, before)
             return int(metrics.get("numOutputRows", 0)), 0
-        if self._rewrites(table, survey):
-            return self._rewrite_replica(table, location, rows, survey, key, up_to, now)
         assignments = {qualified(c): col(c, "s") for c in reduced.columns}
         merge = (DeltaTable.forName(self.spark, name).alias("t")
                  .merge(reduced.alias("s"), key_match(key))
@@ -558,8 +599,8 @@ class ReplicaBuilder:
         return survey.rows >= ratio * self.spark.table(".".join(table)).count()
 
     def _rewrite_replica(self, table: tuple[str, str], location: str, rows: DataFrame,
-                         survey: _Survey, key: list[str], up_to: int, now: datetime
-                         ) -> tuple[int, int]:
+                         survey: _Survey, key: list[str], columns: dict[str, T.DataType],
+                         up_to: int, now: datetime) -> tuple[int, int]:
         """The replica's rows and the batch's changes in one aggregate per key, written
         back over the table in one commit; (rows written, rows truncated).
 
@@ -568,20 +609,26 @@ class ReplicaBuilder:
         deletion vectors. Each key keeps its highest `_position`, and on a tie the row
         already stored (so a re-applied range leaves every byte, `_applied_at` included,
         as it was: the guard's `>`); rows of a truncated table below its truncate are
-        left out. The overwrite carries the same transaction id as a MERGE would.
+        left out. Only the changes that win are parsed from their JSON image. The
+        overwrite carries the same transaction id as a MERGE would.
         """
-        name = ".".join(table)
-        stored = self.spark.table(name)
-        columns = stored.columns
-        batch = rows.withColumn("_applied_at", F.lit(now))
-        both = (stored.withColumn("_stored", F.lit(1))
-                .unionByName(batch.select(*[col(c) for c in columns])
-                             .withColumn("_stored", F.lit(0))))
-        values = [c for c in columns if c not in key]
+        stored = self.spark.table(".".join(table))
+        names = stored.columns
+        types = {f.name: f.dataType for f in stored.schema}
+        image = F.lit(None).cast(T.StringType()).alias("_image")
+        changes = rows.withColumn("_applied_at", F.lit(now))
+        both = (stored.select(*[col(c) for c in names], image, F.lit(1).alias("_stored"))
+                .unionByName(changes.select(
+                    *[col(c) if c in changes.columns
+                      else F.lit(None).cast(types[c]).alias(c) for c in names],
+                    "_image", F.lit(0).alias("_stored"))))
+        values = [c for c in [*names, "_image", "_stored"] if c not in key]
         winners = (both.groupBy(*[col(k) for k in key])
-                   .agg(F.max_by(F.struct(*[col(c) for c in values], F.col("_stored")),
+                   .agg(F.max_by(F.struct(*[col(c) for c in values]),
                                  F.struct("_position", "_stored")).alias("_v"))
                    .select(*[col(k) for k in key], "_v.*"))
+        winners = self._typed(winners, survey, key, columns, [*names, "_stored"],
+                              stored=F.col("_stored") == 1)
         cleared = _below_truncates(survey.truncates)
         from pyspark.sql import Observation
 
@@ -591,7 +638,7 @@ class ReplicaBuilder:
             F.sum(F.when(~cleared & (F.col("_stored") == 0), 1).otherwise(0)).alias("written"),
             F.sum(F.when(cleared, 1).otherwise(0)).alias("truncated"))
         before = table_version(self.spark, *table)
-        (winners.where(~cleared).select(*[col(c) for c in columns])
+        (winners.where(~cleared).select(*[col(c) for c in names])
          .write.format("delta").mode("overwrite")
          .option("txnAppId", APP_ID).option("txnVersion", up_to).save(location))
         if table_version(self.spark, *table) == before:
@@ -692,3 +739,21 @@ def _require_key(value: Column, column: str, replica: str) -> Column:
                        F.lit(f" has no value for key column {column!r}"))
     return F.when(value.isNull() & (F.col("_op") != OP_TRUNCATE),
                   F.raise_error(message)).otherwise(value)
+
+
+def _spellings(columns: dict[str, T.DataType], survey: _Survey) -> dict[str, list[str]]:
+    """Per replica column (by its lower-case name), every spelling the batch uses for it,
+    so a column whose case changed still finds its replica column (Spark and MySQL names
+    are case-insensitive)."""
+    spellings: dict[str, list[str]] = {c.lower(): [c] for c in columns}
+    for name in [*survey.declared, *survey.inferred]:
+        names = spellings.get(name.lower())
+        if names is not None and name not in names:
+            names.append(name)
+    return spellings
+
+
+def _text_schema(spellings: dict[str, list[str]]) -> T.StructType:
+    """Every spelling as a string field: values are parsed as JSON text, then cast."""
+    return T.StructType([T.StructField(n, T.StringType())
+                         for names in spellings.values() for n in names])
