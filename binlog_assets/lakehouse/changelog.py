@@ -16,7 +16,9 @@ records that version atomically with the rows and skips a later write with a ver
 not above it, so a retried write adds nothing; `changelog_checkpoint` reads the version
 back, and it is the first checkpoint source a consumer run consults. The table is
 append-only with Change Data Feed on, which is how replica builds read just the
-versions they have not applied.
+versions they have not applied. Each commit's metadata also carries a survey of its rows
+(tables, ops, types, key columns, counts, last positions), so a replica build plans from
+the Delta log and reads the rows once (`read_survey`).
 """
 
 from __future__ import annotations
@@ -127,6 +129,108 @@ def event_row(event: ChangeEvent, raw: bytes | None, ingested_at: datetime) -> t
     )
 
 
+# Each commit's `userMetadata` is a JSON object: its `tag` (see `ChangelogWriter.write`)
+# and `survey`, a summary of the commit's rows that lets a replica build learn what a
+# range of commits holds from the Delta log instead of scanning it: one entry per
+# (table, op, column_types, value_types, key_columns) with its row count and highest
+# position. A commit with more distinct entries than this carries none, and a range
+# with such a commit (or one written by anything else) is scanned (`read_survey`).
+SURVEY_MAX_GROUPS = 256
+# A range of more commits than this is scanned rather than read from the log.
+SURVEY_MAX_COMMITS = 2000
+
+# event_row indexes of what the survey keeps.
+_ROW_OFFSET, _ROW_INDEX, _ROW_TABLE, _ROW_OP, _ROW_KEY_COLUMNS = 2, 3, 4, 5, 7
+_ROW_POSITION = slice(10, 14)
+_ROW_COLUMN_TYPES, _ROW_VALUE_TYPES = 16, 17
+
+
+def survey_of_rows(rows: Sequence[tuple]) -> list[list] | None:
+    """The survey of `event_row` tuples: [table, op, column_types, value_types,
+    key_columns, rows, last position (phase, file, pos, row, offset, row_index)] per
+    group, or None past SURVEY_MAX_GROUPS groups."""
+    groups: dict[tuple, list] = {}
+    for r in rows:
+        group = (r[_ROW_TABLE], r[_ROW_OP], r[_ROW_COLUMN_TYPES], r[_ROW_VALUE_TYPES],
+                 tuple(r[_ROW_KEY_COLUMNS]))
+        position = (*r[_ROW_POSITION], r[_ROW_OFFSET], r[_ROW_INDEX])
+        entry = groups.get(group)
+        if entry is None:
+            if len(groups) >= SURVEY_MAX_GROUPS:
+                return None
+            groups[group] = [1, position]
+        else:
+            entry[0] += 1
+            if position > entry[1]:
+                entry[1] = position
+    return [[*g[:4], list(g[4]), n, list(last)] for g, (n, last) in groups.items()]
+
+
+def commit_metadata(tag: str, survey: list[list] | None) -> str:
+    """A changelog commit's `userMetadata`."""
+    doc: dict[str, Any] = {"tag": tag}
+    if survey is not None:
+        doc["survey"] = survey
+    return orjson.dumps(doc).decode()
+
+
+def _commit_doc(metadata: str | None) -> dict[str, Any]:
+    if not metadata:
+        return {}
+    try:
+        doc = orjson.loads(metadata)
+    except orjson.JSONDecodeError:
+        return {"tag": metadata}  # a plain tag, as written before surveys
+    return doc if type(doc) is dict else {}
+
+
+def survey_of_frame(frame: DataFrame) -> list[list]:
+    """The survey (as `survey_of_rows`) of changelog rows in a DataFrame: one aggregate
+    job over them."""
+    from pyspark.sql import functions as F
+
+    from binlog_assets.lakehouse.columns import changelog_position
+
+    groups = (frame.groupBy("table", "op", "column_types", "value_types", "key_columns")
+              .agg(F.count(F.lit(1)).alias("n"), F.max(changelog_position()).alias("last"))
+              .collect())
+    return [[g["table"], g["op"], g["column_types"], g["value_types"],
+             list(g["key_columns"] or []), g["n"], list(g["last"])] for g in groups]
+
+
+def read_survey(spark: SparkSession, config: PipelineConfig, after_version: int | None,
+                up_to: int) -> list[list] | None:
+    """The surveys of changelog versions (`after_version`, `up_to`] from their commits'
+    metadata, merged per group (as `survey_of_rows`); None when a version carries none,
+    or when the range is the whole table or longer than SURVEY_MAX_COMMITS."""
+    from delta.tables import DeltaTable
+
+    if after_version is None or up_to - after_version > SURVEY_MAX_COMMITS:
+        return None
+    database, table = changelog_name(config)
+    latest = table_version(spark, database, table)
+    history = (DeltaTable.forName(spark, f"{database}.{table}")
+               .history(latest - after_version).select("version", "userMetadata").collect())
+    found = {r.version: _commit_doc(r.userMetadata) for r in history
+             if after_version < r.version <= up_to}
+    if len(found) != up_to - after_version:
+        return None
+    merged: dict[tuple, list] = {}
+    for doc in found.values():
+        survey = doc.get("survey")
+        if survey is None:
+            return None
+        for *group, n, last in survey:
+            key = (*group[:4], tuple(group[4]))
+            entry = merged.get(key)
+            if entry is None:
+                merged[key] = [*group, n, last]
+            else:
+                entry[5] += n
+                entry[6] = max(entry[6], last)
+    return list(merged.values())
+
+
 def changelog_name(config: PipelineConfig) -> tuple[str, str]:
     return config.lakehouse.database, CHANGELOG_TABLE
 
@@ -202,7 +306,7 @@ class ChangelogWriter:
         before = table_version(self.spark, self.database, self.table)
         (self.spark.createDataFrame(rows, self._schema).write.format("delta").mode("append")
          .option("txnAppId", txn).option("txnVersion", end_offset)
-         .option("userMetadata", tag)
+         .option("userMetadata", commit_metadata(tag, survey_of_rows(rows)))
          .saveAsTable(f"{self.database}.{self.table}"))
         return self._version_tagged(tag, before)
 
@@ -215,7 +319,7 @@ class ChangelogWriter:
         history = DeltaTable.forName(self.spark, f"{self.database}.{self.table}").history(
             after - before)
         found = [r.version for r in history.select("version", "userMetadata").collect()
-                 if r.userMetadata == tag]
+                 if _commit_doc(r.userMetadata).get("tag") == tag]
         # Not found: Delta skipped the write because a concurrent one recorded the txn.
         return int(found[0]) if found else None
 

@@ -1,9 +1,10 @@
 """Silver replicas: each replica table equals its source tables as of the last applied position.
 
 `ReplicaBuilder.apply` reads the changelog rows committed since the replica's applied
-changelog version, keeps the source tables routed to the replica (`routing.py`), reduces
-every key to its last change by binlog position, types its `before`/`after` JSON by the
-declared column types (`schema.py`), and MERGEs the result with a position guard.
+changelog version (planned from the surveys their commits carry, see `changelog.py`),
+keeps the source tables routed to the replica (`routing.py`), reduces every key to its
+last change by binlog position, types its `before`/`after` JSON by the declared column
+types (`schema.py`), and MERGEs the result with a position guard.
 Batch boundaries, duplicates, restarts and late events therefore cannot change the
 outcome (DESIGN.md invariants 3 and 5):
 
@@ -65,7 +66,12 @@ from pyspark.sql import types as T
 from binlog_assets.config import PipelineConfig
 from binlog_assets.faults import fault_point
 from binlog_assets.formats.event import OP_CREATE, OP_DELETE, OP_READ, OP_TRUNCATE, OP_UPDATE
-from binlog_assets.lakehouse.changelog import changelog_version, read_changelog
+from binlog_assets.lakehouse.changelog import (
+    changelog_version,
+    read_changelog,
+    read_survey,
+    survey_of_frame,
+)
 from binlog_assets.lakehouse.columns import (
     POSITION_TYPE,
     changelog_position,
@@ -224,7 +230,7 @@ class ReplicaBuilder:
         start = None if None in starts else min(starts)
 
         batch = read_changelog(spark, self.config, start, up_to)
-        survey = self._survey(batch, route)
+        survey = self._survey(batch, route, start, up_to)
         replica_table = self.table_name(route.replica)
         if not survey.tables or (not survey.rows
                                  and not table_exists(spark, *replica_table)):
@@ -277,39 +283,39 @@ class ReplicaBuilder:
             schema_changes=tuple(changes),
         )
 
-    def _survey(self, batch: DataFrame, route: ReplicaRoute) -> _Survey:
-        """Tables, types, keys and truncates of the batch, in one small aggregate job."""
-        pos = changelog_position()
-        groups = (batch.groupBy("table", "op", "column_types", "value_types", "key_columns")
-                  .agg(F.count(F.lit(1)).alias("n"), F.max(pos).alias("last"))
-                  .collect())
-        tables = route.select({g["table"] for g in groups})
+    def _survey(self, batch: DataFrame, route: ReplicaRoute, start: int | None, up_to: int
+                ) -> _Survey:
+        """Tables, types, keys and truncates of the batch: from the surveys its commits
+        carry in the Delta log (`changelog.read_survey`), else in one aggregate job."""
+        groups = read_survey(self.spark, self.config, start, up_to)
+        if groups is None:
+            groups = survey_of_frame(batch)
+        tables = route.select({g[0] for g in groups})
         survey = _Survey(tables, 0, None, {}, {}, set(), {})
         routed = set(tables)
         # Earliest first, so that the column order of a new table is the source's.
-        for g in sorted(groups, key=lambda g: tuple(g["last"])):
-            if g["table"] not in routed:
+        for table, op, column_types, value_types, key_columns, n, last in sorted(
+                groups, key=lambda g: g[6]):
+            if table not in routed:
                 continue
-            op = g["op"]
-            last = tuple(g["last"])
+            last = tuple(last)
             if op in LIVE_OPS:
-                survey.upserts += g["n"]
+                survey.upserts += n
             elif op == OP_DELETE:
-                survey.deletes += g["n"]
+                survey.deletes += n
             if op in MERGED_OPS:
-                survey.rows += g["n"]
+                survey.rows += n
                 if survey.last_position is None or last > survey.last_position:
                     survey.last_position = last
             if op == OP_TRUNCATE:
-                current = survey.truncates.get(g["table"])
-                survey.truncates[g["table"]] = last if current is None else max(current, last)
-            if op in ROW_OPS and g["key_columns"]:
-                survey.key_columns.add(tuple(g["key_columns"]))
-            for source, target in (("column_types", survey.declared),
-                                   ("value_types", survey.inferred)):
-                if g[source]:
-                    widen_all(target, {c: spark_type(t)
-                                       for c, t in json.loads(g[source]).items()})
+                current = survey.truncates.get(table)
+                survey.truncates[table] = last if current is None else max(current, last)
+            if op in ROW_OPS and key_columns:
+                survey.key_columns.add(tuple(key_columns))
+            for types, target in ((column_types, survey.declared),
+                                  (value_types, survey.inferred)):
+                if types:
+                    widen_all(target, {c: spark_type(t) for c, t in json.loads(types).items()})
         return survey
 
     def _key(self, route: ReplicaRoute, survey: _Survey, props: dict[str, str]) -> list[str]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import date, datetime
 from decimal import Decimal
 
@@ -11,9 +12,16 @@ from lake_events import GROUP, MakeConfig, Partition, Source, row
 
 from binlog_assets.formats.event import ChangeEvent, Position
 from binlog_assets.lakehouse.changelog import (
+    SURVEY_MAX_GROUPS,
     ChangelogWriter,
     changelog_checkpoint,
+    changelog_schema,
     changelog_version,
+    event_row,
+    read_changelog,
+    read_survey,
+    survey_of_frame,
+    survey_of_rows,
     to_json,
 )
 
@@ -122,3 +130,64 @@ def test_write_refuses_events_outside_its_range(spark, make_config: MakeConfig) 
     with pytest.raises(ValueError, match=r"binlog\[0\] in a write for binlog\[3\]"):
         ChangelogWriter(spark, config).write(events, None, group_id=GROUP, topic="binlog",
                                              partition=3, end_offset=5)
+
+
+def _groups(survey: list[list]) -> list[tuple]:
+    return sorted(((*g[:4], tuple(g[4]), g[5], tuple(g[6])) for g in survey), key=repr)
+
+
+def test_each_commit_carries_the_survey_a_scan_of_its_rows_gives(spark, make_config: MakeConfig
+                                                                 ) -> None:
+    config = make_config(TABLES)
+    part = Partition(ChangelogWriter(spark, config))
+    orders, items = Source("shop.orders"), Source("shop.items")
+    untyped = ChangeEvent("shop.orders", "c", (9,), ("id",), None, {"id": 9, "ok": True},
+                          Position(1, 3, 4, 0), None)
+    events = part.records([
+        [orders.snapshot(row(1))], [orders.insert(row(2))],
+        orders.update(row(2), row(2, "3.00")), orders.update(row(2, "3.00"), row(4, "3.00")),
+        [orders.delete(row(1))], [items.insert(row(5))], [orders.truncate()],
+        [orders.ddl({"id": "bigint", "extra": "int"})], [orders.insert(row(6))], [untyped],
+    ])
+    first = part.write(events[:6], end_offset=5)
+    second = part.write(events[6:])
+    assert first is not None and second == first + 1
+
+    got = read_survey(spark, config, first - 1, second)
+    scanned = survey_of_frame(read_changelog(spark, config, first - 1, second))
+    assert _groups(got) == _groups(scanned)
+    # Groups span commits: the orders inserts of both commits (declared types changed by
+    # the DDL in between, so two groups) and one for the untyped insert.
+    inserts = [g for g in _groups(got) if g[:2] == ("shop.orders", "c")]
+    assert sorted(g[5] for g in inserts) == [1, 1, 2]
+    assert read_survey(spark, config, second - 1, second) == [
+        list(g) for g in survey_of_rows([event_row(e, None, datetime.now())
+                                         for e in events[6:]])]
+
+
+def test_a_range_with_a_commit_without_survey_is_scanned(spark, make_config: MakeConfig
+                                                         ) -> None:
+    config = make_config(TABLES)
+    part = Partition(ChangelogWriter(spark, config))
+    src = Source("shop.orders")
+    first = part.write(part.records([[src.insert(row(1))]]))
+    # Appended by something other than ChangelogWriter: no survey in its metadata.
+    other = replace(Source("shop.other").insert(row(1)), topic="elsewhere")
+    (spark.createDataFrame([event_row(other, None, datetime.now())], changelog_schema())
+     .write.format("delta").mode("append")
+     .saveAsTable(f"{config.lakehouse.database}.changelog"))
+    third = part.write(part.records([[src.insert(row(2))]]))
+    assert third == first + 2
+
+    assert read_survey(spark, config, first - 1, first) is not None
+    assert read_survey(spark, config, first - 1, third) is None
+    assert read_survey(spark, config, first + 1, third) is not None
+    assert read_survey(spark, config, None, first) is None  # a whole-table read
+
+
+def test_a_commit_with_too_many_groups_carries_no_survey() -> None:
+    now = datetime.now()
+    rows = [event_row(Source(f"shop.t{i}").insert(row(i)), None, now)
+            for i in range(SURVEY_MAX_GROUPS + 1)]
+    assert survey_of_rows(rows[:-1]) is not None
+    assert survey_of_rows(rows) is None
