@@ -138,6 +138,8 @@ def event_row(event: ChangeEvent, raw: bytes | None, ingested_at: datetime) -> t
 SURVEY_MAX_GROUPS = 256
 # A range of more commits than this is scanned rather than read from the log.
 SURVEY_MAX_COMMITS = 2000
+# The Delta operation of `ensure_table`'s commit: it adds no rows.
+_CREATE_OPERATION = "CREATE TABLE"
 
 # event_row indexes of what the survey keeps.
 _ROW_OFFSET, _ROW_INDEX, _ROW_TABLE, _ROW_OP, _ROW_KEY_COLUMNS = 2, 3, 4, 5, 7
@@ -200,24 +202,26 @@ def survey_of_frame(frame: DataFrame) -> list[list]:
 
 def read_survey(spark: SparkSession, config: PipelineConfig, after_version: int | None,
                 up_to: int) -> list[list] | None:
-    """The surveys of changelog versions (`after_version`, `up_to`] from their commits'
-    metadata, merged per group (as `survey_of_rows`); None when a version carries none,
-    or when the range is the whole table or longer than SURVEY_MAX_COMMITS."""
+    """The surveys of changelog versions (`after_version`, `up_to`] (all versions up to
+    `up_to` when `after_version` is None) from their commits' metadata, merged per group
+    (as `survey_of_rows`); None when a version carries none (the table's creation counts
+    as empty) or the range is longer than SURVEY_MAX_COMMITS."""
     from delta.tables import DeltaTable
 
-    if after_version is None or up_to - after_version > SURVEY_MAX_COMMITS:
+    first = 0 if after_version is None else after_version + 1
+    if up_to - first >= SURVEY_MAX_COMMITS:
         return None
     database, table = changelog_name(config)
     latest = table_version(spark, database, table)
-    history = (DeltaTable.forName(spark, f"{database}.{table}")
-               .history(latest - after_version).select("version", "userMetadata").collect())
-    found = {r.version: _commit_doc(r.userMetadata) for r in history
-             if after_version < r.version <= up_to}
-    if len(found) != up_to - after_version:
-        return None
+    history = (DeltaTable.forName(spark, f"{database}.{table}").history(latest - first + 1)
+               .select("version", "operation", "userMetadata").collect())
+    found = {r.version: (r.operation, _commit_doc(r.userMetadata)) for r in history
+             if first <= r.version <= up_to}
+    if len(found) != up_to - first + 1:
+        return None  # log entries cleaned up
     merged: dict[tuple, list] = {}
-    for doc in found.values():
-        survey = doc.get("survey")
+    for operation, doc in found.values():
+        survey = doc.get("survey", [] if operation == _CREATE_OPERATION else None)
         if survey is None:
             return None
         for *group, n, last in survey:

@@ -182,7 +182,11 @@ def test_a_range_with_a_commit_without_survey_is_scanned(spark, make_config: Mak
     assert read_survey(spark, config, first - 1, first) is not None
     assert read_survey(spark, config, first - 1, third) is None
     assert read_survey(spark, config, first + 1, third) is not None
-    assert read_survey(spark, config, None, first) is None  # a whole-table read
+    # From the table's creation on (a first apply reads the whole table).
+    whole = read_survey(spark, config, None, first)
+    assert _groups(whole) == _groups(survey_of_frame(read_changelog(spark, config, None,
+                                                                    first)))
+    assert read_survey(spark, config, None, third) is None
 
 
 def test_a_commit_with_too_many_groups_carries_no_survey() -> None:
