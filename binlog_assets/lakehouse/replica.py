@@ -562,11 +562,11 @@ class ReplicaBuilder:
                     .drop("_wm_db", "_wm_table", "_wm"))
         name = ".".join(table)
         fault_point("during_replica_merge")
-        stored_columns = self.spark.table(name).columns
         if not empty and self._rewrites(table, survey):
             return self._rewrite_replica(table, location, rows, survey, key, columns, up_to,
                                          now)
         before = table_version(self.spark, *table)
+        stored_columns = self.spark.table(name).columns
         values = [c for c in rows.columns if c not in key]
         reduced = (rows.groupBy(*[col(k) for k in key])
                    .agg(F.max_by(F.struct(*[col(c) for c in values]), "_position").alias("_v"))
