@@ -136,6 +136,9 @@ def event_row(event: ChangeEvent, raw: bytes | None, ingested_at: datetime) -> t
 # position. A commit with more distinct entries than this carries none, and a range
 # with such a commit (or one written by anything else) is scanned (`read_survey`).
 SURVEY_MAX_GROUPS = 256
+# Nor does one whose survey would take more than this much of the Delta log (wide tables'
+# declared types): every commit's metadata is read again by history and log replays.
+SURVEY_MAX_BYTES = 64 * 1024
 # A range of more commits than this is scanned rather than read from the log.
 SURVEY_MAX_COMMITS = 2000
 # The Delta operation of `ensure_table`'s commit: it adds no rows.
@@ -169,11 +172,13 @@ def survey_of_rows(rows: Sequence[tuple]) -> list[list] | None:
 
 
 def commit_metadata(tag: str, survey: list[list] | None) -> str:
-    """A changelog commit's `userMetadata`."""
-    doc: dict[str, Any] = {"tag": tag}
-    if survey is not None:
-        doc["survey"] = survey
-    return orjson.dumps(doc).decode()
+    """A changelog commit's `userMetadata`: the survey left out when it is None or
+    larger than SURVEY_MAX_BYTES."""
+    bare = orjson.dumps({"tag": tag}).decode()
+    if survey is None:
+        return bare
+    full = orjson.dumps({"tag": tag, "survey": survey}).decode()
+    return full if len(full) <= SURVEY_MAX_BYTES else bare
 
 
 def _commit_doc(metadata: str | None) -> dict[str, Any]:

@@ -12,11 +12,13 @@ from lake_events import GROUP, MakeConfig, Partition, Source, row
 
 from binlog_assets.formats.event import ChangeEvent, Position
 from binlog_assets.lakehouse.changelog import (
+    SURVEY_MAX_BYTES,
     SURVEY_MAX_GROUPS,
     ChangelogWriter,
     changelog_checkpoint,
     changelog_schema,
     changelog_version,
+    commit_metadata,
     event_row,
     read_changelog,
     read_survey,
@@ -195,3 +197,14 @@ def test_a_commit_with_too_many_groups_carries_no_survey() -> None:
             for i in range(SURVEY_MAX_GROUPS + 1)]
     assert survey_of_rows(rows[:-1]) is not None
     assert survey_of_rows(rows) is None
+
+
+def test_a_survey_too_large_for_the_log_is_left_out() -> None:
+    now = datetime.now()
+    wide = Source("shop.wide", types={f"column_{i}": "bigint" for i in range(4000)})
+    small = survey_of_rows([event_row(Source("shop.orders").insert(row(1)), None, now)])
+    large = survey_of_rows([event_row(wide.insert({"id": 1}), None, now)])
+    assert orjson.loads(commit_metadata("t", small)) == {"tag": "t", "survey": small}
+    assert len(orjson.dumps(large)) > SURVEY_MAX_BYTES
+    assert orjson.loads(commit_metadata("t", large)) == {"tag": "t"}
+    assert orjson.loads(commit_metadata("t", None)) == {"tag": "t"}
