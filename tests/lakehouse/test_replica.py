@@ -212,3 +212,17 @@ def test_rebuild_reproduces_the_live_rows(spark, make_config_each_path: MakeConf
     result = builder.rebuild("orders")
     assert result.applied_version == changelog_version(spark, config) and result.rows == 4
     assert live(spark, config) == expected == {1: (Decimal("1.25"), "b")}
+
+
+def test_a_row_change_without_a_key_value_fails_the_apply_naming_it(
+        spark, make_config: MakeConfig) -> None:
+    config = make_config(ORDERS)
+    part, builder = setup(spark, config)
+    src = Source("shop.orders")
+    keyless = ChangeEvent("shop.orders", "c", (), ("id",), None,
+                          {"amount": Decimal("1.00"), "note": "x", "qty": 1},
+                          Position(1, 9, 500, 0), None, column_types=src.types)
+    part.write(part.records([[src.insert(row(1))], [src.truncate()], [keyless]]))
+    with pytest.raises(Exception, match=r"replica orders: a change of shop\.orders at offset 2 "
+                                        r"has no value for key column 'id'"):
+        builder.apply("orders")
