@@ -20,13 +20,13 @@ import urllib.request
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import orjson
 
 from binlog_assets.dev.mariadb import MariaDBServer
 from binlog_assets.dev.paths import jars_dir
-from binlog_assets.dev.process import free_port, live_pid, terminate
+from binlog_assets.dev.process import LocalDaemon, free_port
 
 _CONNECT_MAIN = "org.apache.kafka.connect.cli.ConnectStandalone"
 _JSON_CONVERTER = "org.apache.kafka.connect.json.JsonConverter"
@@ -119,7 +119,7 @@ class DebeziumConnector:
 
 
 @dataclass
-class KafkaConnect:
+class KafkaConnect(LocalDaemon):
     """A Connect standalone worker whose files (config, offsets, logs) live under `data_dir`.
 
     `start()` launches the worker with `connector` and returns once that connector's task
@@ -128,6 +128,8 @@ class KafkaConnect:
     `stack-down`/`stack-up` the broker listens on a new port), which restarts it.
     `connector` may be left out for `stop()` and `status()`.
     """
+
+    stem: ClassVar[str] = "connect"
 
     data_dir: Path
     bootstrap_servers: str = ""
@@ -139,26 +141,13 @@ class KafkaConnect:
     _proc: subprocess.Popen[bytes] | None = field(default=None, init=False, repr=False)
 
     @property
-    def pid_file(self) -> Path:
-        return self.data_dir / "connect.pid"
-
-    @property
-    def port_file(self) -> Path:
-        return self.data_dir / "connect.port"
-
-    @property
-    def log_file(self) -> Path:
-        return self.data_dir / "connect.log"
-
-    @property
     def rest_url(self) -> str:
         if self.port is None:
             raise RuntimeError("kafka connect not started")
         return f"http://127.0.0.1:{self.port}"
 
-    def running_pid(self) -> int | None:
-        """The pid of a live worker started from this directory, if any."""
-        return live_pid(self.pid_file, str(self._worker_file))
+    def _marker(self) -> Path:
+        return self._worker_file
 
     def start(self, timeout: float = 180.0) -> float:
         """Start (or reuse) the worker; returns the seconds until the connector's task ran."""
@@ -196,13 +185,6 @@ class KafkaConnect:
             self.stop()
             raise
         return time.monotonic() - began
-
-    def stop(self, timeout: float = 30.0) -> None:
-        """SIGTERM (Connect stops tasks and flushes offsets), SIGKILL if it lingers."""
-        pid = self.running_pid()
-        if pid is not None:
-            terminate(pid, timeout)
-        self.pid_file.unlink(missing_ok=True)
 
     def status(self) -> str:
         pid = self.running_pid()

@@ -13,9 +13,10 @@ import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
+from typing import ClassVar
 
 from binlog_assets.dev.paths import jars_dir
-from binlog_assets.dev.process import free_port, live_pid, port_open, terminate
+from binlog_assets.dev.process import LocalDaemon, free_port, port_open
 
 _LOG4J2 = """\
 status = warn
@@ -34,12 +35,14 @@ logger.apache.level = WARN
 
 
 @dataclass
-class KafkaBroker:
+class KafkaBroker(LocalDaemon):
     """A single-node KRaft broker whose state lives under `data_dir`.
 
     `start()` is idempotent: a broker already running from the same directory (its pid
     file names a live process) is reused, so `make demo` twice does not start two.
     """
+
+    stem: ClassVar[str] = "broker"
 
     data_dir: Path
     port: int | None = None
@@ -47,26 +50,13 @@ class KafkaBroker:
     heap: str = "768m"
 
     @property
-    def pid_file(self) -> Path:
-        return self.data_dir / "broker.pid"
-
-    @property
-    def port_file(self) -> Path:
-        return self.data_dir / "broker.port"
-
-    @property
-    def log_file(self) -> Path:
-        return self.data_dir / "broker.log"
-
-    @property
     def bootstrap_servers(self) -> str:
         if self.port is None:
             raise RuntimeError("broker not started")
         return f"127.0.0.1:{self.port}"
 
-    def running_pid(self) -> int | None:
-        """The pid of a live broker started from this directory, if any."""
-        return live_pid(self.pid_file, str(self.data_dir))
+    def _marker(self) -> Path:
+        return self.data_dir
 
     def start(self, timeout: float = 60.0) -> float:
         """Start (or reuse) the broker; returns the seconds it took to accept clients."""
@@ -99,13 +89,6 @@ class KafkaBroker:
             self.stop()
             raise
         return time.monotonic() - began
-
-    def stop(self, timeout: float = 30.0) -> None:
-        """SIGTERM the broker (a clean shutdown), SIGKILL it if it lingers."""
-        pid = self.running_pid()
-        if pid is not None:
-            terminate(pid, timeout)
-        self.pid_file.unlink(missing_ok=True)
 
     def status(self) -> str:
         pid = self.running_pid()

@@ -16,9 +16,9 @@ import subprocess
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
-from binlog_assets.dev.process import free_port, live_pid, terminate
+from binlog_assets.dev.process import LocalDaemon, free_port
 
 if TYPE_CHECKING:
     import pymysql
@@ -35,12 +35,15 @@ _DEBEZIUM_GRANTS = (
 
 
 @dataclass
-class MariaDBServer:
+class MariaDBServer(LocalDaemon):
     """One `mariadbd` whose files (datadir, socket, logs, pid) live under `data_dir`.
 
     `start()` is idempotent like the broker's: a server already running from the same
     directory is reused, on the port it was started with.
     """
+
+    stem: ClassVar[str] = "mariadbd"
+    stop_timeout: ClassVar[float] = 60.0  # on SIGTERM it flushes InnoDB, closes the binlog
 
     data_dir: Path
     port: int | None = None
@@ -58,20 +61,12 @@ class MariaDBServer:
         return self.data_dir / "mariadbd.sock"
 
     @property
-    def pid_file(self) -> Path:
-        return self.data_dir / "mariadbd.pid"
-
-    @property
-    def port_file(self) -> Path:
-        return self.data_dir / "mariadbd.port"
-
-    @property
-    def error_log(self) -> Path:
+    def log_file(self) -> Path:
+        """mariadbd's error log (`--log-error`)."""
         return self.data_dir / "mariadbd.err"
 
-    def running_pid(self) -> int | None:
-        """The pid of a live server started from this directory, if any."""
-        return live_pid(self.pid_file, str(self.datadir))
+    def _marker(self) -> Path:
+        return self.datadir
 
     def start(self, timeout: float = 60.0) -> float:
         """Start (or reuse) the server; returns the seconds until it accepted clients."""
@@ -101,13 +96,6 @@ class MariaDBServer:
             self.stop()
             raise
         return time.monotonic() - began
-
-    def stop(self, timeout: float = 60.0) -> None:
-        """SIGTERM (mariadbd then flushes InnoDB and closes the binlog), SIGKILL if it lingers."""
-        pid = self.running_pid()
-        if pid is not None:
-            terminate(pid, timeout)
-        self.pid_file.unlink(missing_ok=True)
 
     def status(self) -> str:
         pid = self.running_pid()
@@ -147,7 +135,7 @@ class MariaDBServer:
             _program("mariadbd"), "--no-defaults", f"--datadir={self.datadir}", *self._user_args(),
             "--bind-address=127.0.0.1", f"--port={self.port}", f"--socket={self.socket}",
             f"--pid-file={self.data_dir / 'mariadbd.server.pid'}",
-            f"--log-error={self.error_log}",
+            f"--log-error={self.log_file}",
             "--skip-name-resolve",
             # Debian's packaged config sets utf8mb4; --no-defaults would fall back to latin1.
             "--character-set-server=utf8mb4", "--collation-server=utf8mb4_general_ci",
@@ -176,8 +164,8 @@ class MariaDBServer:
 
         while time.monotonic() - began < timeout:
             if proc is not None and proc.poll() is not None:
-                tail = self.error_log.read_text(errors="replace")[-2000:] if (
-                    self.error_log.exists()) else ""
+                tail = self.log_file.read_text(errors="replace")[-2000:] if (
+                    self.log_file.exists()) else ""
                 raise RuntimeError(f"mariadbd exited with {proc.returncode}:\n{tail}")
             if self.socket.exists():
                 try:

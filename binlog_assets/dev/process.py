@@ -11,6 +11,44 @@ import signal
 import socket
 import time
 from pathlib import Path
+from typing import ClassVar
+
+
+class LocalDaemon:
+    """What the stack's daemons share: `<stem>.pid`, `<stem>.port` and `<stem>.log` under
+    `data_dir`, the pid of a live instance, and stopping it (SIGTERM, SIGKILL after
+    `stop_timeout`). Subclasses are dataclasses with a `data_dir` field and name a path on
+    their command line (`_marker`) so that a stale pid file is not taken for theirs."""
+
+    stem: ClassVar[str]
+    stop_timeout: ClassVar[float] = 30.0
+    data_dir: Path
+
+    @property
+    def pid_file(self) -> Path:
+        return self.data_dir / f"{self.stem}.pid"
+
+    @property
+    def port_file(self) -> Path:
+        return self.data_dir / f"{self.stem}.port"
+
+    @property
+    def log_file(self) -> Path:
+        return self.data_dir / f"{self.stem}.log"
+
+    def _marker(self) -> Path:
+        raise NotImplementedError
+
+    def running_pid(self) -> int | None:
+        """The pid of a live instance started from this directory, if any."""
+        return live_pid(self.pid_file, str(self._marker()))
+
+    def stop(self, timeout: float | None = None) -> None:
+        """SIGTERM the daemon (each shuts down cleanly on it), SIGKILL it if it lingers."""
+        pid = self.running_pid()
+        if pid is not None:
+            terminate(pid, self.stop_timeout if timeout is None else timeout)
+        self.pid_file.unlink(missing_ok=True)
 
 
 def free_port() -> int:
