@@ -23,10 +23,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
-from confluent_kafka.admin import AdminClient, NewTopic
 
 from binlog_assets.consume.run import RunSettings, consumer_defaults
 from binlog_assets.dev.kafka import KafkaBroker
+from binlog_assets.dev.kafka import create_topic as new_topic
 
 # What a user's Kafka config says, for binlake: the rest is the product's own default.
 CONSUMER_CONF = {
@@ -100,10 +100,7 @@ def running_broker(heap: str = "1g") -> Iterator[KafkaBroker]:
 
 def create_topic(bootstrap: str, prefix: str) -> str:
     """A new one-partition topic, with the broker's group coordinator up."""
-    name = f"{prefix}-{uuid.uuid4().hex[:8]}"
-    admin = AdminClient({"bootstrap.servers": bootstrap})
-    for future in admin.create_topics([NewTopic(name, 1, 1)]).values():
-        future.result(30)
+    name = new_topic(bootstrap, prefix, timeout=30)
     warm_group_coordinator(bootstrap, name)
     return name
 

@@ -162,6 +162,25 @@ class KafkaBroker(LocalDaemon):
         raise TimeoutError(f"kafka broker on {self.bootstrap_servers} not ready in {timeout}s")
 
 
+def create_topics(bootstrap: str, names: list[str], partitions: int = 1,
+                  timeout: float = 60.0, **config: str) -> None:
+    """Create the topics `names` (each with `partitions` and topic `config`) and wait."""
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    new = [NewTopic(name, partitions, config=config) for name in names]
+    for future in admin.create_topics(new).values():
+        future.result(timeout)
+
+
+def create_topic(bootstrap: str, prefix: str, partitions: int = 1, timeout: float = 60.0,
+                 **config: str) -> str:
+    """A new topic named `<prefix>-<8 hex digits>`, created and waited for; its name."""
+    name = f"{prefix}-{uuid.uuid4().hex[:8]}"
+    create_topics(bootstrap, [name], partitions, timeout, **config)
+    return name
+
+
 def _cluster_id() -> str:
     # Kafka wants a base64url-encoded 16-byte UUID without padding.
     import base64

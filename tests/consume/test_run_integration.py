@@ -14,14 +14,13 @@ from pathlib import Path
 import orjson
 import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
-from confluent_kafka.admin import AdminClient, NewTopic
 
 from binlog_assets.consume.checkpoint import retry_retriable
 from binlog_assets.consume.errors import ErrorPolicy
 from binlog_assets.consume.handlers import HandlerRegistry
 from binlog_assets.consume.offsets import OffsetTracker
 from binlog_assets.consume.run import BoundedRun, RunSettings, StrictModeFailure
-from binlog_assets.dev.kafka import KafkaBroker
+from binlog_assets.dev.kafka import KafkaBroker, create_topic
 
 
 def debezium(table: str, op: str, key: int, value: str, pos: int) -> bytes:
@@ -41,11 +40,7 @@ def key_bytes(key: int) -> bytes:
 
 
 def make_topic(broker: KafkaBroker, partitions: int = 1, **config: str) -> str:
-    name = f"run-{uuid.uuid4().hex[:8]}"
-    admin = AdminClient({"bootstrap.servers": broker.bootstrap_servers})
-    for f in admin.create_topics([NewTopic(name, partitions, config=config)]).values():
-        f.result()
-    return name
+    return create_topic(broker.bootstrap_servers, "run", partitions, **config)
 
 
 def settings(broker: KafkaBroker, group: str | None = None, **kw) -> RunSettings:

@@ -5,17 +5,12 @@ from __future__ import annotations
 import uuid
 
 from confluent_kafka import Consumer, Producer, TopicPartition
-from confluent_kafka.admin import AdminClient, NewTopic
 
-from binlog_assets.dev.kafka import KafkaBroker
+from binlog_assets.dev.kafka import KafkaBroker, create_topic
 
 
 def _topic(broker: KafkaBroker, partitions: int = 1) -> str:
-    name = f"t-{uuid.uuid4().hex[:8]}"
-    admin = AdminClient({"bootstrap.servers": broker.bootstrap_servers})
-    for f in admin.create_topics([NewTopic(name, num_partitions=partitions)]).values():
-        f.result()
-    return name
+    return create_topic(broker.bootstrap_servers, "t", partitions)
 
 
 def _consumer(broker: KafkaBroker, group: str, **extra) -> Consumer:

@@ -14,18 +14,16 @@ from __future__ import annotations
 import random
 import threading
 import time
-import uuid
 
 import orjson
 from confluent_kafka import Consumer, Producer, TopicPartition
-from confluent_kafka.admin import AdminClient, NewTopic
 from drill_lib import changelog_coordinates, coordinate_diff
 
 from binlog_assets.config import PipelineConfig, parse_config
 from binlog_assets.consume.handlers import HandlerRegistry
 from binlog_assets.consume.run import RunSummary
 from binlog_assets.dev import drills
-from binlog_assets.dev.kafka import KafkaBroker
+from binlog_assets.dev.kafka import KafkaBroker, create_topic
 from binlog_assets.lakehouse.replica import ReplicaBuilder
 from binlog_assets.orchestration.changelog_asset import ChangelogRunConfig, consume_partition
 
@@ -78,11 +76,7 @@ def test_broker_restart_mid_run_then_rerun_loses_nothing(
 def _drill(broker: KafkaBroker, pipeline_config: PipelineConfig, spark) -> None:
     began = time.monotonic()
     bootstrap = broker.bootstrap_servers
-    topic = f"restart-{uuid.uuid4().hex[:8]}"
-    admin = AdminClient({"bootstrap.servers": bootstrap})
-    for f in admin.create_topics([NewTopic(topic, 1)]).values():
-        f.result(60)
-    del admin
+    topic = create_topic(bootstrap, "restart")
     records, model = _stream(seed=7)
     p = Producer({"bootstrap.servers": bootstrap, "linger.ms": 20})
     for key, value in records:

@@ -22,7 +22,6 @@ from collections import Counter
 import orjson
 import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
-from confluent_kafka.admin import AdminClient, NewTopic
 from drill_lib import changelog_coordinates, coordinate_diff
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -30,6 +29,7 @@ from hypothesis import strategies as st
 from binlog_assets.config import PipelineConfig, parse_config
 from binlog_assets.consume.handlers import HandlerRegistry
 from binlog_assets.dev import drills
+from binlog_assets.dev.kafka import create_topics
 from binlog_assets.formats.debezium import DebeziumDecoder
 from binlog_assets.formats.event import DecodeError
 from binlog_assets.orchestration.changelog_asset import ChangelogRunConfig, consume_partition
@@ -149,9 +149,7 @@ def _poison_drill(pipeline_config: PipelineConfig, spark, examples: int, name: s
         bootstrap = pipeline_config.bootstrap_servers
         topic = f"poison-{uuid.uuid4().hex[:8]}"
         dlq = f"{topic}.dlq"
-        admin = AdminClient({"bootstrap.servers": bootstrap})
-        for f in admin.create_topics([NewTopic(topic, 1), NewTopic(dlq, 1)]).values():
-            f.result()
+        create_topics(bootstrap, [topic, dlq])
         p = Producer({"bootstrap.servers": bootstrap})
         for _kind, key, value in stream:
             p.produce(topic, key=key, value=value)

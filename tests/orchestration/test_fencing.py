@@ -13,12 +13,12 @@ import uuid
 import orjson
 import pytest
 from confluent_kafka import Producer
-from confluent_kafka.admin import AdminClient, NewTopic
 
 from binlog_assets.config import PipelineConfig, parse_config
 from binlog_assets.consume.handlers import HandlerRegistry
 from binlog_assets.consume.run import RunSummary
 from binlog_assets.dev import drills
+from binlog_assets.dev.kafka import create_topic
 from binlog_assets.orchestration.changelog_asset import (
     ChangelogRunConfig,
     FencedRunError,
@@ -66,11 +66,8 @@ def _fencing_drill(pipeline_config: PipelineConfig, spark, trials: int, name: st
 def _race(pipeline_config: PipelineConfig, spark) -> tuple[int, int, int, int]:
     """Two runs race on a fresh partition; (fenced runs, committed runs, changelog rows,
     distinct coordinates)."""
-    topic = f"fence-{uuid.uuid4().hex[:8]}"
     bootstrap = pipeline_config.bootstrap_servers
-    admin = AdminClient({"bootstrap.servers": bootstrap})
-    for f in admin.create_topics([NewTopic(topic, 1)]).values():
-        f.result()
+    topic = create_topic(bootstrap, "fence")
     p = Producer({"bootstrap.servers": bootstrap})
     n = 3000
     for i in range(n):

@@ -23,9 +23,9 @@ import orjson
 import pytest
 import yaml
 from confluent_kafka import Consumer, Producer, TopicPartition
-from confluent_kafka.admin import AdminClient, NewTopic
 
 from binlog_assets.config import PipelineConfig
+from binlog_assets.dev.kafka import create_topics
 from binlog_assets.dev.paths import REPO_ROOT
 from binlog_assets.orchestration.partitions import KAFKA_PARTITIONS_NAME, partition_key
 
@@ -147,9 +147,7 @@ def _failure(instance: dg.DagsterInstance, run_id: str) -> str:
 def test_events_to_replicas_to_dbt_through_backfill_and_automation(e2e_env, spark) -> None:
     topics, config, env, home, lake = e2e_env
     bootstrap = config["kafka"]["bootstrap.servers"]
-    admin = AdminClient({"bootstrap.servers": bootstrap})
-    for f in admin.create_topics([NewTopic(t, 1) for t in topics.values()]).values():
-        f.result()
+    create_topics(bootstrap, list(topics.values()))
     producer = Producer({"bootstrap.servers": bootstrap})
     ends = {}
     for topic, records in workload(topics).items():

@@ -9,10 +9,10 @@ import uuid
 
 import orjson
 from confluent_kafka import Producer
-from confluent_kafka.admin import AdminClient, NewTopic
 
 from binlog_assets.config import PipelineConfig, parse_config
 from binlog_assets.consume.handlers import HandlerRegistry
+from binlog_assets.dev.kafka import create_topic
 from binlog_assets.lakehouse.changelog import changelog_checkpoint
 from binlog_assets.orchestration.changelog_asset import ChangelogRunConfig, consume_partition
 from binlog_assets.orchestration.partitions import partition_key
@@ -22,11 +22,8 @@ T0 = 1_760_000_000_000  # record i is stamped T0 + i * 1000 ms
 
 
 def _setup(pipeline_config: PipelineConfig) -> tuple[PipelineConfig, str]:
-    topic = f"replay-{uuid.uuid4().hex[:8]}"
     bootstrap = pipeline_config.bootstrap_servers
-    admin = AdminClient({"bootstrap.servers": bootstrap})
-    for f in admin.create_topics([NewTopic(topic, 1)]).values():
-        f.result()
+    topic = create_topic(bootstrap, "replay")
     p = Producer({"bootstrap.servers": bootstrap})
     for i in range(N):
         value = {"before": None, "after": {"id": i, "v": i}, "op": "c", "ts_ms": i,

@@ -8,9 +8,10 @@ import dagster as dg
 import pytest
 import yaml
 from confluent_kafka import Consumer, Producer, TopicPartition
-from confluent_kafka.admin import AdminClient, NewPartitions, NewTopic
+from confluent_kafka.admin import AdminClient, NewPartitions
 
 from binlog_assets.config import PipelineConfig
+from binlog_assets.dev.kafka import create_topic
 from binlog_assets.orchestration.partitions import KAFKA_PARTITIONS_NAME, partition_key
 from binlog_assets.orchestration.resources import BinlakeResource
 from binlog_assets.orchestration.sensors import (
@@ -22,10 +23,7 @@ from binlog_assets.orchestration.sensors import (
 @pytest.fixture
 def topic_config(pipeline_config: PipelineConfig, tmp_path: Path):
     """A config whose only source is a fresh 2-partition topic, and that topic's name."""
-    topic = f"sensor-{uuid.uuid4().hex[:8]}"
-    admin = AdminClient({"bootstrap.servers": pipeline_config.bootstrap_servers})
-    for f in admin.create_topics([NewTopic(topic, num_partitions=2)]).values():
-        f.result()
+    topic = create_topic(pipeline_config.bootstrap_servers, "sensor", partitions=2)
     data = pipeline_config.model_dump(mode="json", exclude_none=True)
     data["kafka"]["group.id"] = f"g-{uuid.uuid4().hex[:6]}"
     data["sources"] = [{"name": "s", "topics": [topic], "format": "debezium"}]
