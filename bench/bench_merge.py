@@ -183,6 +183,7 @@ def scenario(spark: SparkSession, config: PipelineConfig, events: int, keys: int
         shutil.copytree(location, saved)
     staged = os.path.join(config.lakehouse.path, f"{db}_staged")
     applies, writes = [], []
+    first_written = None
     for r in range(rounds):
         if r and snapshot:
             _restore(spark, saved, location)
@@ -192,7 +193,7 @@ def scenario(spark: SparkSession, config: PipelineConfig, events: int, keys: int
         began = time.perf_counter()
         result = builder.apply("orders", up_to_version=last)
         applies.append(time.perf_counter() - began)
-        if result.skipped or (r and result.written != first_written):
+        if result.skipped or first_written not in (None, result.written):
             raise RuntimeError(f"round {r + 1} did not redo the apply: {result}")
         first_written = result.written
 
