@@ -199,6 +199,22 @@ def test_unusable_names_are_rejected_before_anything_runs(
     assert builder.applied_version("weird") is None
 
 
+@pytest.mark.parametrize("column", ["_rank", "_RANK_", "_image", "_stored"])
+def test_columns_named_like_the_applys_working_columns_are_data(
+        spark, make_config_each_path: MakeConfig, column: str) -> None:
+    config = make_config_each_path(ORDERS)
+    part, builder = setup(spark, config)
+    src = Source("shop.orders", types={"id": "bigint", column: "string"})
+    part.write(part.records([[src.insert({"id": 1, column: "one"}),
+                              src.insert({"id": 2, column: "two"})]]))
+    builder.apply("orders")
+    part.write(part.records([src.update({"id": 1, column: "one"}, {"id": 1, column: "uno"}),
+                             [src.delete({"id": 2, column: "two"})],
+                             [src.insert({"id": 3, column: "three"})]]))
+    builder.apply("orders")
+    assert live(spark, config, columns=("id", column)) == {1: ("uno",), 3: ("three",)}
+
+
 def test_rebuild_reproduces_the_live_rows(spark, make_config_each_path: MakeConfig) -> None:
     config = make_config_each_path(ORDERS)
     part, builder = setup(spark, config)
@@ -226,3 +242,32 @@ def test_a_row_change_without_a_key_value_fails_the_apply_naming_it(
     with pytest.raises(Exception, match=r"replica orders: a change of shop\.orders at offset 2 "
                                         r"has no value for key column 'id'"):
         builder.apply("orders")
+
+
+def test_integer_keys_read_off_the_record_key_equal_the_json_parse(spark) -> None:
+    """The reduce reads a one-column integer key straight off `{"id":<digits>}`; for any
+    other text it must give null (so the JSON parse decides), never a different value."""
+    from pyspark.sql import functions as F
+    from pyspark.sql import types as T
+
+    from binlog_assets.lakehouse.replica import _integer_key
+
+    read = {'{"id":123}': 123, '{"id":-5}': -5, '{"id":0}': 0,
+            '{"id":9223372036854775807}': 9223372036854775807}
+    left_to_the_parse = ['{"id":+5}', '{"id":-0}', '{"id":007}', '{"id":1.0}', '{"id":1e3}',
+                         '{"id":"12"}', '{"id":1,"x":2}', '{"id":99999999999999999999}', '{"ID":5}',
+                         ' {"id":5}', '{"id":5 }', '{"id": 5}', '{"id":null}', '{"id":}',
+                         '{"id":', '{"id":5}}', '{"x":{"id":5}}', '{}', '', None]
+    frame = spark.createDataFrame([(t,) for t in [*read, *left_to_the_parse]], "key string")
+    parsed = F.from_json("key", "id string").getField("id").try_cast("bigint")
+    got = {r["key"]: (r["fast"], r["parsed"]) for r in frame.select(
+        "key", _integer_key("id", T.LongType()).alias("fast"), parsed.alias("parsed")).collect()}
+    assert {k: got[k][0] for k in read} == read
+    assert {k: got[k][0] for k in left_to_the_parse} == dict.fromkeys(left_to_the_parse)
+    assert all(fast == parsed for fast, parsed in got.values() if fast is not None)
+    # Too wide for the column's type: null here, and the parse's cast decides as before.
+    narrow = frame.select(_integer_key("id", T.IntegerType()).alias("v"))
+    assert [r["v"] for r in narrow.where(F.col("key") == '{"id":9223372036854775807}')
+            .collect()] == [None]
+    assert _integer_key("id", T.StringType()) is None
+    assert _integer_key("id", T.DecimalType(10, 0)) is None
