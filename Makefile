@@ -78,4 +78,5 @@ lint: setup
 
 ## The benchmarks (bench/README.md); each prints its ratio against a baseline of the same run.
 bench: setup
-	$(PY) bench/bench_pipeline.py && $(PY) bench/bench_slow_handlers.py && $(PY) bench/bench_memory.py
+	$(PY) bench/bench_pipeline.py && $(PY) bench/bench_slow_handlers.py && $(PY) bench/bench_memory.py \
+	  && $(PY) bench/bench_merge.py
