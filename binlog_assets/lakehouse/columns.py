@@ -69,6 +69,16 @@ def key_match(key: list[str], left: str = "t", right: str = "s") -> Column:
     return cond
 
 
+def free_name(name: str, taken: list[str]) -> str:
+    """`name`, with underscores added until no column of `taken` has it (Spark compares
+    column names without case): a working column beside source columns, which may be
+    called anything."""
+    used = {c.lower() for c in taken}
+    while name.lower() in used:
+        name += "_"
+    return name
+
+
 def split_table(name: str) -> tuple[str, str]:
     """`db.table` -> (db, table)."""
     db, _, table = name.partition(".")

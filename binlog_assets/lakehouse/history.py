@@ -28,6 +28,7 @@ from binlog_assets.lakehouse.columns import (
     POSITION_TYPE,
     change_identity,
     first_truncate_after,
+    free_name,
     key_match,
 )
 from binlog_assets.lakehouse.identifiers import col, qualified
@@ -68,26 +69,29 @@ def merge_history(
 
     data = [c for c in rows.columns if c not in key and c not in ("_position", "_op",
                                                                    "_source_ts")]
-    keep = [*data, "_op", "_source_ts", "_valid_from", "_applied_at", "_stored"]
+    # Working columns take names no source column has.
+    from_table = free_name("_stored", [*rows.columns, *history.columns])
+    change = free_name("_id", [*rows.columns, *history.columns])
+    keep = [*data, "_op", "_source_ts", "_valid_from", "_applied_at", from_table]
     incoming = (rows.withColumnRenamed("_position", "_valid_from")
-                .withColumn("_applied_at", F.lit(now)).withColumn("_stored", F.lit(False)))
+                .withColumn("_applied_at", F.lit(now)).withColumn(from_table, F.lit(False)))
     is_marker = F.col("_op") == OP_TRUNCATE
 
     # Every stored version of the keys this batch touches: their chains are recomputed.
     touched = incoming.where(~is_marker).select(*[col(k) for k in key]).distinct()
     stored = (history.alias("h").where(~is_marker)
               .join(touched.alias("s"), key_match(key, "h", "s"), "left_semi"))
-    stored = stored.select(*[col(k) for k in key], *[col(c) for c in keep if c != "_stored"],
-                           F.lit(True).alias("_stored"))
+    stored = stored.select(*[col(k) for k in key], *[col(c) for c in keep if c != from_table],
+                           F.lit(True).alias(from_table))
 
     # One row per (key, change): a stored version wins over a re-delivered copy, so its
     # `_valid_from` and `_applied_at` stay as first written.
-    group = [*[col(k) for k in key], change_identity(F.col("_valid_from")).alias("_id")]
+    group = [*[col(k) for k in key], change_identity(F.col("_valid_from")).alias(change)]
     versions = (incoming.select(*[col(k) for k in key], *[col(c) for c in keep])
                 .unionByName(stored)
                 .groupBy(*group)
                 .agg(F.max_by(F.struct(*[col(c) for c in keep]),
-                              F.struct(F.col("_stored"), -F.col("_valid_from.offset")))
+                              F.struct(col(from_table), -F.col("_valid_from.offset")))
                      .alias("_v"))
                 .select(*[col(k) for k in key], "_v.*"))
     following = F.lead("_valid_from").over(
@@ -98,7 +102,7 @@ def merge_history(
                          & (F.col("_op") != OP_DELETE)))
     marker_rows = (versions.where(is_marker).withColumn("_valid_to", F.col("_valid_from"))
                    .withColumn("_is_current", F.lit(False)))
-    source = chain.unionByName(marker_rows).drop("_stored")
+    source = chain.unionByName(marker_rows).drop(from_table)
 
     same_change = key_match(key) & (change_identity(col("_valid_from", "t"))
                                     == change_identity(col("_valid_from", "s")))

@@ -75,6 +75,7 @@ from binlog_assets.lakehouse.changelog import (
 from binlog_assets.lakehouse.columns import (
     POSITION_TYPE,
     changelog_position,
+    free_name,
     is_source_table,
     key_match,
     position_literal,
@@ -616,7 +617,7 @@ class ReplicaBuilder:
         types = {f.name: f.dataType for f in stored.schema}
         # The working columns take names no replica column has (a source column may be
         # called `_image` too).
-        image, from_table = _free_name("_image", names), _free_name("_stored", names)
+        image, from_table = free_name("_image", names), free_name("_stored", names)
         changes = rows.withColumnRenamed("_image", image).withColumn("_applied_at", F.lit(now))
         both = (stored.select(*[col(c) for c in names],
                               F.lit(None).cast(T.StringType()).alias(image),
@@ -723,20 +724,11 @@ def _latest(frame: DataFrame, key: list[str], order: list[str]) -> DataFrame:
     """
     from pyspark.sql import Window
 
-    rank = _free_name("_rank", frame.columns)
+    rank = free_name("_rank", frame.columns)
     window = Window.partitionBy(*[col(k) for k in key]).orderBy(
         *[col(c).desc() for c in order])
     return (frame.withColumn(rank, F.row_number().over(window))
             .where(col(rank) == 1).drop(rank))
-
-
-def _free_name(name: str, taken: list[str]) -> str:
-    """`name`, with underscores added until no column of `taken` has it (Spark compares
-    column names without case)."""
-    used = {c.lower() for c in taken}
-    while name.lower() in used:
-        name += "_"
-    return name
 
 
 def _below_truncates(truncates: dict[str, tuple[int, ...]], alias: str | None = None

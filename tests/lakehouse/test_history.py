@@ -53,3 +53,21 @@ def test_history_orders_versions_by_position(spark, make_config: MakeConfig) -> 
     live = {(r["id"], r["note"]) for r in spark.table(f"{db}.orders_current").collect()}
     assert current == live == {(1, "again")}
     assert builder.apply("orders").skipped
+
+
+def test_history_keeps_columns_named_like_its_working_columns(
+        spark, make_config: MakeConfig) -> None:
+    config = make_config([{"source": "shop.orders", "replica": "orders", "history": True}])
+    db = config.lakehouse.database
+    part, builder = Partition(ChangelogWriter(spark, config)), ReplicaBuilder(spark, config)
+    src = Source("shop.orders", types={"id": "bigint", "_stored": "string", "_id": "string"})
+    one = {"id": 1, "_stored": "s1", "_id": "i1"}
+    two = {"id": 1, "_stored": "s2", "_id": "i2"}
+    part.write(part.records([[src.insert(one)]]))
+    builder.apply("orders")
+    part.write(part.records([src.update(one, two)]))
+    builder.apply("orders")
+
+    versions = spark.table(f"{db}.orders_history").orderBy("_valid_from").collect()
+    assert [(v["id"], v["_stored"], v["_id"], v["_is_current"]) for v in versions] == [
+        (1, "s1", "i1", False), (1, "s2", "i2", True)]
