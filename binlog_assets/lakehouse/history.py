@@ -70,8 +70,8 @@ def merge_history(
     data = [c for c in rows.columns if c not in key and c not in ("_position", "_op",
                                                                    "_source_ts")]
     # Working columns take names no source column has.
-    from_table = free_name("_stored", [*rows.columns, *history.columns])
-    change = free_name("_id", [*rows.columns, *history.columns])
+    taken = [*rows.columns, *history.columns]
+    from_table, change = free_name("_stored", taken), free_name("_id", taken)
     keep = [*data, "_op", "_source_ts", "_valid_from", "_applied_at", from_table]
     incoming = (rows.withColumnRenamed("_position", "_valid_from")
                 .withColumn("_applied_at", F.lit(now)).withColumn(from_table, F.lit(False)))

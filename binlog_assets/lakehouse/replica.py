@@ -60,6 +60,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
+from pyspark.sql import Window
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
@@ -71,6 +72,7 @@ from binlog_assets.lakehouse.changelog import (
     read_changelog,
     read_survey,
     survey_of_frame,
+    to_json,
 )
 from binlog_assets.lakehouse.columns import (
     POSITION_TYPE,
@@ -723,8 +725,6 @@ def _latest(frame: DataFrame, key: list[str], order: list[str]) -> DataFrame:
     rewrite's 1.5M rows: a quarter less CPU in the map stage, 15% less time without the
     write; bench/RESULTS.md, session 6).
     """
-    from pyspark.sql import Window
-
     rank = free_name("_rank", frame.columns)
     window = Window.partitionBy(*[col(k) for k in key]).orderBy(
         *[col(c).desc() for c in order])
@@ -779,7 +779,8 @@ def _integer_key(column: str, data_type: T.DataType) -> Column | None:
     """
     if not isinstance(data_type, _INTEGER_TYPES):
         return None
-    prefix = "{" + json.dumps(column, ensure_ascii=False) + ":"
+    # The writer's own encoding of the key, up to the value: `{"<column>":`.
+    prefix = to_json({column: 0}).removesuffix("0}")
     record_key = F.col("key")
     start = len(prefix) + 1
     digits = record_key.substr(F.lit(start), F.length(record_key) - F.lit(start))
