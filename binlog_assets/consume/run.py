@@ -23,7 +23,6 @@ from typing import Protocol
 
 from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
 
-from binlog_assets.background import Started
 from binlog_assets.consume.checkpoint import (
     Checkpoint,
     CheckpointSource,
@@ -203,7 +202,7 @@ class BoundedRun:
         _raise_gc_threshold()
         consumer: Consumer | None = None
         dispatcher: LaneDispatcher | None = None
-        starting: Started[LaneDispatcher] | None = None
+        starting: _Started | None = None
         try:
             s = self.settings
             tracker: OffsetTracker | None = None
@@ -214,7 +213,7 @@ class BoundedRun:
             # The run's fixed start-up is three waits that do not depend on each other:
             # the checkpoint (a round trip to the group coordinator), the end offset (one
             # to the partition leader) and the lane workers' threads. They overlap.
-            starting = Started(lambda: LaneDispatcher(
+            starting = _Started(lambda: LaneDispatcher(
                 self.registry,
                 lanes=s.lanes * s.key_slots_per_lane,
                 workers=s.workers or min(s.lanes, MAX_DEFAULT_WORKERS),
@@ -224,11 +223,10 @@ class BoundedRun:
                 max_in_flight=s.max_in_flight,
                 policy=s.error_policy,
                 dead_letter=self._handler_dead_letter,
-            ), name="binlake-run-start")
+            ))
             consumer = self._consumer()
-            watermarks = Started(
-                lambda: consumer.get_watermark_offsets(self.tp, timeout=30, cached=False),
-                name="binlake-run-start")
+            watermarks = _Started(
+                lambda: consumer.get_watermark_offsets(self.tp, timeout=30, cached=False))
             resolution = self._resolve(consumer, watermarks.result)
             start = resolution.chosen
             _low, end = watermarks.result()
@@ -538,6 +536,29 @@ def _restore_gc_threshold() -> None:
         _gc_runs -= 1
         if _gc_runs == 0:
             gc.set_threshold(*_gc_saved)
+
+
+class _Started(threading.Thread):
+    """`call()` running in a thread of its own from now on; `result()` waits for it."""
+
+    def __init__(self, call: Callable[[], object]) -> None:
+        super().__init__(name="binlake-run-start", daemon=True)
+        self._call = call
+        self._value: object = None
+        self._error: BaseException | None = None
+        self.start()
+
+    def run(self) -> None:
+        try:
+            self._value = self._call()
+        except BaseException as exc:  # handed to whoever asks for the result
+            self._error = exc
+
+    def result(self, raise_error: bool = True):  # noqa: ANN201 - the call's own type
+        self.join()
+        if self._error is not None and raise_error:
+            raise self._error
+        return self._value
 
 
 def _event_bytes(event: ChangeEvent) -> bytes:

@@ -64,7 +64,6 @@ from pyspark.sql import Window
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from binlog_assets.background import Started
 from binlog_assets.config import PipelineConfig
 from binlog_assets.faults import fault_point
 from binlog_assets.formats.event import OP_CREATE, OP_DELETE, OP_READ, OP_TRUNCATE, OP_UPDATE
@@ -220,17 +219,11 @@ class ReplicaBuilder:
 
     def _apply(self, route: ReplicaRoute, up_to_version: int | None) -> ReplicaResult:
         spark = self.spark
+        up_to = changelog_version(spark, self.config) if up_to_version is None else up_to_version
         targets = [self.table_name(route.replica)]
         if route.history:
             targets.append(self.history_name(route.replica))
-        # Two independent waits, overlapped: the targets' transaction state (in a new
-        # process, loading a table's snapshot replays its log in a Spark job) and the
-        # changelog's snapshot, which this thread loads for its version and the surveys.
-        state = Started(lambda: {t: txn_version(spark, *t, APP_ID) for t in targets},
-                        name="binlake-apply", spark=True)
-        latest = changelog_version(spark, self.config)
-        up_to = latest if up_to_version is None else up_to_version
-        applied = state.result()
+        applied = {t: txn_version(spark, *t, APP_ID) for t in targets}
         behind = [t for t in targets if applied[t] is None or applied[t] < up_to]
         if up_to < 0 or not behind:
             done = applied[targets[0]]
@@ -255,11 +248,6 @@ class ReplicaBuilder:
         now = datetime.now(UTC)
         props, files, location = (self._detail(replica_table)
                                   if table_exists(spark, *replica_table) else ({}, 0, ""))
-        stored_rows = None
-        if files and replica_table in behind and self.config.lakehouse.rewrite_ratio:
-            # The rewrite decision's row count runs while the plan is built.
-            stored_rows = Started(spark.table(qualified(*replica_table)).count,
-                                  name="binlake-apply", spark=True)
         key = self._key(route, survey, props)
         changes = self._prepare_tables(route, survey, key)
         columns = self._source_columns(replica_table)
@@ -274,7 +262,7 @@ class ReplicaBuilder:
             if replica_table in behind:
                 written, truncated = self._merge_replica(route, rows, survey, key, columns,
                                                          up_to, now, props, location,
-                                                         stored_rows, empty=files == 0)
+                                                         empty=files == 0)
             history_table = self.history_name(route.replica)
             if route.history and history_table in behind:
                 typed = self._typed(rows, survey, key, columns,
@@ -545,14 +533,12 @@ class ReplicaBuilder:
 
     def _merge_replica(self, route: ReplicaRoute, rows: DataFrame, survey: _Survey,
                        key: list[str], columns: dict[str, T.DataType], up_to: int,
-                       now: datetime, props: dict[str, str], location: str,
-                       stored_rows: Started[int] | None, *, empty: bool
+                       now: datetime, props: dict[str, str], location: str, *, empty: bool
                        ) -> tuple[int, int]:
         """Reduce per key, MERGE with the position guard; (rows written, rows truncated).
 
         `rows` are `_keyed_rows`: the images are parsed after the reduce, for the changes
-        that won it only. `stored_rows` is counting the replica's rows (None when the
-        replica is `empty`, with no data file, or `rewrite_ratio` is 0).
+        that won it only.
         """
         from delta.tables import DeltaTable
 
@@ -576,7 +562,7 @@ class ReplicaBuilder:
                     .drop("_wm_db", "_wm_table", "_wm"))
         name = ".".join(table)
         fault_point("during_replica_merge")
-        if not empty and self._rewrites(survey, stored_rows):
+        if not empty and self._rewrites(table, survey):
             return self._rewrite_replica(table, location, rows, survey, key, columns, up_to,
                                          now)
         before = table_version(self.spark, *table)
@@ -606,13 +592,13 @@ class ReplicaBuilder:
                    + int(metrics.get("numTargetRowsMatchedUpdated", 0)))
         return written, int(metrics.get("numTargetRowsNotMatchedBySourceDeleted", 0))
 
-    def _rewrites(self, survey: _Survey, stored_rows: Started[int] | None) -> bool:
+    def _rewrites(self, table: tuple[str, str], survey: _Survey) -> bool:
         """Whether the batch is large enough against the replica to rewrite it rather
         than MERGE (`lakehouse.rewrite_ratio`). Delta counts the rows from its log."""
         ratio = self.config.lakehouse.rewrite_ratio
-        if ratio == 0 or stored_rows is None:
+        if ratio == 0:
             return True
-        return survey.rows >= ratio * stored_rows.result()
+        return survey.rows >= ratio * self.spark.table(".".join(table)).count()
 
     def _rewrite_replica(self, table: tuple[str, str], location: str, rows: DataFrame,
                          survey: _Survey, key: list[str], columns: dict[str, T.DataType],
