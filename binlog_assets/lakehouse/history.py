@@ -27,6 +27,7 @@ from binlog_assets.formats.event import OP_DELETE, OP_TRUNCATE
 from binlog_assets.lakehouse.columns import (
     POSITION_TYPE,
     change_identity,
+    first_per_group,
     first_truncate_after,
     free_name,
     key_match,
@@ -86,14 +87,11 @@ def merge_history(
 
     # One row per (key, change): a stored version wins over a re-delivered copy, so its
     # `_valid_from` and `_applied_at` stay as first written.
-    group = [*[col(k) for k in key], change_identity(F.col("_valid_from")).alias(change)]
-    versions = (incoming.select(*[col(k) for k in key], *[col(c) for c in keep])
-                .unionByName(stored)
-                .groupBy(*group)
-                .agg(F.max_by(F.struct(*[col(c) for c in keep]),
-                              F.struct(col(from_table), -F.col("_valid_from.offset")))
-                     .alias("_v"))
-                .select(*[col(k) for k in key], "_v.*"))
+    versions = first_per_group(
+        incoming.select(*[col(k) for k in key], *[col(c) for c in keep]).unionByName(stored)
+        .withColumn(change, change_identity(F.col("_valid_from"))),
+        [*[col(k) for k in key], col(change)],
+        [col(from_table).desc(), F.col("_valid_from.offset").asc()]).drop(change)
     following = F.lead("_valid_from").over(
         Window.partitionBy(*[col(k) for k in key]).orderBy("_valid_from"))
     valid_to = F.least(following, first_truncate_after(all_truncates, F.col("_valid_from")))

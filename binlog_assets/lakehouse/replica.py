@@ -60,7 +60,6 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
-from pyspark.sql import Window
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
@@ -77,6 +76,7 @@ from binlog_assets.lakehouse.changelog import (
 from binlog_assets.lakehouse.columns import (
     POSITION_TYPE,
     changelog_position,
+    first_per_group,
     free_name,
     is_source_table,
     key_match,
@@ -567,7 +567,8 @@ class ReplicaBuilder:
                                          now)
         before = table_version(self.spark, *table)
         stored_columns = self.spark.table(name).columns
-        reduced = _latest(rows, key, ["_position"]).withColumn("_applied_at", F.lit(now))
+        reduced = (first_per_group(rows, [col(k) for k in key], [col("_position").desc()])
+                   .withColumn("_applied_at", F.lit(now)))
         reduced = self._typed(reduced, survey, key, columns, stored_columns)
         if empty:
             # Nothing to match: the reduced batch is the table's content, appended with the
@@ -628,7 +629,8 @@ class ReplicaBuilder:
                     *[col(c) if c in changes.columns
                       else F.lit(None).cast(types[c]).alias(c) for c in names],
                     col(image), F.lit(0).alias(from_table))))
-        winners = _latest(both, key, ["_position", from_table])
+        winners = first_per_group(both, [col(k) for k in key],
+                                  [col("_position").desc(), col(from_table).desc()])
         winners = self._typed(winners, survey, key, columns, [*names, from_table],
                               stored=col(from_table) == 1, image=image)
         cleared = _below_truncates(survey.truncates)
@@ -711,25 +713,6 @@ class _Txn:
     def __exit__(self, *exc: Any) -> None:
         self.spark.conf.unset(_TXN_APP_ID)
         self.spark.conf.unset(_TXN_VERSION)
-
-
-def _latest(frame: DataFrame, key: list[str], order: list[str]) -> DataFrame:
-    """Per key (null-safe: truncate markers form one group), the row that is highest by
-    the `order` columns, compared in turn (`_position` is a struct, compared field by
-    field).
-
-    `row_number() = 1` over the key, rather than `max_by` of a struct of the other
-    columns: Spark turns the filter into a group limit that already keeps one row per
-    key before the shuffle and moves the rows as they are, where `max_by` over a struct
-    takes the sort-based aggregate and copies every row into a generic buffer (for the
-    rewrite's 1.5M rows: a quarter less CPU in the map stage, 15% less time without the
-    write; bench/RESULTS.md, session 6).
-    """
-    rank = free_name("_rank", frame.columns)
-    window = Window.partitionBy(*[col(k) for k in key]).orderBy(
-        *[col(c).desc() for c in order])
-    return (frame.withColumn(rank, F.row_number().over(window))
-            .where(col(rank) == 1).drop(rank))
 
 
 def _below_truncates(truncates: dict[str, tuple[int, ...]], alias: str | None = None
