@@ -36,7 +36,12 @@ from pyspark.sql import types as T
 
 from binlog_assets.config import PipelineConfig
 from binlog_assets.formats.event import ChangeEvent
-from binlog_assets.lakehouse.delta_log import table_exists, table_version, txn_version
+from binlog_assets.lakehouse.delta_log import (
+    added_rows,
+    table_exists,
+    table_version,
+    txn_version,
+)
 from binlog_assets.lakehouse.identifiers import qualified
 from binlog_assets.lakehouse.schema import infer_type
 
@@ -70,8 +75,9 @@ _CHANGELOG_COLUMNS = (
 
 _TABLE_PROPERTIES = {
     "delta.appendOnly": "true",
-    # Replica builds read the commits they have not applied through the change feed;
-    # on an append-only table it costs nothing to write (no extra change files).
+    # Replica builds read the commits they have not applied through the change feed's
+    # planner (`delta_log.added_rows`); on an append-only table it costs nothing to write
+    # (no extra change files).
     "delta.enableChangeDataFeed": "true",
     # Stats on the raw payload and the JSON images would be large and never prune a file.
     "delta.dataSkippingStatsColumns":
@@ -353,13 +359,11 @@ def read_changelog(
 
     With nothing applied yet (`after_version` None) this is the table as of `up_to`: a
     plain snapshot read, which also works once old log entries are cleaned up. Later
-    ranges come from the change feed, which reads only the files those commits added.
+    ranges are the rows those commits added (the table is append-only), read from their
+    files only (`delta_log.added_rows`).
     """
     database, table = changelog_name(config)
-    name = f"{database}.{table}"
     if after_version is None:
+        name = f"{database}.{table}"
         return spark.read.format("delta").option("versionAsOf", up_to).table(name)
-    feed = (spark.read.format("delta").option("readChangeFeed", "true")
-            .option("startingVersion", after_version + 1).option("endingVersion", up_to)
-            .table(name))
-    return feed.drop("_change_type", "_commit_version", "_commit_timestamp")
+    return added_rows(spark, database, table, after_version + 1, up_to)

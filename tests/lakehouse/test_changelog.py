@@ -167,6 +167,37 @@ def test_each_commit_carries_the_survey_a_scan_of_its_rows_gives(spark, make_con
                                          for e in events[6:]])]
 
 
+def test_a_range_reads_what_its_commits_added_as_parquet_files(spark, make_config: MakeConfig
+                                                                ) -> None:
+    config = make_config(TABLES)
+    part = Partition(ChangelogWriter(spark, config))
+    src = Source("shop.orders")
+    events = part.records([[src.insert(row(i))] for i in range(6)]
+                          + [src.update(row(2), row(7, "4.00"))])  # delete + create
+    first = part.write(events[:2], end_offset=2)
+    second = part.write(events[2:4], end_offset=4)
+    third = part.write(events[4:])
+    assert (second, third) == (first + 1, first + 2)
+    name = f"{config.lakehouse.database}.changelog"
+
+    def rows(frame) -> list:
+        return sorted(tuple(r) for r in frame.collect())
+
+    for after, up_to in ((first, second), (first, third), (second, third), (first - 1, first)):
+        got = read_changelog(spark, config, after, up_to)
+        feed = (spark.read.format("delta").option("readChangeFeed", "true")
+                .option("startingVersion", after + 1).option("endingVersion", up_to)
+                .table(name).drop("_change_type", "_commit_version", "_commit_timestamp"))
+        assert got.schema == feed.schema
+        assert rows(got) == rows(feed)
+    assert sorted(r["offset"] for r in read_changelog(spark, config, first, third).collect()) \
+        == [2, 3, 4, 5, 6, 6]
+    # Scanned as Parquet (columnar), not through the feed relation's conversion to Rows.
+    plan = read_changelog(spark, config, first, third)._jdf.queryExecution() \
+        .executedPlan().toString()
+    assert "FileScan parquet" in plan and "DeltaCDFRelation" not in plan
+
+
 def test_a_range_with_a_commit_without_survey_is_scanned(spark, make_config: MakeConfig
                                                          ) -> None:
     config = make_config(TABLES)
