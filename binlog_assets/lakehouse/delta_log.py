@@ -33,16 +33,13 @@ def table_exists(spark: SparkSession, database: str, table: str) -> bool:
     return spark.catalog.tableExists(qualified(database, table))
 
 
-def _log(spark: SparkSession, database: str, table: str):
+def _snapshot(spark: SparkSession, database: str, table: str):
     jvm = spark._jvm
     ident = jvm.org.apache.spark.sql.catalyst.TableIdentifier(table, jvm.scala.Some(database))
-    return jvm.org.apache.spark.sql.delta.DeltaLog.forTable(spark._jsparkSession, ident)
-
-
-def _snapshot(spark: SparkSession, database: str, table: str, log=None):
-    none = spark._jvm.scala.Option.empty()
+    log = jvm.org.apache.spark.sql.delta.DeltaLog.forTable(spark._jsparkSession, ident)
+    none = jvm.scala.Option.empty()
     # update(stalenessAcceptable=false, ...): always the newest commit, never a cached one.
-    return (log or _log(spark, database, table)).update(False, none, none)
+    return log.update(False, none, none)
 
 
 def table_version(spark: SparkSession, database: str, table: str) -> int:
@@ -75,9 +72,9 @@ def added_rows(spark: SparkSession, database: str, table: str, first: int, last:
     from pyspark.sql import DataFrame
 
     jvm = spark._jvm
-    log = _log(spark, database, table)
-    schema_of = jvm.scala.Some(_snapshot(spark, database, table, log))
+    snapshot = _snapshot(spark, database, table)  # the batch's schema, as the feed uses it
     none = jvm.scala.Option.empty()
     jdf = jvm.org.apache.spark.sql.delta.commands.cdc.CDCReader.changesToBatchDF(
-        log, first, last, spark._jsparkSession, none, schema_of, False, none)
+        snapshot.deltaLog(), first, last, spark._jsparkSession, none,
+        jvm.scala.Some(snapshot), False, none)
     return DataFrame(jdf, spark).drop(*CHANGE_FEED_COLUMNS)
