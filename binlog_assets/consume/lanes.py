@@ -92,6 +92,8 @@ _SLICE_SECONDS = 0.01
 # the ready lanes pile up past _LAZY_BACKLOG (see `_ReadyQueue`).
 _EAGER_EVENT_SECONDS = 0.0001
 _LAZY_BACKLOG = 256
+# How often the patrol checks for ready lanes that no worker took (see `_ReadyQueue`).
+_PATROL_SECONDS = 0.01
 
 # Lane states, changed only under the dispatcher lock.
 _IDLE = 0  # no entries, not on the ready queue, no worker on it
@@ -216,6 +218,9 @@ class LaneDispatcher:
         ]
         for thread in self._threads:
             thread.start()
+        self._patrol = threading.Thread(
+            target=self._run_patrol, name="binlake-lane-patrol", daemon=True)
+        self._patrol.start()
 
     # -- the poll thread's side -------------------------------------------------------
     def submit(self, event: ChangeEvent) -> None:
@@ -296,6 +301,12 @@ class LaneDispatcher:
             else:
                 self._enqueue(per_lane)
 
+    def handlers_wait(self) -> bool:
+        """True while the handlers' measured time per event is at least 100 us (I/O, not
+        computation), and until enough was measured: the workers are then mostly
+        waiting."""
+        return self._ready.eager
+
     def in_flight(self) -> int:
         """Events submitted and not yet done."""
         return self._in_flight
@@ -342,7 +353,7 @@ class LaneDispatcher:
     def close(self, timeout: float = 10.0) -> None:
         """Stop the workers and wait for them. Events not yet started are dropped."""
         self.stop()
-        for thread in self._threads:
+        for thread in (*self._threads, self._patrol):
             thread.join(timeout)
         if self._pool is not None:
             self._pool.shutdown(wait=False, cancel_futures=True)
@@ -489,6 +500,12 @@ class LaneDispatcher:
             self._halted = True
             self._stop.set()
             self._changed.notify_all()
+
+    def _run_patrol(self) -> None:
+        """Every _PATROL_SECONDS until stopped: wake idle workers for ready lanes that no
+        worker took since the last look (see `_ReadyQueue.patrol`)."""
+        while not self._stop.wait(_PATROL_SECONDS):
+            self._ready.patrol()
 
     # -- the workers' side ------------------------------------------------------------
     def _work(self, stats: _WorkerStats) -> None:
@@ -843,7 +860,12 @@ class _ReadyQueue:
     binlake/baseline 0.59 when a burst woke one worker, 0.50 when it woke one per lane.
     So `eager` (set from the handlers' measured time per event) decides: eager, a put
     wakes a waiting worker; otherwise only when no worker is running, when the backlog
-    passes _LAZY_BACKLOG, or to stop one.
+    passes _LAZY_BACKLOG, or to stop one. A running worker is not always about to take
+    the next lane, though: its handler call may block (a slow I/O call among cheap ones,
+    a retry's backoff), and with fewer than _LAZY_BACKLOG ready lanes nothing would wake
+    the idle workers until it returned. The dispatcher's patrol calls `patrol()` every
+    _PATROL_SECONDS: when lanes are ready and no worker took one since the last call, it
+    wakes an idle worker for each.
 
     Lanes come out first in, first out: the oldest queued events hold the commit point
     back, so they go first. After `longest_first()` (nothing more will be submitted)
@@ -853,7 +875,8 @@ class _ReadyQueue:
     first, against 239 ms of work per worker).
     """
 
-    __slots__ = ("_heap", "_idle", "_items", "_mutex", "_seq", "_workers", "eager")
+    __slots__ = ("_heap", "_idle", "_items", "_mutex", "_patrolled", "_seq", "_taken",
+                 "_workers", "eager")
 
     def __init__(self, workers: int) -> None:
         self._mutex = threading.Lock()
@@ -862,6 +885,8 @@ class _ReadyQueue:
         self._seq = 0
         self._idle: list[threading.Lock] = []  # wake locks of waiting workers, all held
         self._workers = workers
+        self._taken = 0  # items taken by workers so far
+        self._patrolled = 0  # _taken at the last patrol
         self.eager = True  # until the handlers are measured
 
     def put(self, item: _Lane | None) -> None:
@@ -884,8 +909,10 @@ class _ReadyQueue:
         while True:
             with self._mutex:
                 if self._items:
+                    self._taken += 1
                     return self._items.popleft()
                 if self._heap:
+                    self._taken += 1
                     return heappop(self._heap)[2]
                 self._idle.append(wake)
             # A put in between has released `wake` already: this returns at once.
@@ -894,10 +921,28 @@ class _ReadyQueue:
     def get_nowait(self) -> _Lane | None:
         with self._mutex:
             if self._items:
+                self._taken += 1
                 return self._items.popleft()
             if self._heap:
+                self._taken += 1
                 return heappop(self._heap)[2]
         raise Empty
+
+    def patrol(self) -> int:
+        """Wake a waiting worker per ready item, if no worker took an item since the last
+        call: the running workers are held up (see the class docstring). Returns how
+        many were woken."""
+        with self._mutex:
+            stalled = self._taken == self._patrolled and self.qsize() > 0
+            self._patrolled = self._taken
+            if not stalled:
+                return 0
+            idle = self._idle
+            woken = idle[-self.qsize():]
+            del idle[-self.qsize():]
+        for wake in woken:
+            wake.release()
+        return len(woken)
 
     def longest_first(self) -> None:
         """From now on, the lane with the most queued events first (under the dispatcher

@@ -432,7 +432,7 @@ def test_close_stops_workers_and_drops_what_has_not_started() -> None:
     dispatcher.submit_many([event(o) for o in range(10)])
     assert started.wait(5)
     dispatcher.close()
-    assert not any(t.is_alive() for t in dispatcher._threads)
+    assert not any(t.is_alive() for t in (*dispatcher._threads, dispatcher._patrol))
     assert len(reported) < 10
     with pytest.raises(DispatcherStopped):
         dispatcher.submit(event(10))
@@ -707,3 +707,64 @@ def test_with_cheap_handlers_a_ready_lane_wakes_a_worker_only_when_none_is_runni
     ready.put(None)  # a stop wakes one whatever the mode
     assert len(ready._idle) == 1
     hold.set()
+
+
+def test_a_handler_blocked_in_one_lane_does_not_hold_back_the_others_when_cheap() -> None:
+    """Cheap handlers measured (not eager), then one handler call blocks (a slow I/O call,
+    a retry's backoff): the lanes that become ready meanwhile still get the idle workers.
+    A put wakes nobody while a worker runs, expecting the running one to take the next
+    lane within microseconds; the patrol wakes an idle worker when ready lanes have waited
+    a patrol interval with no worker taking any."""
+    release = threading.Event()
+    done: list[int] = []
+    registry = HandlerRegistry()
+
+    def handler(ev: ChangeEvent) -> None:
+        if ev.key == (0,):
+            release.wait(10)
+        done.append(ev.offset)
+
+    registry.register("db.t", handler)
+    with LaneDispatcher(registry, lanes=64, workers=4) as dispatcher:
+        offset = 0
+        while offset < 1000 or dispatcher.handlers_wait():  # until measured cheap
+            assert offset < 50_000
+            dispatcher.submit_many([event(offset, key=(offset % 20 + 1,))])
+            offset += 1
+            if offset % 1000 == 0:
+                assert dispatcher.drain(timeout=10)
+        assert dispatcher.drain(timeout=10)
+        blocked = offset
+        dispatcher.submit_many([event(blocked, key=(0,))])  # blocks its worker
+        later = range(blocked + 1, blocked + 101)
+        for offset in later:
+            dispatcher.submit_many([event(offset, key=(offset % 20 + 1,))])
+        deadline = time.monotonic() + 5
+        while len(done) < later[-1] and time.monotonic() < deadline:
+            time.sleep(0.005)
+        waited = sorted(set(later) - set(done))
+        release.set()
+        assert dispatcher.drain(timeout=10)
+    assert waited == [], f"{len(waited)} events waited for the blocked handler"
+
+
+def test_patrol_wakes_idle_workers_only_for_lanes_no_worker_took() -> None:
+    ready = lanes_module._ReadyQueue(3)
+    ready.eager = False
+    idle = [threading.Lock() for _ in range(3)]
+    for wake in idle:
+        wake.acquire()
+        ready._idle.append(wake)  # three workers waiting
+    ready.put(lanes_module._Lane(0))  # none running: wakes one, which takes it
+    assert ready.get_nowait().index == 0
+    ready.put(lanes_module._Lane(1))  # one running: wakes nobody
+    ready.put(lanes_module._Lane(2))
+    assert len(ready._idle) == 2 and ready.qsize() == 2
+    assert ready.patrol() == 0  # a worker took a lane since the last look
+    assert ready.get_nowait().index == 1
+    assert ready.patrol() == 0  # and again
+    assert ready.patrol() == 1  # nobody took one for a whole interval: wake a worker
+    assert len(ready._idle) == 1 and ready.qsize() == 1
+    assert ready.patrol() == 1  # still not taken: the last waiting worker
+    assert ready._idle == [] and ready.patrol() == 0
+    assert sum(not wake.locked() for wake in idle) == 3  # every wake lock was released
