@@ -207,7 +207,9 @@ class LaneDispatcher:
         self._barriers: dict[str, _Barrier] = {}  # table -> its latest DDL barrier
         self._lanes = [_Lane(i) for i in range(lanes)]
         self._ready = _ReadyQueue(workers)
-        self._event_seconds = 1.0  # moving average of a lane's handling time per event
+        # Moving average of a lane's handling time per event; None until the first lane
+        # run is measured (the handlers count as waiting until then).
+        self._event_seconds: float | None = None
         self._pool: ThreadPoolExecutor | None = None
         self._stats = [_WorkerStats() for _ in range(workers)]
         self._threads = [
@@ -303,8 +305,8 @@ class LaneDispatcher:
 
     def handlers_wait(self) -> bool:
         """True while the handlers' measured time per event is at least 100 us (I/O, not
-        computation), and until enough was measured: the workers are then mostly
-        waiting."""
+        computation), and before anything was measured: the workers are then mostly
+        waiting, and what holds them up is the GIL when they come back."""
         return self._ready.eager
 
     def in_flight(self) -> int:
@@ -578,8 +580,9 @@ class LaneDispatcher:
             if finished:
                 # Unlocked on purpose: a lost update between workers only delays the
                 # average by one sample.
+                sample = (monotonic() - began) / finished
                 average = self._event_seconds
-                average += 0.2 * ((monotonic() - began) / finished - average)
+                average = sample if average is None else average + 0.2 * (sample - average)
                 self._event_seconds = average
                 self._ready.eager = average >= _EAGER_EVENT_SECONDS
             with self._lock:
