@@ -340,8 +340,8 @@ class BoundedRun:
         needs it back: CPython hands it over when its holder blocks, or after the switch
         interval (5 ms) to one waiter at a time, and the poll thread often took it right
         back. Measured on bench (b), 5 ms handlers: calls took 10-45 ms while the poll
-        thread decoded; with the yield, a 64-lane run of 3,000 records took 312-314 ms
-        instead of 336-342 (medians of 16-20 runs). Cheap handlers keep whole batches:
+        thread decoded; with the yield, a 64-lane run of 3,000 records took 307-314 ms
+        instead of 325-342 (medians of 16-20 runs). Cheap handlers keep whole batches:
         there the poll thread is the bottleneck and has nothing to wait for.
         """
         if len(msgs) <= _YIELD_EVERY or not dispatcher.handlers_wait():
