@@ -748,7 +748,7 @@ def test_a_handler_blocked_in_one_lane_does_not_hold_back_the_others_when_cheap(
     assert waited == [], f"{len(waited)} events waited for the blocked handler"
 
 
-def test_patrol_wakes_idle_workers_only_for_lanes_no_worker_took() -> None:
+def test_patrol_wakes_one_idle_worker_for_lanes_no_worker_took_in_two_looks() -> None:
     ready = lanes_module._ReadyQueue(3)
     ready.eager = False
     idle = [threading.Lock() for _ in range(3)]
@@ -760,11 +760,14 @@ def test_patrol_wakes_idle_workers_only_for_lanes_no_worker_took() -> None:
     ready.put(lanes_module._Lane(1))  # one running: wakes nobody
     ready.put(lanes_module._Lane(2))
     assert len(ready._idle) == 2 and ready.qsize() == 2
-    assert ready.patrol() == 0  # a worker took a lane since the last look
+    assert lanes_module._PATROL_LOOKS == 2
+    assert not ready.patrol()  # a worker took a lane since the last look
     assert ready.get_nowait().index == 1
-    assert ready.patrol() == 0  # and again
-    assert ready.patrol() == 1  # nobody took one for a whole interval: wake a worker
+    assert not ready.patrol()  # and again
+    assert not ready.patrol()  # nobody took one since: a first stale look
+    assert ready.patrol()  # the second in a row: one worker is woken
     assert len(ready._idle) == 1 and ready.qsize() == 1
-    assert ready.patrol() == 1  # still not taken: the last waiting worker
-    assert ready._idle == [] and ready.patrol() == 0
+    assert not ready.patrol()  # the count starts again
+    assert ready.patrol()  # still not taken: the last waiting worker
+    assert ready._idle == [] and not ready.patrol() and not ready.patrol()
     assert sum(not wake.locked() for wake in idle) == 3  # every wake lock was released
