@@ -240,35 +240,9 @@ def test_gc_threshold_is_raised_during_runs_and_restored_after_concurrent_ones(
     assert gc.get_threshold() == before  # and restored once the last one ended
 
 
-def test_poll_thread_yields_the_gil_between_slices_while_handlers_wait(
-    fake_kafka, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """Slow (I/O) handlers: the poll thread hands the lanes at most _YIELD_EVERY records
-    at a time and gives the GIL up after each slice, so workers coming back from their
-    I/O are not held up by a whole batch's decoding."""
-    submitted: list[int] = []  # events per submit_many call
-    yields: list[int] = []  # events submitted so far, at each yield
-    real_submit = run_module.LaneDispatcher.submit_many
-
-    def submit_many(self, events) -> None:
-        submitted.append(len(events))
-        real_submit(self, events)
-
-    monkeypatch.setattr(run_module.LaneDispatcher, "submit_many", submit_many)
-    monkeypatch.setattr(run_module, "_yield_gil", lambda: yields.append(sum(submitted)))
-    run(400, fake_kafka, delay=0.002, lanes=16)
-    assert sum(submitted) == 400
-    assert max(submitted) <= run_module._YIELD_EVERY
-    # a yield after every slice but each batch's last one that reaches the end offset
-    assert len(yields) >= 400 // run_module._YIELD_EVERY - 1
-    assert all(b - a <= run_module._YIELD_EVERY for a, b in itertools.pairwise(yields))
-
-
-def test_cheap_handlers_get_whole_batches_without_yields(
-    fake_kafka, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """Cheap handlers: once measured, whole batches go to the lanes in one call, and the
-    poll thread (then the bottleneck) does not give the GIL away."""
+@pytest.fixture
+def handed(monkeypatch: pytest.MonkeyPatch) -> tuple[list[int], list[int]]:
+    """(events per submit_many call, events submitted so far at each GIL yield)."""
     submitted: list[int] = []
     yields: list[int] = []
     real_submit = run_module.LaneDispatcher.submit_many
@@ -279,6 +253,28 @@ def test_cheap_handlers_get_whole_batches_without_yields(
 
     monkeypatch.setattr(run_module.LaneDispatcher, "submit_many", submit_many)
     monkeypatch.setattr(run_module, "_yield_gil", lambda: yields.append(sum(submitted)))
+    return submitted, yields
+
+
+def test_poll_thread_yields_the_gil_between_slices_while_handlers_wait(
+    fake_kafka, handed
+) -> None:
+    """Slow (I/O) handlers: the poll thread hands the lanes at most _YIELD_EVERY records
+    at a time and gives the GIL up after each slice, so workers coming back from their
+    I/O are not held up by a whole batch's decoding."""
+    submitted, yields = handed
+    run(400, fake_kafka, delay=0.002, lanes=16)
+    assert sum(submitted) == 400
+    assert max(submitted) <= run_module._YIELD_EVERY
+    # a yield after every slice but the one that reaches the end offset
+    assert len(yields) >= 400 // run_module._YIELD_EVERY - 1
+    assert all(b - a <= run_module._YIELD_EVERY for a, b in itertools.pairwise(yields))
+
+
+def test_cheap_handlers_get_whole_batches_without_yields(fake_kafka, handed) -> None:
+    """Cheap handlers: once measured, whole batches go to the lanes in one call, and the
+    poll thread (then the bottleneck) does not give the GIL away."""
+    submitted, yields = handed
     run(5000, fake_kafka, batch_size=1000)
     assert sum(submitted) == 5000
     assert submitted.count(1000) >= 2, submitted  # the last batches, measured cheap, whole
