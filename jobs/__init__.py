@@ -9,7 +9,6 @@
 
 import dagster as dg
 
-from binlog_assets.orchestration.partitions import kafka_partitions_def
 from binlog_assets.orchestration.sensors import CONSUME_JOB_NAME
 
 REPLICAS = dg.AssetSelection.key_prefixes("replica")
@@ -23,8 +22,8 @@ DBT_MODELS = REPLICAS.downstream(include_self=False)
 
 consume_changelog_job = dg.define_asset_job(
     name=CONSUME_JOB_NAME,
-    selection=dg.AssetSelection.keys("changelog"),
-    partitions_def=kafka_partitions_def,
+    # Partitioned as the changelog asset is (one partition per topic-partition).
+    selection=dg.AssetSelection.assets("changelog"),
     description="One bounded consumer run of a Kafka topic-partition into the changelog.",
     executor_def=ONE_PROCESS,
 )

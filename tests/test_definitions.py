@@ -18,6 +18,11 @@ def test_definitions_load_and_jobs_resolve(binlake_env: Path) -> None:
     assert {"consume_changelog_job", "build_replicas_job", "dbt_build_job"} <= jobs
     for name in jobs:
         assert defs.resolve_job_def(name) is not None
+    # The consume job takes its partitions (topic-partitions) from the changelog asset.
+    from binlog_assets.orchestration.partitions import kafka_partitions_def
+
+    consume = defs.resolve_job_def("consume_changelog_job")
+    assert consume.partitions_def == kafka_partitions_def
     keys = {k.to_user_string() for k in defs.resolve_asset_graph().get_all_asset_keys()}
     # One graph: changelog -> replicas -> dbt models, with dbt sources mapped to replicas.
     assert {"changelog", "replica/products", "stg_products", "customer_revenue"} <= keys
