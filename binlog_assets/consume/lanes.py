@@ -914,25 +914,22 @@ class _ReadyQueue:
         """The next item, waiting for one on `wake` (a lock the caller holds) if none."""
         while True:
             with self._mutex:
-                if self._items:
-                    self._taken += 1
-                    return self._items.popleft()
-                if self._heap:
-                    self._taken += 1
-                    return heappop(self._heap)[2]
+                if self.qsize():
+                    return self._take()
                 self._idle.append(wake)
             # A put in between has released `wake` already: this returns at once.
             wake.acquire()
 
     def get_nowait(self) -> _Lane | None:
         with self._mutex:
-            if self._items:
-                self._taken += 1
-                return self._items.popleft()
-            if self._heap:
-                self._taken += 1
-                return heappop(self._heap)[2]
+            if self.qsize():
+                return self._take()
         raise Empty
+
+    def _take(self) -> _Lane | None:
+        """The next item of a non-empty queue (under the mutex), counted for `patrol`."""
+        self._taken += 1
+        return self._items.popleft() if self._heap is None else heappop(self._heap)[2]
 
     def patrol(self) -> bool:
         """Wake one waiting worker when items were ready at _PATROL_LOOKS calls in a row
