@@ -156,8 +156,7 @@ class KafkaConnect(LocalDaemon):
             raise ValueError("starting kafka connect needs bootstrap_servers and a connector")
         began = time.monotonic()
         self.data_dir.mkdir(parents=True, exist_ok=True)
-        if self.running_pid() is not None and self.port_file.exists():
-            self.port = int(self.port_file.read_text())
+        if self._reuse_port():
             if self._written_config() == self._config(connector):
                 self.wait_running(connector.name, timeout - (time.monotonic() - began))
                 return time.monotonic() - began
@@ -173,17 +172,11 @@ class KafkaConnect(LocalDaemon):
             "-cp", f"{jars_dir('connect')}/*", _CONNECT_MAIN,
             str(self._worker_file), str(self._connector_file),
         ]
-        with open(self.data_dir / "connect.stdout", "ab") as out:
-            self._proc = subprocess.Popen(
-                cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
-            )
-        self.pid_file.write_text(str(self._proc.pid))
-        self.port_file.write_text(str(self.port))
-        try:
+        def running(proc: subprocess.Popen[bytes]) -> None:
+            self._proc = proc  # lets the wait notice an early exit
             self.wait_running(connector.name, timeout - (time.monotonic() - began))
-        except BaseException:
-            self.stop()
-            raise
+
+        self._launch(cmd, "connect.stdout", running)
         return time.monotonic() - began
 
     def status(self) -> str:

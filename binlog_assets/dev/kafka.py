@@ -62,8 +62,7 @@ class KafkaBroker(LocalDaemon):
         """Start (or reuse) the broker; returns the seconds it took to accept clients."""
         began = time.monotonic()
         self.data_dir.mkdir(parents=True, exist_ok=True)
-        if self.running_pid() is not None and self.port_file.exists():
-            self.port = int(self.port_file.read_text())
+        if self._reuse_port():
             self._wait_ready(began, timeout)
             return time.monotonic() - began
         self.port = self.port or free_port()
@@ -77,17 +76,7 @@ class KafkaBroker(LocalDaemon):
                 f"--cluster-id={_cluster_id()}", "--ignore-formatted",
             ).check_returncode()
         cmd = self._java_cmd("kafka.Kafka", str(props))
-        with open(self.data_dir / "broker.stdout", "ab") as out:
-            proc = subprocess.Popen(
-                cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
-            )
-        self.pid_file.write_text(str(proc.pid))
-        self.port_file.write_text(str(self.port))
-        try:
-            self._wait_ready(began, timeout, proc)
-        except BaseException:
-            self.stop()
-            raise
+        self._launch(cmd, "broker.stdout", lambda proc: self._wait_ready(began, timeout, proc))
         return time.monotonic() - began
 
     def status(self) -> str:

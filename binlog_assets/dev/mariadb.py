@@ -76,25 +76,17 @@ class MariaDBServer(LocalDaemon):
             raise ValueError(
                 f"{self.socket} is too long for a unix socket path: use a shorter data_dir"
             )
-        if self.running_pid() is not None and self.port_file.exists():
-            self.port = int(self.port_file.read_text())
+        if self._reuse_port():
             self._wait_ready(began, timeout)
             return time.monotonic() - began
         if not (self.datadir / "mysql").is_dir():
             self._install_db()
         self.port = self.port or free_port()
-        with open(self.data_dir / "mariadbd.stdout", "ab") as out:
-            proc = subprocess.Popen(
-                self._server_cmd(), stdout=out, stderr=subprocess.STDOUT, start_new_session=True
-            )
-        self.pid_file.write_text(str(proc.pid))
-        self.port_file.write_text(str(self.port))
-        try:
+        def ready(proc: subprocess.Popen[bytes]) -> None:
             self._wait_ready(began, timeout, proc)
             self._grant_debezium()
-        except BaseException:
-            self.stop()
-            raise
+
+        self._launch(self._server_cmd(), "mariadbd.stdout", ready)
         return time.monotonic() - began
 
     def status(self) -> str:

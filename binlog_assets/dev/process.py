@@ -9,7 +9,9 @@ from __future__ import annotations
 import os
 import signal
 import socket
+import subprocess
 import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import ClassVar
 
@@ -23,6 +25,7 @@ class LocalDaemon:
     stem: ClassVar[str]
     stop_timeout: ClassVar[float] = 30.0
     data_dir: Path
+    port: int | None
 
     @property
     def pid_file(self) -> Path:
@@ -42,6 +45,32 @@ class LocalDaemon:
     def running_pid(self) -> int | None:
         """The pid of a live instance started from this directory, if any."""
         return live_pid(self.pid_file, str(self._marker()))
+
+    def _reuse_port(self) -> bool:
+        """True, with `port` read back from the port file, when an instance started from
+        this directory is alive: `start()` then only waits for it."""
+        if self.running_pid() is None or not self.port_file.exists():
+            return False
+        self.port = int(self.port_file.read_text())
+        return True
+
+    def _launch(self, cmd: Sequence[str], stdout_name: str,
+                wait: Callable[[subprocess.Popen[bytes]], None]) -> subprocess.Popen[bytes]:
+        """Start `cmd` in its own session with its output appended to `stdout_name` under
+        `data_dir`, record its pid and `port`, and `wait(proc)` for it to be ready;
+        a failed or interrupted wait stops it."""
+        with open(self.data_dir / stdout_name, "ab") as out:
+            proc = subprocess.Popen(
+                cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+            )
+        self.pid_file.write_text(str(proc.pid))
+        self.port_file.write_text(str(self.port))
+        try:
+            wait(proc)
+        except BaseException:
+            self.stop()
+            raise
+        return proc
 
     def stop(self, timeout: float | None = None) -> None:
         """SIGTERM the daemon (each shuts down cleanly on it), SIGKILL it if it lingers."""
