@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from typing import Any, ClassVar
 
 import orjson
@@ -146,34 +147,6 @@ def split_key_change(update: ChangeEvent, old_key: tuple) -> list[ChangeEvent]:
     Keyed downstream state (lanes, the replica MERGE) addresses rows by key, so the old
     key must disappear; the create follows at the next row index of the same record.
     """
-    delete = ChangeEvent(
-        table=update.table,
-        op=OP_DELETE,
-        key=old_key,
-        key_columns=update.key_columns,
-        before=update.before,
-        after=None,
-        position=update.position,
-        source_ts=update.source_ts,
-        topic=update.topic,
-        partition=update.partition,
-        offset=update.offset,
-        row_index=update.row_index,
-        column_types=update.column_types,
-    )
-    create = ChangeEvent(
-        table=update.table,
-        op=OP_CREATE,
-        key=update.key,
-        key_columns=update.key_columns,
-        before=None,
-        after=update.after,
-        position=update.position,
-        source_ts=update.source_ts,
-        topic=update.topic,
-        partition=update.partition,
-        offset=update.offset,
-        row_index=update.row_index + 1,
-        column_types=update.column_types,
-    )
+    delete = replace(update, op=OP_DELETE, key=old_key, after=None)
+    create = replace(update, op=OP_CREATE, before=None, row_index=update.row_index + 1)
     return [delete, create]
