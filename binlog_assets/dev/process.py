@@ -19,8 +19,9 @@ from typing import ClassVar
 class LocalDaemon:
     """What the stack's daemons share: `<stem>.pid`, `<stem>.port` and `<stem>.log` under
     `data_dir`, the pid of a live instance, and stopping it (SIGTERM, SIGKILL after
-    `stop_timeout`). Subclasses are dataclasses with a `data_dir` field and name a path on
-    their command line (`_marker`) so that a stale pid file is not taken for theirs."""
+    `stop_timeout`), launching it (`_launch`) and finding a live one to reuse
+    (`_reuse_port`). Subclasses are dataclasses with `data_dir` and `port` fields and name a
+    path on their command line (`_marker`) so that a stale pid file is not taken for theirs."""
 
     stem: ClassVar[str]
     stop_timeout: ClassVar[float] = 30.0
