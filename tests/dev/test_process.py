@@ -5,6 +5,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar
@@ -31,14 +32,25 @@ class SleeperDaemon(LocalDaemon):
         return [sys.executable, "-c", code, str(self.data_dir)]
 
 
+def wait_live(daemon: SleeperDaemon, seen: list[int]) -> Callable[[subprocess.Popen[bytes]], None]:
+    """A readiness wait: until `running_pid()` finds the child (its /proc cmdline holds the
+    marker once exec has set it up)."""
+    def wait(proc: subprocess.Popen[bytes]) -> None:
+        seen.append(proc.pid)
+        deadline = time.monotonic() + 10
+        while daemon.running_pid() != proc.pid:
+            assert proc.poll() is None and time.monotonic() < deadline, "child never came up"
+            time.sleep(0.001)
+    return wait
+
+
 def test_launch_records_pid_and_port_and_the_next_start_reuses_them(tmp_path: Path) -> None:
     daemon = SleeperDaemon(tmp_path, port=free_port())
     seen: list[int] = []
-    proc = daemon._launch(daemon.command(), "sleeper.stdout", lambda p: seen.append(p.pid))
+    proc = daemon._launch(daemon.command(), "sleeper.stdout", wait_live(daemon, seen))
     try:
         assert seen == [proc.pid]
         assert daemon.pid_file.read_text() == str(proc.pid)
-        assert daemon.running_pid() == proc.pid
         again = SleeperDaemon(tmp_path)
         assert again._reuse_port() and again.port == daemon.port
     finally:
@@ -55,9 +67,13 @@ def test_a_failed_wait_stops_the_child_and_raises(tmp_path: Path) -> None:
         launched.append(proc)
         raise TimeoutError("not ready")
 
-    with pytest.raises(TimeoutError, match="not ready"):
-        daemon._launch(daemon.command(), "sleeper.stdout", wait)
-    assert launched[0].poll() is not None, "the child outlived its failed start"
+    # The wait fails at once, while the child may not have finished its exec: it must be
+    # stopped all the same. Many launches, to meet that moment (a few in a hundred).
+    for _ in range(50):
+        launched.clear()
+        with pytest.raises(TimeoutError, match="not ready"):
+            daemon._launch(daemon.command(), "sleeper.stdout", wait)
+        assert launched[0].poll() is not None, "the child outlived its failed start"
     assert not daemon.pid_file.exists()
     assert daemon.running_pid() is None
 
