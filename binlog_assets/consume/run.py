@@ -358,7 +358,8 @@ class BoundedRun:
                       tracker: OffsetTracker, summary: RunSummary, end: int,
                       next_offset: int) -> int:
         # The poll thread is the run's bottleneck when handlers are cheap, so the per-record
-        # work here is kept to the minimum; counting and lookups happen once per batch.
+        # work here is kept to the minimum; counting and lookups happen once per call (a
+        # whole batch, or a slice of one while handlers wait).
         decode = self.decoder.decode
         topic, partition = self.tp.topic, self.tp.partition
         handled_tables = self._tables_with_handlers
