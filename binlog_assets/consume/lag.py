@@ -3,6 +3,12 @@
 Lag is `high watermark − committed`, or `high − low` when the group has committed
 nothing (everything still in the log is unread). Watermarks are read uncached, so a
 sensor sees what the broker has now, and one consumer answers for every partition.
+
+The watermarks of all partitions come in two batched ListOffsets requests (earliest,
+latest) per partition leader, not two round trips per partition: the high end under the
+consumer's `isolation.level` (with `read_committed`, the last stable offset), exactly
+what `get_watermark_offsets(cached=False)` returns for one partition. A sensor tick over
+1,000 partitions costs a handful of round trips (`bench/bench_lag_sensor.py`).
 """
 
 from __future__ import annotations
@@ -10,7 +16,13 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from confluent_kafka import Consumer, TopicPartition
+from confluent_kafka import (
+    OFFSET_BEGINNING,
+    OFFSET_END,
+    Consumer,
+    KafkaException,
+    TopicPartition,
+)
 
 from binlog_assets.consume.checkpoint import retry_retriable
 
@@ -54,13 +66,28 @@ def measure_lag(kafka_conf: dict, group_id: str, topics: Iterable[str]) -> list[
             lambda: consumer.committed([TopicPartition(t, p) for t, p in tps], timeout=30),
             f"reading committed offsets of group {group_id}",
         )
-        out = []
-        for (topic, partition), c in zip(tps, committed, strict=True):
-            low, high = consumer.get_watermark_offsets(
-                TopicPartition(topic, partition), timeout=30, cached=False
-            )
-            out.append(PartitionLag(topic, partition, low, high,
-                                    c.offset if c.offset >= 0 else None))
-        return out
+        lows = _log_ends(consumer, tps, OFFSET_BEGINNING)
+        highs = _log_ends(consumer, tps, OFFSET_END)
+        return [PartitionLag(topic, partition, low, high, c.offset if c.offset >= 0 else None)
+                for (topic, partition), c, low, high in zip(tps, committed, lows, highs,
+                                                             strict=True)]
     finally:
         consumer.close()
+
+
+def _log_ends(consumer: Consumer, tps: list[tuple[str, int]], end: int) -> list[int]:
+    """The log start (`OFFSET_BEGINNING`) or end (`OFFSET_END`) offset of every partition,
+    in the order of `tps`, in one ListOffsets request per leader.
+
+    The broker reads the timestamps -2 and -1 of a ListOffsets request as "earliest" and
+    "latest", which is how librdkafka's watermark query asks for them one partition at a
+    time; `offsets_for_times` sends them for all partitions at once, under the consumer's
+    isolation level. Like the watermark query, an error on any partition raises.
+    """
+    found = consumer.offsets_for_times([TopicPartition(t, p, end) for t, p in tps], timeout=30)
+    by_tp = {}
+    for tp in found:
+        if tp.error is not None:
+            raise KafkaException(tp.error)
+        by_tp[tp.topic, tp.partition] = tp.offset
+    return [by_tp[tp] for tp in tps]
