@@ -42,10 +42,10 @@ from pyspark.sql import DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 
 from binlog_assets.config import PipelineConfig, parse_config
-from binlog_assets.lakehouse.changelog import (
-    ChangelogWriter,
+from binlog_assets.lakehouse.changelog import ChangelogWriter, commit_metadata
+from binlog_assets.lakehouse.changelog_reader import (
     changelog_schema,
-    commit_metadata,
+    register_changelog,
     survey_of_frame,
 )
 from binlog_assets.lakehouse.replica import ReplicaBuilder, ReplicaResult
@@ -106,7 +106,8 @@ def generate(spark: SparkSession, config: PipelineConfig, events: int, keys: int
              seed: int, snapshot: bool) -> None:
     """Append the snapshot (one commit, unless not `snapshot`), then the change events
     (one commit)."""
-    ChangelogWriter(spark, config).ensure_table()
+    ChangelogWriter(config).ensure_table()
+    register_changelog(spark, config)
     name = f"{config.lakehouse.database}.changelog"
     if snapshot:
         rows = spark.range(keys).select(

@@ -152,6 +152,10 @@ class DagsterConfig(_Model):
     max_lag_records: int = Field(10_000, ge=0, description="the lag check fails above this")
     max_records_per_run: int | None = Field(None, ge=1)
     max_seconds_per_run: float | None = Field(None, gt=0)
+    max_partitions_per_run: int = Field(
+        50, ge=1, le=10_000,
+        description="topic-partitions one consumer run serves at most (lag sensor batches, "
+                    "backfill runs)")
 
 
 class PipelineConfig(_Model):

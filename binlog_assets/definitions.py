@@ -7,7 +7,7 @@ from binlog_assets.orchestration.changelog_asset import changelog
 from binlog_assets.orchestration.checks import changelog_lag_check, checkpoint_agreement_check
 from binlog_assets.orchestration.dbt import build_dbt_assets
 from binlog_assets.orchestration.replica_assets import build_replica_assets
-from binlog_assets.orchestration.resources import BinlakeResource, spark_resource
+from binlog_assets.orchestration.resources import BinlakeResource
 from binlog_assets.orchestration.sensors import (
     binlake_automation_sensor,
     kafka_lag_sensor,
@@ -19,15 +19,18 @@ from jobs import build_replicas_job, consume_changelog_job, dbt_build_job, dbt_h
 PIPELINE_CONFIG = load_config()
 dbt_models, dbt_resource = build_dbt_assets(PIPELINE_CONFIG)
 
+# A backfill over many topic-partitions runs in batches, as the lag sensor groups them.
+changelog_batched = changelog.with_attributes(backfill_policy=dg.BackfillPolicy.multi_run(
+    PIPELINE_CONFIG.dagster.max_partitions_per_run))
+
 defs = dg.Definitions(
-    assets=[changelog, build_replica_assets(PIPELINE_CONFIG), dbt_models],
+    assets=[changelog_batched, build_replica_assets(PIPELINE_CONFIG), dbt_models],
     asset_checks=[changelog_lag_check, checkpoint_agreement_check],
     jobs=[consume_changelog_job, build_replicas_job, dbt_build_job],
     schedules=[dbt_hourly_schedule],
     sensors=[kafka_partition_discovery_sensor, kafka_lag_sensor, binlake_automation_sensor],
     resources={
         "binlake": BinlakeResource(),
-        "pyspark": spark_resource(PIPELINE_CONFIG),
         "dbt": dbt_resource,
     },
 )

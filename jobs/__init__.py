@@ -1,7 +1,8 @@
 """Asset jobs and schedules users launch from the Dagster UI.
 
-- `consume_changelog_job`: one bounded consumer run of a topic-partition. Launch it for
-  one partition, or backfill it over any set of partitions (one run each).
+- `consume_changelog_job`: bounded consumer runs of topic-partitions, no JVM. Launch it
+  for one partition or a range, or backfill it over any set of partitions (in runs of
+  `dagster.max_partitions_per_run`).
 - `build_replicas_job`: apply new changelog data to the replicas (launchpad config
   `ops.replicas.config.rebuild: true` rebuilds them from the whole changelog).
 - `dbt_build_job`: dbt build (models and tests) over the replicas; scheduled hourly.
@@ -12,8 +13,8 @@ import dagster as dg
 from binlog_assets.orchestration.sensors import CONSUME_JOB_NAME
 
 REPLICAS = dg.AssetSelection.key_prefixes("replica")
-# The changelog step and its checks (and the replica steps) share one process and so one
-# Spark session per run: a step subprocess each would start a JVM each. dbt stays on the
+# The changelog step and its checks share one process (a subprocess per step would load
+# the code location again); the replica steps share one Spark session. dbt stays on the
 # default multiprocess executor: its CLI opens its own Spark session, which must not meet
 # a live one of the run's process on the embedded Derby catalog.
 ONE_PROCESS = dg.in_process_executor
@@ -24,7 +25,7 @@ consume_changelog_job = dg.define_asset_job(
     name=CONSUME_JOB_NAME,
     # Partitioned as the changelog asset is (one partition per topic-partition).
     selection=dg.AssetSelection.assets("changelog"),
-    description="One bounded consumer run of a Kafka topic-partition into the changelog.",
+    description="Bounded consumer runs of Kafka topic-partitions into the changelog.",
     executor_def=ONE_PROCESS,
 )
 

@@ -107,3 +107,32 @@ def mysql_type(
     if base in _BINARY_TYPES:
         return MysqlType("binary", _parse_binary)
     return MysqlType(None, _keep_text)
+
+
+# A Decimal with no declared type (rare: every format that yields Decimal declares it) gets
+# one fixed type, so that values of different scales never force a widening.
+_INFERRED_DECIMAL = "decimal(38,18)"
+
+
+def infer_type(value: Any) -> str | None:
+    """The canonical type of a decoded Python value, or None for a null."""
+    # bool before int: bool is an int subclass; datetime before date, for the same reason.
+    if value is None:
+        return None
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, int):
+        return "bigint"
+    if isinstance(value, float):
+        return "double"
+    if isinstance(value, Decimal):
+        return _INFERRED_DECIMAL
+    if isinstance(value, datetime):
+        return "timestamp"
+    if isinstance(value, date):
+        return "date"
+    if isinstance(value, bytes | bytearray):
+        return "binary"
+    if isinstance(value, dict | list):
+        return "json"
+    return "string"

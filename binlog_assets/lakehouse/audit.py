@@ -16,7 +16,7 @@ from pyspark.sql import functions as F
 
 from binlog_assets.config import PipelineConfig
 from binlog_assets.formats.event import OP_CREATE, OP_DELETE, OP_READ, OP_TRUNCATE, OP_UPDATE
-from binlog_assets.lakehouse.changelog import read_changelog
+from binlog_assets.lakehouse.changelog_reader import read_changelog
 from binlog_assets.lakehouse.columns import changelog_position
 from binlog_assets.lakehouse.routing import replica_route
 

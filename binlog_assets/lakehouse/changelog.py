@@ -10,15 +10,18 @@ carried them), `value_types` (JSON: the types of decoded values for columns the 
 declares no type for, since JSON text alone would lose a date or a decimal), the raw
 Kafka value and `ingested_at`.
 
-Writes are idempotent: each `ChangelogWriter.write` is one Delta commit carrying the
-transaction id `group/topic/partition` with version = the end offset written. Delta
-records that version atomically with the rows and skips a later write with a version
-not above it, so a retried write adds nothing; `changelog_checkpoint` reads the version
-back, and it is the first checkpoint source a consumer run consults. The table is
-append-only with Change Data Feed on, which is how replica builds read just the
-versions they have not applied. Each commit's metadata also carries a survey of its rows
-(tables, ops, types, key columns, counts, last positions), so a replica build plans from
-the Delta log and reads the rows once (`read_survey`).
+Writes are idempotent and need no JVM: each `ChangelogWriter.write` is one Delta commit
+made with delta-rs (`deltalake`), carrying the application transaction
+`group/topic/partition` with version = the end offset written, atomically with the rows.
+delta-rs does not refuse a version it has already recorded (delta-rs #2580), so the
+writer reads `transaction_version` first and skips a range at or below it; one writer per
+partition at a time is the fence's job (`orchestration/changelog_asset.py`).
+`changelog_checkpoint` reads the version back, and it is the first checkpoint source a
+consumer run consults. The table is append-only with Change Data Feed on, which is how
+replica builds (Spark, `changelog_reader.py`) read just the versions they have not
+applied. Each commit's metadata also carries a survey of its rows (tables, ops, types,
+key columns, counts, last positions), so a replica build plans from the Delta log and
+reads the rows once.
 """
 
 from __future__ import annotations
@@ -29,51 +32,42 @@ from base64 import b64encode
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from decimal import Decimal
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import orjson
-from pyspark.sql import types as T
 
 from binlog_assets.config import PipelineConfig
 from binlog_assets.formats.event import ChangeEvent
-from binlog_assets.lakehouse.delta_log import (
-    added_rows,
-    table_exists,
-    table_version,
-    txn_version,
-)
-from binlog_assets.lakehouse.identifiers import qualified
-from binlog_assets.lakehouse.schema import infer_type
-
-if TYPE_CHECKING:
-    from pyspark.sql import DataFrame, SparkSession
+from binlog_assets.formats.mysql_types import infer_type
 
 CHANGELOG_TABLE = "changelog"
 
-_CHANGELOG_COLUMNS = (
-    ("topic", T.StringType()),
-    ("partition", T.IntegerType()),
-    ("offset", T.LongType()),
-    ("row_index", T.IntegerType()),
-    ("table", T.StringType()),
-    ("op", T.StringType()),
-    ("key", T.StringType()),
-    ("key_columns", T.ArrayType(T.StringType())),
-    ("before", T.StringType()),
-    ("after", T.StringType()),
-    ("pos_phase", T.IntegerType()),
-    ("pos_file", T.LongType()),
-    ("pos_pos", T.LongType()),
-    ("pos_row", T.IntegerType()),
-    ("source_ts", T.LongType()),
-    ("ddl", T.StringType()),
-    ("column_types", T.StringType()),
-    ("value_types", T.StringType()),
-    ("raw", T.BinaryType()),
-    ("ingested_at", T.TimestampType()),
+# The changelog's columns and their Delta (Spark SQL) types; `changelog_reader` builds
+# the Spark schema from the same list, so the two sides cannot drift apart.
+CHANGELOG_COLUMNS: tuple[tuple[str, str], ...] = (
+    ("topic", "string"),
+    ("partition", "int"),
+    ("offset", "bigint"),
+    ("row_index", "int"),
+    ("table", "string"),
+    ("op", "string"),
+    ("key", "string"),
+    ("key_columns", "array<string>"),
+    ("before", "string"),
+    ("after", "string"),
+    ("pos_phase", "int"),
+    ("pos_file", "bigint"),
+    ("pos_pos", "bigint"),
+    ("pos_row", "int"),
+    ("source_ts", "bigint"),
+    ("ddl", "string"),
+    ("column_types", "string"),
+    ("value_types", "string"),
+    ("raw", "binary"),
+    ("ingested_at", "timestamp"),
 )
 
-_TABLE_PROPERTIES = {
+TABLE_PROPERTIES = {
     "delta.appendOnly": "true",
     # Replica builds read the commits they have not applied through the change feed's
     # planner (`delta_log.added_rows`); on an append-only table it costs nothing to write
@@ -86,10 +80,6 @@ _TABLE_PROPERTIES = {
 
 # Creating the table is check-then-act; threads of one process serialize on it.
 _CREATE_LOCK = threading.Lock()
-
-
-def changelog_schema() -> T.StructType:
-    return T.StructType([T.StructField(name, t) for name, t in _CHANGELOG_COLUMNS])
 
 
 def _json_default(value: Any) -> Any:
@@ -147,8 +137,8 @@ SURVEY_MAX_GROUPS = 256
 SURVEY_MAX_BYTES = 64 * 1024
 # A range of more commits than this is scanned rather than read from the log.
 SURVEY_MAX_COMMITS = 2000
-# The Delta operation of `ensure_table`'s commit: it adds no rows.
-_CREATE_OPERATION = "CREATE TABLE"
+# The Delta operation of the table's creation (delta-rs and Spark alike): it adds no rows.
+CREATE_OPERATION = "CREATE TABLE"
 
 # event_row indexes of what the survey keeps.
 _ROW_OFFSET, _ROW_INDEX, _ROW_TABLE, _ROW_OP, _ROW_KEY_COLUMNS = 2, 3, 4, 5, 7
@@ -187,7 +177,7 @@ def commit_metadata(tag: str, survey: list[list] | None) -> str:
     return full if len(full) <= SURVEY_MAX_BYTES else bare
 
 
-def _commit_doc(metadata: str | None) -> dict[str, Any]:
+def commit_doc(metadata: str | None) -> dict[str, Any]:
     if not metadata:
         return {}
     try:
@@ -195,55 +185,6 @@ def _commit_doc(metadata: str | None) -> dict[str, Any]:
     except orjson.JSONDecodeError:
         return {"tag": metadata}  # a plain tag, as written before surveys
     return doc if type(doc) is dict else {}
-
-
-def survey_of_frame(frame: DataFrame) -> list[list]:
-    """The survey (as `survey_of_rows`) of changelog rows in a DataFrame: one aggregate
-    job over them."""
-    from pyspark.sql import functions as F
-
-    from binlog_assets.lakehouse.columns import changelog_position
-
-    groups = (frame.groupBy("table", "op", "column_types", "value_types", "key_columns")
-              .agg(F.count(F.lit(1)).alias("n"), F.max(changelog_position()).alias("last"))
-              .collect())
-    return [[g["table"], g["op"], g["column_types"], g["value_types"],
-             list(g["key_columns"] or []), g["n"], list(g["last"])] for g in groups]
-
-
-def read_survey(spark: SparkSession, config: PipelineConfig, after_version: int | None,
-                up_to: int) -> list[list] | None:
-    """The surveys of changelog versions (`after_version`, `up_to`] (all versions up to
-    `up_to` when `after_version` is None) from their commits' metadata, merged per group
-    (as `survey_of_rows`); None when a version carries none (the table's creation counts
-    as empty) or the range is longer than SURVEY_MAX_COMMITS."""
-    from delta.tables import DeltaTable
-
-    first = 0 if after_version is None else after_version + 1
-    if up_to - first >= SURVEY_MAX_COMMITS:
-        return None
-    database, table = changelog_name(config)
-    latest = table_version(spark, database, table)
-    history = (DeltaTable.forName(spark, f"{database}.{table}").history(latest - first + 1)
-               .select("version", "operation", "userMetadata").collect())
-    found = {r.version: (r.operation, _commit_doc(r.userMetadata)) for r in history
-             if first <= r.version <= up_to}
-    if len(found) != up_to - first + 1:
-        return None  # log entries cleaned up
-    merged: dict[tuple, list] = {}
-    for operation, doc in found.values():
-        survey = doc.get("survey", [] if operation == _CREATE_OPERATION else None)
-        if survey is None:
-            return None
-        for *group, n, last in survey:
-            key = (*group[:4], tuple(group[4]))
-            entry = merged.get(key)
-            if entry is None:
-                merged[key] = [*group, n, last]
-            else:
-                entry[5] += n
-                entry[6] = max(entry[6], last)
-    return list(merged.values())
 
 
 def changelog_name(config: PipelineConfig) -> tuple[str, str]:
@@ -255,31 +196,94 @@ def app_id(group_id: str, topic: str, partition: int) -> str:
     return f"{group_id}/{topic}/{partition}"
 
 
-class ChangelogWriter:
-    """Appends decoded events to the changelog, one idempotent Delta commit per call."""
+def changelog_uri(config: PipelineConfig) -> str:
+    """Where the changelog table lives: the warehouse folder Spark's catalog would give it,
+    so a catalog entry (registered by the Spark side) and delta-rs name one table."""
+    database, table = changelog_name(config)
+    return config.lakehouse.uri("warehouse", f"{database}.db", table)
 
-    def __init__(self, spark: SparkSession, config: PipelineConfig) -> None:
-        self.spark = spark
+
+def delta_rs_uri(uri: str) -> str:
+    """`uri` as delta-rs spells it: Hadoop's `s3a://` scheme is plain `s3://` there."""
+    return "s3://" + uri[len("s3a://"):] if uri.startswith("s3a://") else uri
+
+
+def changelog_arrow_schema():  # noqa: ANN201 - arro3's Schema, imported lazily
+    from arro3.core import DataType, Field, Schema
+
+    types = {
+        "string": DataType.string(), "int": DataType.int32(), "bigint": DataType.int64(),
+        "binary": DataType.binary(), "array<string>": DataType.list(DataType.string()),
+        "timestamp": DataType.timestamp("us", tz="UTC"),
+    }
+    return Schema([Field(name, types[t], nullable=True) for name, t in CHANGELOG_COLUMNS])
+
+
+def _arrow_table(rows: Sequence[tuple], ingested_at: datetime):  # noqa: ANN202
+    """`event_row` tuples as one Arrow table in the changelog's schema."""
+    from arro3.core import Array, DataType, Table, list_array
+
+    schema = changelog_arrow_schema()
+    n = len(rows)
+    columns = list(zip(*rows, strict=True)) if rows else [()] * len(CHANGELOG_COLUMNS)
+    arrays = []
+    for (_name, kind), field, values in zip(CHANGELOG_COLUMNS, schema, columns, strict=True):
+        if kind == "array<string>":
+            offsets, flat = [0], []
+            for items in values:
+                flat.extend(items)
+                offsets.append(len(flat))
+            arrays.append(list_array(Array(offsets, DataType.int32()),
+                                     Array(flat, DataType.string())))
+        elif kind == "timestamp":
+            # One timestamp for the whole commit (`event_row` is given one `ingested_at`).
+            micros = int(ingested_at.timestamp() * 1_000_000)
+            arrays.append(Array([micros] * n, DataType.int64()).cast(field.type))
+        else:
+            arrays.append(Array(list(values), field.type))
+    return Table.from_arrays(arrays, schema=schema)
+
+
+class ChangelogWriter:
+    """Appends decoded events to the changelog with delta-rs, one idempotent commit per
+    call. Safe to share between threads: commits of one writer take turns."""
+
+    def __init__(self, config: PipelineConfig) -> None:
         self.config = config
-        self.database, self.table = changelog_name(config)
-        self._schema = changelog_schema()
-        self._ready = False
+        self.uri = delta_rs_uri(changelog_uri(config))
+        self._table = None
+        self._lock = threading.Lock()
+
+    def _open(self):  # noqa: ANN202 - deltalake's DeltaTable, imported lazily
+        """The table at its newest version, created when missing."""
+        from deltalake import DeltaTable
+
+        if self._table is None:
+            with _CREATE_LOCK:
+                if not DeltaTable.is_deltatable(self.uri):
+                    database, table = changelog_name(self.config)
+                    # mode="ignore": another process creating it first is no error.
+                    DeltaTable.create(self.uri, changelog_arrow_schema(), mode="ignore",
+                                      name=f"{database}.{table}",
+                                      configuration=TABLE_PROPERTIES)
+                self._table = DeltaTable(self.uri)
+        else:
+            self._table.update_incremental()
+        return self._table
 
     def ensure_table(self) -> None:
-        """Create the database and the changelog table when missing."""
-        if self._ready:
-            return
-        with _CREATE_LOCK:
-            if not table_exists(self.spark, self.database, self.table):
-                from delta.tables import DeltaTable
+        """Create the changelog table when missing."""
+        with self._lock:
+            self._open()
 
-                self.spark.sql(f"CREATE DATABASE IF NOT EXISTS {qualified(self.database)}")
-                builder = DeltaTable.createIfNotExists(self.spark).tableName(
-                    f"{self.database}.{self.table}").addColumns(self._schema)
-                for key, value in _TABLE_PROPERTIES.items():
-                    builder = builder.property(key, value)
-                builder.execute()
-        self._ready = True
+    def checkpoint(self, group_id: str, topic: str, partition: int) -> int | None:
+        """The end offset last written for the partition (None: never, or no table)."""
+        from deltalake import DeltaTable
+
+        with self._lock:
+            if self._table is None and not DeltaTable.is_deltatable(self.uri):
+                return None
+            return self._open().transaction_version(app_id(group_id, topic, partition))
 
     def write(
         self,
@@ -297,9 +301,10 @@ class ChangelogWriter:
         retry, or another run): nothing is written. Events below the recorded checkpoint
         are dropped, so a retried range that overlaps a committed one adds only what is
         new. An empty `events` still commits, to move the checkpoint past offsets that
-        held no change: Delta 4.4 commits an empty append with its transaction and adds
-        no file to the table.
+        held no change: the commit carries the transaction and adds no file.
         """
+        from deltalake import CommitProperties, Transaction, write_deltalake
+
         txn = app_id(group_id, topic, partition)
         for event in events:
             if event.topic != topic or event.partition != partition:
@@ -308,62 +313,26 @@ class ChangelogWriter:
             if event.offset >= end_offset:
                 raise ValueError(f"event at offset {event.offset} is not below end_offset "
                                  f"{end_offset}")
-        self.ensure_table()
-        done = txn_version(self.spark, self.database, self.table, txn)
-        if done is not None and done >= end_offset:
-            return None
         now = datetime.now(UTC)
-        rows = [event_row(e, raw.get(e.offset) if raw else None, now)
-                for e in events if done is None or e.offset >= done]
-        # The commit's own tag finds its version afterwards: other partitions append to
-        # the same table concurrently, so "the latest version" may be someone else's.
-        tag = f"{txn}@{end_offset}#{uuid.uuid4().hex}"
-        before = table_version(self.spark, self.database, self.table)
-        (self.spark.createDataFrame(rows, self._schema).write.format("delta").mode("append")
-         .option("txnAppId", txn).option("txnVersion", end_offset)
-         .option("userMetadata", commit_metadata(tag, survey_of_rows(rows)))
-         .saveAsTable(f"{self.database}.{self.table}"))
-        return self._version_tagged(tag, before)
-
-    def _version_tagged(self, tag: str, before: int) -> int | None:
-        from delta.tables import DeltaTable
-
-        after = table_version(self.spark, self.database, self.table)
-        if after <= before:
-            return None
-        history = DeltaTable.forName(self.spark, f"{self.database}.{self.table}").history(
-            after - before)
-        found = [r.version for r in history.select("version", "userMetadata").collect()
-                 if _commit_doc(r.userMetadata).get("tag") == tag]
-        # Not found: Delta skipped the write because a concurrent one recorded the txn.
-        return int(found[0]) if found else None
+        with self._lock:
+            table = self._open()
+            done = table.transaction_version(txn)
+            if done is not None and done >= end_offset:
+                return None
+            rows = [event_row(e, raw.get(e.offset) if raw else None, now)
+                    for e in events if done is None or e.offset >= done]
+            tag = f"{txn}@{end_offset}#{uuid.uuid4().hex}"
+            write_deltalake(
+                table, _arrow_table(rows, now), mode="append",
+                commit_properties=CommitProperties(
+                    app_transactions=[Transaction(txn, end_offset)],
+                    custom_metadata={"userMetadata": commit_metadata(tag,
+                                                                     survey_of_rows(rows))}),
+            )
+            return table.version()
 
 
-def changelog_checkpoint(
-    spark: SparkSession, config: PipelineConfig, group_id: str, topic: str, partition: int
-) -> int | None:
+def changelog_checkpoint(config: PipelineConfig, group_id: str, topic: str,
+                         partition: int) -> int | None:
     """Where `topic`[`partition`] resumes per the changelog: the end offset last written."""
-    database, table = changelog_name(config)
-    return txn_version(spark, database, table, app_id(group_id, topic, partition))
-
-
-def changelog_version(spark: SparkSession, config: PipelineConfig) -> int:
-    """The changelog's current Delta version; -1 before its first write."""
-    return table_version(spark, *changelog_name(config))
-
-
-def read_changelog(
-    spark: SparkSession, config: PipelineConfig, after_version: int | None, up_to: int
-) -> DataFrame:
-    """Changelog rows committed in versions (`after_version`, `up_to`].
-
-    With nothing applied yet (`after_version` None) this is the table as of `up_to`: a
-    plain snapshot read, which also works once old log entries are cleaned up. Later
-    ranges are the rows those commits added (the table is append-only), read from their
-    files only (`delta_log.added_rows`).
-    """
-    database, table = changelog_name(config)
-    if after_version is None:
-        name = f"{database}.{table}"
-        return spark.read.format("delta").option("versionAsOf", up_to).table(name)
-    return added_rows(spark, database, table, after_version + 1, up_to)
+    return ChangelogWriter(config).checkpoint(group_id, topic, partition)

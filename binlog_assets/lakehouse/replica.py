@@ -66,12 +66,12 @@ from pyspark.sql import types as T
 from binlog_assets.config import PipelineConfig
 from binlog_assets.faults import fault_point
 from binlog_assets.formats.event import OP_CREATE, OP_DELETE, OP_READ, OP_TRUNCATE, OP_UPDATE
-from binlog_assets.lakehouse.changelog import (
+from binlog_assets.lakehouse.changelog import to_json
+from binlog_assets.lakehouse.changelog_reader import (
     changelog_version,
     read_changelog,
     read_survey,
     survey_of_frame,
-    to_json,
 )
 from binlog_assets.lakehouse.columns import (
     POSITION_TYPE,

@@ -4,7 +4,7 @@ Decoders describe columns with canonical names (`int`, `bigint`, `decimal(10,2)`
 `timestamp`, ...; see `formats/mysql_types.py`), declared by the source: Debezium's
 schema block, Canal's `mysqlType`, a DTS record, or a DDL event's table definition. Where
 a format declares nothing (Maxwell rows, schema-less Debezium), the changelog writer
-records the types of the decoded values instead (`infer_type`); those only ever add a
+records the types of the decoded values instead (`mysql_types.infer_type`); those only ever add a
 missing column, they never change a declared one.
 
 `plan_changes` compares what a batch brings with the replica and applies the table's
@@ -19,9 +19,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from datetime import date, datetime
-from decimal import Decimal
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from pyspark.sql import types as T
 
@@ -51,11 +49,6 @@ _SIMPLE = {
     "binary": T.BinaryType(),
 }
 
-# A Decimal with no declared type (rare: every format that yields Decimal declares it) gets
-# one fixed type, so that values of different scales never force a widening.
-_INFERRED_DECIMAL = "decimal(38,18)"
-
-
 class SchemaEvolutionError(ValueError):
     """A schema change the replica's mode forbids; the message names table and columns."""
 
@@ -71,30 +64,6 @@ def spark_type(canonical: str) -> T.DataType:
         if 0 < precision <= _MAX_DECIMAL_DIGITS and scale <= precision:
             return T.DecimalType(precision, scale)
     return T.StringType()
-
-
-def infer_type(value: Any) -> str | None:
-    """The canonical type of a decoded Python value, or None for a null."""
-    # bool before int: bool is an int subclass; datetime before date, for the same reason.
-    if value is None:
-        return None
-    if isinstance(value, bool):
-        return "boolean"
-    if isinstance(value, int):
-        return "bigint"
-    if isinstance(value, float):
-        return "double"
-    if isinstance(value, Decimal):
-        return _INFERRED_DECIMAL
-    if isinstance(value, datetime):
-        return "timestamp"
-    if isinstance(value, date):
-        return "date"
-    if isinstance(value, bytes | bytearray):
-        return "binary"
-    if isinstance(value, dict | list):
-        return "json"
-    return "string"
 
 
 def widen(a: T.DataType, b: T.DataType) -> T.DataType:

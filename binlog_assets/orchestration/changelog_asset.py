@@ -1,27 +1,32 @@
-"""The changelog asset: one bounded consumer run per Kafka topic-partition.
+"""The changelog asset: bounded consumer runs of Kafka topic-partitions, with no JVM.
 
 Materializing partition `topic:partition` reads that partition from its checkpoint to
 the end offset seen at the start, applies the configured handlers in lanes, and writes
-every event to the changelog Delta table in one idempotent commit per commit point,
-before the Kafka commit. Its metadata (offsets, counts, lag, throughput, Delta version)
-is what the UI charts, and the committed offset in it is itself a checkpoint source.
+every event to the changelog Delta table (delta-rs) in one idempotent commit per commit
+point, before the Kafka commit. One Dagster run serves a range of partitions (the lag
+sensor's batches, a backfill's `max_partitions_per_run`): each partition is its own
+bounded run with its own checkpoint, tracker, fence and metadata, several at a time in
+the run's process. Its metadata (offsets, counts, lag, throughput, Delta version) is
+what the UI charts, and the committed offset in it is itself a checkpoint source.
 
 A run is fenced (invariant 4): before each changelog write it checks that the
 changelog's transaction state for this partition is still where this run left it; if
 another run moved it, this one writes nothing more and fails with a clear message.
 Check and write happen under a file lock per partition when the lakehouse is a local
-path, so no other process can commit in between; Delta's own conflict detection fails a
-concurrent commit for the same transaction id. On object storage there is no such lock:
-Dagster's one-run-per-partition limit (dagster.yaml) is the first line there.
+path, so no other process can commit in between (delta-rs does not refuse a transaction
+version it already holds, delta-rs #2580: the writer reads it again under the lock). On
+object storage there is no such lock: the lag sensor's one-owner rule and Dagster's
+one-run-per-partition limit (dagster.yaml) are the lines there.
 """
 
 import fcntl
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 import dagster as dg
-from dagster_pyspark import LazyPySparkResource
 from pydantic import Field
 
 from binlog_assets.config import PipelineConfig
@@ -31,9 +36,19 @@ from binlog_assets.consume.handlers import HandlerRegistry
 from binlog_assets.consume.lag import measure_lag
 from binlog_assets.consume.run import BoundedRun, RunSettings, RunSummary
 from binlog_assets.formats.event import ChangeEvent
-from binlog_assets.orchestration.partitions import kafka_partitions_def, parse_partition_key
-from binlog_assets.orchestration.resources import SPARK_POOL, BinlakeResource, load_handlers
+from binlog_assets.lakehouse.changelog import ChangelogWriter
+from binlog_assets.orchestration.partitions import (
+    kafka_partitions_def,
+    parse_partition_key,
+    partition_key,
+)
+from binlog_assets.orchestration.resources import BinlakeResource, load_handlers
 from binlog_assets.orchestration.sensors import group_id
+
+# Partitions of one run consumed at the same time, each by its own consumer and lanes:
+# their fixed costs (round trips to the coordinator and the leader, the Delta commits)
+# overlap, while decoding shares the one interpreter anyway.
+PARTITIONS_IN_PARALLEL = 4
 
 CHANGELOG_ASSET_KEY = dg.AssetKey("changelog")
 
@@ -165,30 +180,29 @@ def summary_metadata(summary: RunSummary, lag_at_end: int | None,
 def consume_partition(
     cfg: PipelineConfig,
     kafka_conf: dict,
-    spark,
     key: str,
     run_config: ChangelogRunConfig,
     handlers: HandlerRegistry,
     *,
     group: str,
     metadata_checkpoint: Callable[[], Checkpoint | None] = lambda: None,
+    writer: ChangelogWriter | None = None,
 ) -> tuple[RunSummary, FencedChangelogSink]:
-    """One bounded consumer run of `key` into the changelog: what the asset does, without
-    Dagster around it."""
-    from binlog_assets.lakehouse.changelog import ChangelogWriter, changelog_checkpoint
-
+    """One bounded consumer run of `key` into the changelog: what the asset does for each
+    of its partitions, without Dagster around it."""
     topic, partition = parse_partition_key(key)
     source = cfg.source_for_topic(topic)
+    writer = writer or ChangelogWriter(cfg)
 
     def changelog_cp() -> int | None:
-        return changelog_checkpoint(spark, cfg, group, topic, partition)
+        return writer.checkpoint(group, topic, partition)
 
     start = run_config.start_offset
     if start is None and run_config.start_timestamp_ms is not None:
         start = offset_for_timestamp(kafka_conf, topic, partition,
                                      run_config.start_timestamp_ms)
     initial = changelog_cp()
-    sink = FencedChangelogSink(ChangelogWriter(spark, cfg), changelog_cp, group=group,
+    sink = FencedChangelogSink(writer, changelog_cp, group=group,
                                topic=topic, partition=partition, expected=initial,
                                lakehouse=cfg.lakehouse.uri())
     settings = RunSettings(
@@ -217,40 +231,106 @@ def consume_partition(
     return summary, sink
 
 
+@dataclass
+class PartitionOutcome:
+    """One partition of a run: its summary and sink, or the error that stopped it."""
+
+    key: str
+    summary: RunSummary | None = None
+    sink: FencedChangelogSink | None = None
+    error: BaseException | None = None
+
+
+def consume_partitions(
+    cfg: PipelineConfig,
+    kafka_conf: dict,
+    keys: Sequence[str],
+    run_config: ChangelogRunConfig,
+    handlers: HandlerRegistry,
+    *,
+    group: str,
+    metadata_checkpoint: Callable[[str], Checkpoint | None] = lambda key: None,
+    parallel: int = PARTITIONS_IN_PARALLEL,
+) -> list[PartitionOutcome]:
+    """Bounded runs of every partition in `keys`, `parallel` at a time, sharing one
+    changelog writer. A partition that fails does not stop the others: its outcome
+    carries the error."""
+    writer = ChangelogWriter(cfg)
+
+    def one(key: str) -> PartitionOutcome:
+        try:
+            summary, sink = consume_partition(
+                cfg, kafka_conf, key, run_config, handlers, group=group,
+                metadata_checkpoint=lambda: metadata_checkpoint(key), writer=writer)
+            return PartitionOutcome(key, summary, sink)
+        except Exception as exc:  # reported per partition by the caller
+            return PartitionOutcome(key, error=exc)
+
+    if len(keys) == 1:
+        return [one(keys[0])]
+    with ThreadPoolExecutor(max_workers=max(1, min(parallel, len(keys))),
+                            thread_name_prefix="binlake-partition") as pool:
+        return list(pool.map(one, keys))
+
+
+def _lags(kafka_conf: dict, group: str, keys: Sequence[str]) -> dict[str, int]:
+    topics = sorted({parse_partition_key(k)[0] for k in keys})
+    return {partition_key(pl.topic, pl.partition): pl.lag
+            for pl in measure_lag(kafka_conf, group, topics)}
+
+
 @dg.asset(
     key=CHANGELOG_ASSET_KEY,
     partitions_def=kafka_partitions_def,
     group_name="binlake",
-    kinds={"kafka", "spark", "delta"},
-    pool=SPARK_POOL,
+    kinds={"kafka", "delta"},
 )
 def changelog(
     context: dg.AssetExecutionContext,
     config: ChangelogRunConfig,
     binlake: BinlakeResource,
-    pyspark: LazyPySparkResource,
 ) -> dg.MaterializeResult:
-    """Bronze changelog: every change event of one Kafka topic-partition, appended to the
+    """Bronze changelog: every change event of a Kafka topic-partition, appended to the
     `changelog` Delta table exactly once (transaction id per group and partition), by a
-    bounded consumer run from the partition's checkpoint to the end offset at its start."""
-    key = context.partition_key
-    topic, partition = parse_partition_key(key)
+    bounded consumer run from the partition's checkpoint to the end offset at its start.
+    One run serves one partition or a range of them; each gets its own metadata."""
+    keys = list(context.partition_keys)
     group = group_id(binlake)
     kafka_conf = binlake.kafka_conf()
-    summary, sink = consume_partition(
-        binlake.pipeline, kafka_conf, binlake.spark(pyspark), key, config,
-        load_handlers(binlake.handlers), group=group,
-        metadata_checkpoint=lambda: latest_metadata_checkpoint(context.instance, key),
+    outcomes = consume_partitions(
+        binlake.pipeline, kafka_conf, keys, config, load_handlers(binlake.handlers),
+        group=group,
+        metadata_checkpoint=lambda key: latest_metadata_checkpoint(context.instance, key),
     )
-    lag = next((pl.lag for pl in measure_lag(kafka_conf, group, [topic])
-                if pl.partition == partition), None)
-    context.log.info(
-        f"{key}: {summary.records} records from {summary.start_offset} "
-        f"({summary.checkpoint_source}) to {summary.committed_offset} in "
-        f"{summary.seconds:.1f}s; {summary.dead_lettered} dead-lettered")
-    disagree = [f"{c.source}={c.offset}" for c in summary.checkpoint_candidates
-                if c.offset != summary.start_offset]
-    if disagree:
-        context.log.warning(f"{key}: checkpoint sources disagree with the chosen "
-                            f"{summary.checkpoint_source}={summary.start_offset}: {disagree}")
-    return dg.MaterializeResult(metadata=summary_metadata(summary, lag, sink.version))
+    lags = _lags(kafka_conf, group, keys)
+    failed = [o for o in outcomes if o.error is not None]
+    for outcome in outcomes:
+        if outcome.error is not None:
+            context.log.error(f"{outcome.key}: {type(outcome.error).__name__}: "
+                              f"{outcome.error}")
+            continue
+        summary, key = outcome.summary, outcome.key
+        context.log.info(
+            f"{key}: {summary.records} records from {summary.start_offset} "
+            f"({summary.checkpoint_source}) to {summary.committed_offset} in "
+            f"{summary.seconds:.1f}s; {summary.dead_lettered} dead-lettered")
+        disagree = [f"{c.source}={c.offset}" for c in summary.checkpoint_candidates
+                    if c.offset != summary.start_offset]
+        if disagree:
+            context.log.warning(f"{key}: checkpoint sources disagree with the chosen "
+                                f"{summary.checkpoint_source}={summary.start_offset}: "
+                                f"{disagree}")
+        metadata = summary_metadata(summary, lags.get(key), outcome.sink.version)
+        if failed:
+            # The run fails below, so its output records nothing: what did finish is
+            # recorded here, so its committed offsets still show (and still count).
+            context.log_event(dg.AssetMaterialization(
+                asset_key=CHANGELOG_ASSET_KEY, partition=key, metadata=metadata))
+        else:
+            context.add_asset_metadata(metadata, partition_key=key)
+    if failed:
+        first = failed[0].error
+        raise RuntimeError(
+            f"{len(failed)} of {len(outcomes)} partitions failed: "
+            + "; ".join(f"{o.key}: {o.error}" for o in failed)) from first
+    return dg.MaterializeResult()

@@ -10,7 +10,6 @@ silently resolved: the run's precedence still decides where a run resumes).
 """
 
 import dagster as dg
-from dagster_pyspark import LazyPySparkResource
 
 from binlog_assets.consume.lag import measure_lag
 from binlog_assets.orchestration.changelog_asset import (
@@ -49,27 +48,22 @@ def changelog_lag_check(context: dg.AssetCheckExecutionContext,
     )
 
 
-# Not in the `spark` pool: in a consumer run (one process) it follows the changelog step
-# and reuses its session and its catalog lock. Had it to wait for a pool slot, it could
-# deadlock with another run's changelog step that holds the slot and waits for the lock;
-# run on its own, the catalog lock alone keeps it off Derby while another JVM is on it.
+# Reads the changelog's transaction state with delta-rs: no Spark, no catalog lock.
 @dg.asset_check(asset=CHANGELOG_ASSET_KEY, name="checkpoint_agreement_check",
                 description="Changelog transaction state, materialization metadata and Kafka "
                             "committed offsets agree for every partition.")
 def checkpoint_agreement_check(context: dg.AssetCheckExecutionContext,
-                               binlake: BinlakeResource,
-                               pyspark: LazyPySparkResource) -> dg.AssetCheckResult:
-    from binlog_assets.lakehouse.changelog import changelog_checkpoint
+                               binlake: BinlakeResource) -> dg.AssetCheckResult:
+    from binlog_assets.lakehouse.changelog import ChangelogWriter
 
-    cfg = binlake.pipeline
+    writer = ChangelogWriter(binlake.pipeline)
     group = group_id(binlake)
     rows = {}
     for pl in _known_lags(context, binlake):
         key = partition_key(pl.topic, pl.partition)
         meta = latest_metadata_checkpoint(context.instance, key)
         rows[key] = {
-            "changelog": changelog_checkpoint(binlake.spark(pyspark), cfg, group, pl.topic,
-                                              pl.partition),
+            "changelog": writer.checkpoint(group, pl.topic, pl.partition),
             "metadata": None if meta is None else meta.offset,
             "kafka": pl.committed,
         }

@@ -13,7 +13,6 @@ step right after the apply (the Spark session is already up): the rows in
 """
 
 import dagster as dg
-from dagster_pyspark import LazyPySparkResource
 from pydantic import Field
 
 from binlog_assets.config import PipelineConfig
@@ -76,21 +75,21 @@ def build_replica_assets(config: PipelineConfig) -> dg.AssetsDefinition:
     @dg.multi_asset(specs=specs, check_specs=checks, can_subset=True, pool=SPARK_POOL,
                     name="replicas")
     def replicas(context: dg.AssetExecutionContext, config: ReplicaRunConfig,
-                 binlake: BinlakeResource, pyspark: LazyPySparkResource):
+                 binlake: BinlakeResource):
         from binlog_assets.lakehouse.audit import expected_live_rows
         from binlog_assets.lakehouse.replica import ReplicaBuilder
 
-        builder = ReplicaBuilder(binlake.spark(pyspark), binlake.pipeline)
+        builder = ReplicaBuilder(binlake.spark(), binlake.pipeline)
         for key in sorted(context.selected_asset_keys, key=lambda k: k.path):
             name = key.path[-1]
             result = builder.rebuild(name) if config.rebuild else builder.apply(name)
             db, view = builder.current_view_name(name)
-            live = binlake.spark(pyspark).table(f"`{db}`.`{view}`").count()
+            live = binlake.spark().table(f"`{db}`.`{view}`").count()
             context.log.info(f"replica {name}: {live} live rows; {result}")
             yield dg.MaterializeResult(asset_key=key, metadata=replica_metadata(result, live))
             check = dg.AssetCheckKey(key, ROW_COUNT_CHECK)
             if check in context.selected_asset_check_keys:
-                expected = expected_live_rows(binlake.spark(pyspark), binlake.pipeline, name,
+                expected = expected_live_rows(binlake.spark(), binlake.pipeline, name,
                                               result.applied_version)
                 yield row_count_check_result(key, live, expected, result.applied_version)
 

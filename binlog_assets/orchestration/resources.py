@@ -1,4 +1,4 @@
-"""Dagster resources: the pipeline config, Kafka client settings, and Spark.
+"""Dagster resources: the pipeline config, Kafka client settings, and Spark (on demand).
 
 Config and environment are resolved here and nowhere else: assets ask the resource for
 a validated `PipelineConfig` and for librdkafka settings that already point at the
@@ -10,12 +10,10 @@ from __future__ import annotations
 from functools import cached_property
 
 import dagster as dg
-from dagster_pyspark import LazyPySparkResource
 
 from binlog_assets.config import PipelineConfig, load_config
 from binlog_assets.consume.handlers import HandlerRegistry
 from binlog_assets.dev.stack import kafka_client_config
-from binlog_assets.lakehouse.spark import hold_catalog_lock, spark_conf
 
 # Every step that starts Spark takes a slot of this pool. The local catalog is embedded
 # Derby, which admits one JVM at a time, so dagster.yaml gives pools one slot; with a
@@ -44,16 +42,13 @@ class BinlakeResource(dg.ConfigurableResource):
     def kafka_conf(self) -> dict[str, str | int | float | bool]:
         return kafka_client_config(self.pipeline)
 
-    def spark(self, pyspark: LazyPySparkResource):
-        """The run's SparkSession, once this process holds the local catalog lock (embedded
-        Derby admits one Spark process at a time; see `hold_catalog_lock`)."""
-        hold_catalog_lock(self.pipeline)
-        return pyspark.spark_session
+    def spark(self):  # noqa: ANN201 - pyspark's SparkSession, imported only here
+        """The process's SparkSession, started on first use, once this process holds the
+        local catalog lock (embedded Derby admits one Spark process at a time; see
+        `hold_catalog_lock`). Only replica builds ask: a consumer run never loads pyspark."""
+        from binlog_assets.lakehouse.spark import get_spark
 
-
-def spark_resource(config: PipelineConfig) -> LazyPySparkResource:
-    """dagster-pyspark's lazy session (nothing starts until an asset asks for it)."""
-    return LazyPySparkResource(spark_config=spark_conf(config))
+        return get_spark(self.pipeline)
 
 
 def load_handlers(spec: str | None) -> HandlerRegistry:

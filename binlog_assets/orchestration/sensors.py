@@ -2,14 +2,21 @@
 
 `kafka_partition_discovery_sensor` adds a dynamic partition for every partition of a
 configured topic. `kafka_lag_sensor` measures lag (log end − the group's committed
-offset) per known partition and requests one bounded consumer run per partition whose
-lag reaches `dagster.lag_threshold`, or whose lag has waited longer than
-`dagster.max_staleness_seconds`. Its JSON cursor remembers since when each partition
-has been lagging; run keys carry the end offset, so one end is never requested twice.
+offset) per known partition; a partition is due when its lag reaches
+`dagster.lag_threshold`, or has waited longer than `dagster.max_staleness_seconds`. Due
+partitions go into runs of at most `dagster.max_partitions_per_run` partitions: a run
+covers a contiguous range of the dynamic partitions (Dagster runs ranges, not sets), so
+a range may include idle partitions between due ones, which cost a checkpoint read each.
+A partition that a queued or running consumer run holds is never requested again (one
+owner per partition), and no range spans one. Its JSON cursor remembers since when
+each partition has been lagging; run keys carry the end offsets, so one end is never
+requested twice.
 """
 
+import hashlib
 import json
 import time
+from collections.abc import Sequence
 
 import dagster as dg
 
@@ -22,6 +29,14 @@ from binlog_assets.orchestration.partitions import (
 from binlog_assets.orchestration.resources import BinlakeResource
 
 CONSUME_JOB_NAME = "consume_changelog_job"
+# The tags by which Dagster runs a partitioned asset over a range of its partitions.
+RANGE_START_TAG = "dagster/asset_partition_range_start"
+RANGE_END_TAG = "dagster/asset_partition_range_end"
+PARTITION_TAG = "dagster/partition"
+# Runs that hold their partitions: everything not finished.
+_UNFINISHED = [dg.DagsterRunStatus.QUEUED, dg.DagsterRunStatus.NOT_STARTED,
+               dg.DagsterRunStatus.STARTING, dg.DagsterRunStatus.STARTED,
+               dg.DagsterRunStatus.CANCELING]
 
 
 def _configured_topics(binlake: BinlakeResource) -> list[str]:
@@ -59,12 +74,72 @@ def kafka_partition_discovery_sensor(
     )
 
 
+def held_partitions(instance: dg.DagsterInstance, known: Sequence[str]) -> set[str]:
+    """The partitions that queued or running consumer runs hold (a range run holds every
+    partition of its range)."""
+    index = {key: i for i, key in enumerate(known)}
+    held: set[str] = set()
+    for run in instance.get_runs(filters=dg.RunsFilter(job_name=CONSUME_JOB_NAME,
+                                                       statuses=_UNFINISHED)):
+        tags = run.tags
+        if PARTITION_TAG in tags:
+            held.add(tags[PARTITION_TAG])
+        elif tags.get(RANGE_START_TAG) in index and tags.get(RANGE_END_TAG) in index:
+            held.update(known[index[tags[RANGE_START_TAG]]:index[tags[RANGE_END_TAG]] + 1])
+    return held
+
+
+def plan_batches(known: Sequence[str], due: Sequence[str], held: set[str],
+                 max_per_run: int) -> list[list[str]]:
+    """Contiguous ranges of `known` (in its order), at most `max_per_run` long, covering
+    every due partition that is not held, spanning no held partition, and starting and
+    ending on due ones."""
+    due_set = set(due) - held
+    batches: list[list[str]] = []
+    current: list[str] = []  # starts on a due partition; may end in idle ones
+
+    def close() -> None:
+        while current and current[-1] not in due_set:
+            current.pop()
+        if current:
+            batches.append(list(current))
+        current.clear()
+
+    for key in known:
+        if key in held:
+            close()
+        elif current:
+            if len(current) == max_per_run:
+                close()
+                if key in due_set:
+                    current.append(key)
+            else:
+                current.append(key)
+        elif key in due_set:
+            current.append(key)
+    close()
+    return batches
+
+
+def batch_request(batch: Sequence[str], highs: dict[str, int]) -> dg.RunRequest:
+    """The run of one batch: a single partition as itself, a longer one as a range."""
+    ends = ",".join(f"{key}@{highs.get(key, 0)}" for key in batch)
+    if len(batch) == 1:
+        return dg.RunRequest(run_key=ends, partition_key=batch[0])
+    digest = hashlib.sha1(ends.encode()).hexdigest()[:16]
+    return dg.RunRequest(
+        run_key=f"{batch[0]}..{batch[-1]}#{digest}",
+        tags={RANGE_START_TAG: batch[0], RANGE_END_TAG: batch[-1]},
+    )
+
+
 @dg.sensor(
     name="kafka_lag_sensor",
     job_name=CONSUME_JOB_NAME,
-    minimum_interval_seconds=30,
+    minimum_interval_seconds=5,
     default_status=dg.DefaultSensorStatus.RUNNING,
-    description="Requests a bounded consumer run per topic-partition with enough lag.",
+    description="Requests bounded consumer runs for topic-partitions with enough lag, "
+                "up to dagster.max_partitions_per_run partitions per run.",
 )
 def kafka_lag_sensor(
     context: dg.SensorEvaluationContext, binlake: BinlakeResource
@@ -72,38 +147,46 @@ def kafka_lag_sensor(
     cfg = binlake.pipeline
     state = json.loads(context.cursor) if context.cursor else {}
     lagging_since: dict[str, float] = state.get("lagging_since", {})
-    known = set(context.instance.get_dynamic_partitions(KAFKA_PARTITIONS_NAME))
+    known = context.instance.get_dynamic_partitions(KAFKA_PARTITIONS_NAME)
+    known_set = set(known)
     now = time.time()
-    requests: list[dg.RunRequest] = []
+    due: list[str] = []
+    highs: dict[str, int] = {}
     still_lagging: dict[str, float] = {}
     total = 0
     for pl in measure_lag(binlake.kafka_conf(), group_id(binlake), _configured_topics(binlake)):
         key = partition_key(pl.topic, pl.partition)
-        if key not in known or pl.lag == 0:
+        highs[key] = pl.high
+        if key not in known_set or pl.lag == 0:
             continue
         total += pl.lag
         since = lagging_since.get(key, now)
         still_lagging[key] = since
         stale = now - since >= cfg.dagster.max_staleness_seconds
         if pl.lag >= cfg.dagster.lag_threshold or stale:
-            requests.append(dg.RunRequest(
-                run_key=f"{key}@{pl.high}",
-                partition_key=key,
-            ))
+            due.append(key)
     cursor = json.dumps({"lagging_since": still_lagging}, sort_keys=True)
-    if not requests:
-        reason = (f"{len(still_lagging)} partitions lag {total} records in all, under "
-                  f"lag_threshold={cfg.dagster.lag_threshold} and not yet stale"
-                  if still_lagging else "no lag on any known partition")
+    held = held_partitions(context.instance, known) if due else set()
+    batches = plan_batches(known, due, held, cfg.dagster.max_partitions_per_run)
+    if not batches:
+        if due:
+            reason = (f"{len(due)} partitions are due, but runs in flight hold them: "
+                      f"{sorted(held & set(due))[:10]}")
+        elif still_lagging:
+            reason = (f"{len(still_lagging)} partitions lag {total} records in all, under "
+                      f"lag_threshold={cfg.dagster.lag_threshold} and not yet stale")
+        else:
+            reason = "no lag on any known partition"
         return dg.SensorResult(skip_reason=dg.SkipReason(reason), cursor=cursor)
-    return dg.SensorResult(run_requests=requests, cursor=cursor)
+    return dg.SensorResult(run_requests=[batch_request(b, highs) for b in batches],
+                           cursor=cursor)
 
 
 binlake_automation_sensor = dg.AutomationConditionSensorDefinition(
     "binlake_automation_sensor",
     target=dg.AssetSelection.all(),
     default_status=dg.DefaultSensorStatus.RUNNING,
-    minimum_interval_seconds=15,
+    minimum_interval_seconds=5,
     description="Replicas follow new changelog data; dbt models follow the replicas.",
 )
 

@@ -27,7 +27,7 @@ def main() -> None:
     from binlog_assets.lakehouse.spark import get_spark
     from binlog_assets.orchestration.changelog_asset import changelog
     from binlog_assets.orchestration.partitions import KAFKA_PARTITIONS_NAME
-    from binlog_assets.orchestration.resources import BinlakeResource, spark_resource
+    from binlog_assets.orchestration.resources import BinlakeResource
 
     began = time.monotonic()
     cfg = load_config(config_path)
@@ -38,7 +38,6 @@ def main() -> None:
         resources = {
             "binlake": BinlakeResource(config_path=config_path,
                                        handlers="drill_handlers:registry"),
-            "pyspark": spark_resource(cfg),
         }
         for key in keys:
             result = dg.materialize([changelog], partition_key=key, instance=instance,

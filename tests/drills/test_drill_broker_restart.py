@@ -24,6 +24,7 @@ from binlog_assets.consume.handlers import HandlerRegistry
 from binlog_assets.consume.run import RunSummary
 from binlog_assets.dev import drills
 from binlog_assets.dev.kafka import KafkaBroker, create_topic
+from binlog_assets.lakehouse.changelog_reader import changelog_frame
 from binlog_assets.lakehouse.replica import ReplicaBuilder
 from binlog_assets.orchestration.changelog_asset import ChangelogRunConfig, consume_partition
 
@@ -103,7 +104,7 @@ def _drill(broker: KafkaBroker, pipeline_config: PipelineConfig, spark) -> None:
 
     def first_run() -> None:
         try:
-            outcome["run"] = consume_partition(cfg, dict(cfg.kafka), spark, key,
+            outcome["run"] = consume_partition(cfg, dict(cfg.kafka), key,
                                                ChangelogRunConfig(max_seconds=600), registry,
                                                group=group)[0]
         except Exception as e:  # noqa: BLE001 - the outcome is what the drill reports
@@ -132,9 +133,9 @@ def _drill(broker: KafkaBroker, pipeline_config: PipelineConfig, spark) -> None:
         # A failure must say what happened: a Kafka error, not a silent stop.
         assert isinstance(first, Exception) and str(first), repr(first)
 
-    rerun, _sink = consume_partition(cfg, dict(cfg.kafka), spark, key, ChangelogRunConfig(),
+    rerun, _sink = consume_partition(cfg, dict(cfg.kafka), key, ChangelogRunConfig(),
                                      registry, group=group)
-    changelog = spark.table("drill_restart.changelog").where(f"topic = '{topic}'")
+    changelog = changelog_frame(spark, cfg).where(f"topic = '{topic}'")
     got = changelog_coordinates(changelog)
     diff = coordinate_diff({(topic, 0, o, 0): 1 for o in range(RECORDS)}, got)
     ReplicaBuilder(spark, cfg).apply("items")

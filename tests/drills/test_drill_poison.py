@@ -32,6 +32,7 @@ from binlog_assets.dev import drills
 from binlog_assets.dev.kafka import create_topics
 from binlog_assets.formats.debezium import DebeziumDecoder
 from binlog_assets.formats.event import DecodeError
+from binlog_assets.lakehouse.changelog_reader import changelog_frame
 from binlog_assets.orchestration.changelog_asset import ChangelogRunConfig, consume_partition
 
 TABLE = "poison.items"
@@ -166,7 +167,7 @@ def _poison_drill(pipeline_config: PipelineConfig, spark, examples: int, name: s
         registry = HandlerRegistry()
         registry.register(r"poison\.items", recorder, name="recorder")
         try:
-            summary, _sink = consume_partition(cfg, dict(cfg.kafka), spark, f"{topic}:0",
+            summary, _sink = consume_partition(cfg, dict(cfg.kafka), f"{topic}:0",
                                                ChangelogRunConfig(), registry,
                                                group=cfg.kafka["group.id"])
         except Exception:
@@ -183,7 +184,7 @@ def _poison_drill(pipeline_config: PipelineConfig, spark, examples: int, name: s
                          for h in headers)
         expected = Counter({(topic, 0, o, "decode"): 1 for o in bad}
                            | {(topic, 0, o, "handler"): 1 for o in poison})
-        changelog = spark.table("drill_poison.changelog").where(f"topic = '{topic}'")
+        changelog = changelog_frame(spark, cfg).where(f"topic = '{topic}'")
         diff = coordinate_diff(Counter({(topic, 0, o, 0): 1 for o in good | poison}),
                                changelog_coordinates(changelog))
         originals = {int(dict(m.headers())["binlake.offset"]): m.value() for m in letters

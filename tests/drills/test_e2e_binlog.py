@@ -29,6 +29,7 @@ from binlog_assets.consume.handlers import HandlerRegistry
 from binlog_assets.dev import drills, shop
 from binlog_assets.dev.connect import KafkaConnect
 from binlog_assets.dev.mariadb import MariaDBServer
+from binlog_assets.lakehouse.changelog_reader import changelog_frame
 from binlog_assets.lakehouse.replica import ReplicaBuilder
 from binlog_assets.orchestration.changelog_asset import ChangelogRunConfig, consume_partition
 
@@ -48,7 +49,7 @@ def test_random_binlog_workload_replicas_equal_source(
     ends = wait_published(kafka_conf)
 
     began = time.monotonic()
-    summaries = [consume_partition(cfg, kafka_conf, spark, key, ChangelogRunConfig(),
+    summaries = [consume_partition(cfg, kafka_conf, key, ChangelogRunConfig(),
                                    HandlerRegistry(), group=group)[0] for key in KEYS]
     consumed = time.monotonic()
     builder = ReplicaBuilder(spark, cfg)
@@ -59,7 +60,7 @@ def test_random_binlog_workload_replicas_equal_source(
     records = sum(s.records for s in summaries)
     seconds = built - began
     comparisons = shop.compare(conn, spark, cfg.lakehouse.database)
-    got = changelog_coordinates(spark.table(f"{cfg.lakehouse.database}.changelog"))
+    got = changelog_coordinates(changelog_frame(spark, cfg))
     diff = coordinate_diff(kafka_model(kafka_conf, ends), got)
     figures = {
         "seed": SEED, "statements": statements, "kafka_records": records,

@@ -16,15 +16,19 @@ from binlog_assets.lakehouse.changelog import (
     SURVEY_MAX_GROUPS,
     ChangelogWriter,
     changelog_checkpoint,
-    changelog_schema,
-    changelog_version,
     commit_metadata,
     event_row,
-    read_changelog,
-    read_survey,
-    survey_of_frame,
     survey_of_rows,
     to_json,
+)
+from binlog_assets.lakehouse.changelog_reader import (
+    changelog_frame,
+    changelog_schema,
+    changelog_version,
+    read_changelog,
+    read_survey,
+    register_changelog,
+    survey_of_frame,
 )
 
 TABLES = [{"source": "shop.orders", "replica": "orders"}]
@@ -40,7 +44,7 @@ def test_to_json_keeps_types_recoverable() -> None:
 
 def test_write_appends_every_field_once(spark, make_config: MakeConfig) -> None:
     config = make_config(TABLES)
-    part = Partition(ChangelogWriter(spark, config))
+    part = Partition(ChangelogWriter(config))
     src = Source("shop.orders")
     # A Maxwell-like event: no declared types, so the writer records the values' types.
     untyped = ChangeEvent("shop.orders", "c", (7,), ("id",), None,
@@ -48,12 +52,12 @@ def test_write_appends_every_field_once(spark, make_config: MakeConfig) -> None:
                           Position(1, 3, 4, 0), None)
     events = part.records([[src.insert(row(1, "2.50", "a", 3))], [untyped]])
 
-    assert changelog_checkpoint(spark, config, GROUP, "binlog", 0) is None
+    assert changelog_checkpoint(config, GROUP, "binlog", 0) is None
     version = part.write(events)
     assert version == changelog_version(spark, config)
-    assert changelog_checkpoint(spark, config, GROUP, "binlog", 0) == 2
+    assert changelog_checkpoint(config, GROUP, "binlog", 0) == 2
 
-    rows = spark.table(f"{config.lakehouse.database}.changelog").orderBy("offset").collect()
+    rows = changelog_frame(spark, config).orderBy("offset").collect()
     assert [r["offset"] for r in rows] == [0, 1]
     first, second = rows
     assert (first["topic"], first["partition"], first["row_index"]) == ("binlog", 0, 0)
@@ -75,10 +79,9 @@ def test_write_appends_every_field_once(spark, make_config: MakeConfig) -> None:
 def test_retried_and_overlapping_writes_add_nothing_twice(spark, make_config: MakeConfig
                                                           ) -> None:
     config = make_config(TABLES)
-    part = Partition(ChangelogWriter(spark, config))
+    part = Partition(ChangelogWriter(config))
     src = Source("shop.orders")
     events = part.records([[src.insert(row(i))] for i in range(8)])
-    name = f"{config.lakehouse.database}.changelog"
 
     first = part.write(events[:5], end_offset=5)
     assert first is not None
@@ -89,23 +92,24 @@ def test_retried_and_overlapping_writes_add_nothing_twice(spark, make_config: Ma
     # A range overlapping the written one: only offsets from the checkpoint on land.
     second = part.write(events, end_offset=8)
     assert second == first + 1
-    offsets = [r["offset"] for r in spark.table(name).select("offset").collect()]
+    offsets = [r["offset"] for r in changelog_frame(spark, config).select("offset").collect()]
     assert sorted(offsets) == list(range(8))
-    assert changelog_checkpoint(spark, config, GROUP, "binlog", 0) == 8
+    assert changelog_checkpoint(config, GROUP, "binlog", 0) == 8
 
 
 def test_empty_range_still_moves_the_checkpoint(spark, make_config: MakeConfig) -> None:
     config = make_config(TABLES)
-    part = Partition(ChangelogWriter(spark, config))
+    part = Partition(ChangelogWriter(config))
     events = part.records([[Source("shop.orders").insert(row(1))]])
     part.write(events, end_offset=1)
+    assert register_changelog(spark, config)
     name = f"{config.lakehouse.database}.changelog"
     files = spark.sql(f"DESCRIBE DETAIL {name}").first()["numFiles"]
     # Offsets 1..9 held no change (transaction markers, skipped records).
     version = part.write([], end_offset=10)
     assert version is not None
-    assert changelog_checkpoint(spark, config, GROUP, "binlog", 0) == 10
-    assert spark.table(name).count() == 1
+    assert changelog_checkpoint(config, GROUP, "binlog", 0) == 10
+    assert changelog_frame(spark, config).count() == 1
     assert spark.sql(f"DESCRIBE DETAIL {name}").first()["numFiles"] == files
     assert part.write([], end_offset=10) is None
 
@@ -113,24 +117,24 @@ def test_empty_range_still_moves_the_checkpoint(spark, make_config: MakeConfig) 
 def test_partitions_and_groups_keep_their_own_checkpoints(spark, make_config: MakeConfig
                                                           ) -> None:
     config = make_config(TABLES)
-    writer = ChangelogWriter(spark, config)
+    writer = ChangelogWriter(config)
     p0, p1 = Partition(writer, 0), Partition(writer, 1)
     src = Source("shop.orders")
     p0.write(p0.records([[src.insert(row(1))], [src.insert(row(2))]]))
     p1.write(p1.records([[src.insert(row(3))]]))
-    assert changelog_checkpoint(spark, config, GROUP, "binlog", 0) == 2
-    assert changelog_checkpoint(spark, config, GROUP, "binlog", 1) == 1
-    assert changelog_checkpoint(spark, config, "other-group", "binlog", 0) is None
+    assert changelog_checkpoint(config, GROUP, "binlog", 0) == 2
+    assert changelog_checkpoint(config, GROUP, "binlog", 1) == 1
+    assert changelog_checkpoint(config, "other-group", "binlog", 0) is None
 
 
 def test_write_refuses_events_outside_its_range(spark, make_config: MakeConfig) -> None:
     config = make_config(TABLES)
-    part = Partition(ChangelogWriter(spark, config))
+    part = Partition(ChangelogWriter(config))
     events = part.records([[Source("shop.orders").insert(row(1))]])
     with pytest.raises(ValueError, match="not below end_offset"):
         part.write(events, end_offset=0)
     with pytest.raises(ValueError, match=r"binlog\[0\] in a write for binlog\[3\]"):
-        ChangelogWriter(spark, config).write(events, None, group_id=GROUP, topic="binlog",
+        ChangelogWriter(config).write(events, None, group_id=GROUP, topic="binlog",
                                              partition=3, end_offset=5)
 
 
@@ -141,7 +145,7 @@ def _groups(survey: list[list]) -> list[tuple]:
 def test_each_commit_carries_the_survey_a_scan_of_its_rows_gives(spark, make_config: MakeConfig
                                                                  ) -> None:
     config = make_config(TABLES)
-    part = Partition(ChangelogWriter(spark, config))
+    part = Partition(ChangelogWriter(config))
     orders, items = Source("shop.orders"), Source("shop.items")
     untyped = ChangeEvent("shop.orders", "c", (9,), ("id",), None, {"id": 9, "ok": True},
                           Position(1, 3, 4, 0), None)
@@ -170,7 +174,7 @@ def test_each_commit_carries_the_survey_a_scan_of_its_rows_gives(spark, make_con
 def test_a_range_reads_what_its_commits_added_as_parquet_files(spark, make_config: MakeConfig
                                                                 ) -> None:
     config = make_config(TABLES)
-    part = Partition(ChangelogWriter(spark, config))
+    part = Partition(ChangelogWriter(config))
     src = Source("shop.orders")
     events = part.records([[src.insert(row(i))] for i in range(6)]
                           + [src.update(row(2), row(7, "4.00"))])  # delete + create
@@ -201,10 +205,11 @@ def test_a_range_reads_what_its_commits_added_as_parquet_files(spark, make_confi
 def test_a_range_with_a_commit_without_survey_is_scanned(spark, make_config: MakeConfig
                                                          ) -> None:
     config = make_config(TABLES)
-    part = Partition(ChangelogWriter(spark, config))
+    part = Partition(ChangelogWriter(config))
     src = Source("shop.orders")
     first = part.write(part.records([[src.insert(row(1))]]))
-    # Appended by something other than ChangelogWriter: no survey in its metadata.
+    # Appended by something other than ChangelogWriter (Spark): no survey in its metadata.
+    assert register_changelog(spark, config)
     other = replace(Source("shop.other").insert(row(1)), topic="elsewhere")
     (spark.createDataFrame([event_row(other, None, datetime.now())], changelog_schema())
      .write.format("delta").mode("append")

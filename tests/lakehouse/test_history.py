@@ -11,7 +11,7 @@ from binlog_assets.lakehouse.replica import ReplicaBuilder
 def test_history_orders_versions_by_position(spark, make_config: MakeConfig) -> None:
     config = make_config([{"source": "shop.orders", "replica": "orders", "history": True}])
     db = config.lakehouse.database
-    part, builder = Partition(ChangelogWriter(spark, config)), ReplicaBuilder(spark, config)
+    part, builder = Partition(ChangelogWriter(config)), ReplicaBuilder(spark, config)
     src = Source("shop.orders")
     one_a, one_b, one_late = row(1, note="a"), row(1, note="b"), row(1, note="late")
     c1 = src.insert(one_a)
@@ -59,7 +59,7 @@ def test_history_keeps_columns_named_like_its_working_columns(
         spark, make_config: MakeConfig) -> None:
     config = make_config([{"source": "shop.orders", "replica": "orders", "history": True}])
     db = config.lakehouse.database
-    part, builder = Partition(ChangelogWriter(spark, config)), ReplicaBuilder(spark, config)
+    part, builder = Partition(ChangelogWriter(config)), ReplicaBuilder(spark, config)
     src = Source("shop.orders", types={"id": "bigint", "_stored": "string", "_id": "string"})
     one = {"id": 1, "_stored": "s1", "_id": "i1"}
     two = {"id": 1, "_stored": "s2", "_id": "i2"}

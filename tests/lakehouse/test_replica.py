@@ -12,7 +12,8 @@ from lake_events import MakeConfig, Partition, Source, row
 
 from binlog_assets.config import PipelineConfig
 from binlog_assets.formats.event import ChangeEvent, Position
-from binlog_assets.lakehouse.changelog import ChangelogWriter, changelog_version
+from binlog_assets.lakehouse.changelog import ChangelogWriter
+from binlog_assets.lakehouse.changelog_reader import changelog_version, register_changelog
 from binlog_assets.lakehouse.identifiers import UnsafeIdentifierError
 from binlog_assets.lakehouse.replica import ReplicaBuilder
 
@@ -33,7 +34,7 @@ def content(spark, config: PipelineConfig, replica: str = "orders") -> list[tupl
 
 
 def setup(spark, config: PipelineConfig) -> tuple[Partition, ReplicaBuilder]:
-    return Partition(ChangelogWriter(spark, config)), ReplicaBuilder(spark, config)
+    return Partition(ChangelogWriter(config)), ReplicaBuilder(spark, config)
 
 
 def test_reapplying_an_applied_range_leaves_the_replica_identical(
@@ -173,6 +174,7 @@ def test_hostile_names_are_replicated_as_data(spark, make_config_each_path: Make
     db = config.lakehouse.database
     part, builder = setup(spark, config)
     part.writer.ensure_table()
+    assert register_changelog(spark, config)  # creates the database the victim lives in
     spark.sql(f"CREATE TABLE {db}.victim (x int) USING delta")
     types = {"id": "bigint", **{c: "string" for c in HOSTILE_COLUMNS}}
     values = {"id": 1, **{c: f"value of {c}" for c in HOSTILE_COLUMNS}}

@@ -18,7 +18,7 @@ from binlog_assets.orchestration.replica_assets import (
     build_replica_assets,
     replica_key,
 )
-from binlog_assets.orchestration.resources import BinlakeResource, spark_resource
+from binlog_assets.orchestration.resources import BinlakeResource
 
 
 def _materialize(config: PipelineConfig, path, *, rebuild: bool = False
@@ -26,8 +26,7 @@ def _materialize(config: PipelineConfig, path, *, rebuild: bool = False
     return dg.materialize(
         [build_replica_assets(config)],
         selection=[replica_key("orders")],
-        resources={"binlake": BinlakeResource(config_path=str(path)),
-                   "pyspark": spark_resource(config)},
+        resources={"binlake": BinlakeResource(config_path=str(path))},
         instance=dg.DagsterInstance.ephemeral(),
         run_config={"ops": {"replicas": {"config": {"rebuild": rebuild}}}},
     )
@@ -45,7 +44,7 @@ def test_row_count_check_catches_a_missing_row_and_a_rebuild_restores_it(
     path = tmp_path / "binlake.yaml"
     path.write_text(yaml.safe_dump(config.model_dump(mode="json", exclude_none=True)))
     one, two = Source("shop_1.orders"), Source("shop_2.orders")
-    part = Partition(ChangelogWriter(spark, config))
+    part = Partition(ChangelogWriter(config))
     records = [[one.insert(row(i))] for i in range(1, 6)]
     records += [[two.insert(row(i))] for i in range(1, 4)]  # equal ids, other shard
     records += [[one.delete(row(2))], one.update(row(3), row(30)), [two.truncate()],

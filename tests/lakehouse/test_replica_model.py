@@ -112,7 +112,7 @@ def test_replica_equals_model_whatever_the_arrival(
                                 min_size=len(ranges), max_size=len(ranges)), label="paths")
 
     config = config_for(pipeline_config, [ROUTE])
-    part = Partition(ChangelogWriter(spark, config))
+    part = Partition(ChangelogWriter(config))
     builder = ReplicaBuilder(spark, config)
     events = part.records(arrival)
     for i, (lo, hi) in enumerate(ranges):

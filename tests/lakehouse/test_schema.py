@@ -10,12 +10,12 @@ import pytest
 from lake_events import TYPES, MakeConfig, Partition, Source, row
 from pyspark.sql import types as T
 
+from binlog_assets.formats.mysql_types import infer_type
 from binlog_assets.lakehouse.changelog import ChangelogWriter
 from binlog_assets.lakehouse.identifiers import UnsafeIdentifierError
 from binlog_assets.lakehouse.replica import ReplicaBuilder
 from binlog_assets.lakehouse.schema import (
     SchemaEvolutionError,
-    infer_type,
     plan_changes,
     spark_type,
     widen,
@@ -104,7 +104,7 @@ def _schema(spark, config, replica: str = "orders") -> dict[str, str]:
 def test_evolve_follows_ddl_and_new_fields_and_never_drops(spark, make_config_each_path: MakeConfig
                                                           ) -> None:
     config = make_config_each_path([{"source": "shop.orders", "replica": "orders"}])
-    part, builder = Partition(ChangelogWriter(spark, config)), ReplicaBuilder(spark, config)
+    part, builder = Partition(ChangelogWriter(config)), ReplicaBuilder(spark, config)
     src = Source("shop.orders")
     part.write(part.records([[src.insert(row(1, "1.00", "a", 5))]]))
     builder.apply("orders")
@@ -139,7 +139,7 @@ def test_evolve_follows_ddl_and_new_fields_and_never_drops(spark, make_config_ea
 def test_exception_mode_stops_before_writing(spark, make_config_each_path: MakeConfig) -> None:
     config = make_config_each_path([{"source": "shop.orders", "replica": "orders",
                            "schema_evolution": "exception"}])
-    part, builder = Partition(ChangelogWriter(spark, config)), ReplicaBuilder(spark, config)
+    part, builder = Partition(ChangelogWriter(config)), ReplicaBuilder(spark, config)
     src = Source("shop.orders")
     part.write(part.records([[src.insert(row(1))]]))
     applied = builder.apply("orders").applied_version
@@ -156,7 +156,7 @@ def test_ignore_mode_applies_rows_without_new_columns(spark, make_config_each_pa
                                                       ) -> None:
     config = make_config_each_path([{"source": "shop.orders", "replica": "orders",
                            "schema_evolution": "ignore"}])
-    part, builder = Partition(ChangelogWriter(spark, config)), ReplicaBuilder(spark, config)
+    part, builder = Partition(ChangelogWriter(config)), ReplicaBuilder(spark, config)
     src = Source("shop.orders")
     part.write(part.records([[src.insert(row(1))]]))
     builder.apply("orders")

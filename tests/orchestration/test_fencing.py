@@ -19,6 +19,7 @@ from binlog_assets.consume.handlers import HandlerRegistry
 from binlog_assets.consume.run import RunSummary
 from binlog_assets.dev import drills
 from binlog_assets.dev.kafka import create_topic
+from binlog_assets.lakehouse.changelog_reader import changelog_frame
 from binlog_assets.orchestration.changelog_asset import (
     ChangelogRunConfig,
     FencedRunError,
@@ -93,7 +94,7 @@ def _race(pipeline_config: PipelineConfig, spark) -> tuple[int, int, int, int]:
     def launch(i: int) -> None:
         start.wait()
         try:
-            outcomes[i] = consume_partition(cfg, dict(cfg.kafka), spark, key,
+            outcomes[i] = consume_partition(cfg, dict(cfg.kafka), key,
                                             ChangelogRunConfig(), slow_registry(),
                                             group=cfg.kafka["group.id"])[0]
         except Exception as e:  # noqa: BLE001 - the outcome is what the test checks
@@ -111,7 +112,7 @@ def _race(pipeline_config: PipelineConfig, spark) -> tuple[int, int, int, int]:
     assert isinstance(fenced[0], FencedRunError), repr(fenced[0])
     assert committed[0].committed_offset == n
 
-    rows = spark.table(f"{cfg.lakehouse.database}.changelog").where(f"topic = '{topic}'")
+    rows = changelog_frame(spark, cfg).where(f"topic = '{topic}'")
     count = rows.count()
     distinct = rows.select("partition", "offset", "row_index").distinct().count()
     assert count == n

@@ -14,6 +14,7 @@ from binlog_assets.config import PipelineConfig, parse_config
 from binlog_assets.consume.handlers import HandlerRegistry
 from binlog_assets.dev.kafka import create_topic
 from binlog_assets.lakehouse.changelog import changelog_checkpoint
+from binlog_assets.lakehouse.changelog_reader import changelog_frame
 from binlog_assets.orchestration.changelog_asset import ChangelogRunConfig, consume_partition
 from binlog_assets.orchestration.partitions import partition_key
 
@@ -44,7 +45,7 @@ def _run(cfg: PipelineConfig, spark, topic: str, run_config: ChangelogRunConfig
     seen: list[int] = []
     registry = HandlerRegistry()
     registry.register(r".*", lambda event: seen.append(event.after["id"]), name="record")
-    summary, _ = consume_partition(cfg, dict(cfg.kafka), spark, partition_key(topic, 0),
+    summary, _ = consume_partition(cfg, dict(cfg.kafka), partition_key(topic, 0),
                                    run_config, registry, group=cfg.kafka["group.id"])
     return sorted(seen), summary
 
@@ -69,7 +70,7 @@ def test_replay_from_an_offset_and_from_a_timestamp(pipeline_config, spark) -> N
     assert seen == list(range(13, N))
     assert summary.start_offset == 13
 
-    rows = spark.table(f"{cfg.lakehouse.database}.changelog").where(f"topic = '{topic}'")
+    rows = changelog_frame(spark, cfg).where(f"topic = '{topic}'")
     assert rows.count() == N  # the replays appended nothing twice
     assert rows.select("offset").distinct().count() == N
-    assert changelog_checkpoint(spark, cfg, cfg.kafka["group.id"], topic, 0) == N
+    assert changelog_checkpoint(cfg, cfg.kafka["group.id"], topic, 0) == N

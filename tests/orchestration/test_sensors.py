@@ -15,8 +15,12 @@ from binlog_assets.dev.kafka import create_topic
 from binlog_assets.orchestration.partitions import KAFKA_PARTITIONS_NAME, partition_key
 from binlog_assets.orchestration.resources import BinlakeResource
 from binlog_assets.orchestration.sensors import (
+    CONSUME_JOB_NAME,
+    RANGE_END_TAG,
+    RANGE_START_TAG,
     kafka_lag_sensor,
     kafka_partition_discovery_sensor,
+    plan_batches,
 )
 
 
@@ -96,10 +100,21 @@ def test_lag_sensor_transitions(topic_config) -> None:
         # lagging_since survives the request (the run has not caught up yet).
         assert json.loads(r2.cursor)["lagging_since"] == json.loads(r1.cursor)["lagging_since"]
 
-        # Both partitions lag: one request each.
+        # Both partitions lag: one run for both, as a range of the dynamic partitions.
         produce(bootstrap, topic, 1, 5)
         r3 = tick(r2.cursor)
-        assert sorted(r.partition_key for r in r3.run_requests) == keys
+        (both,) = r3.run_requests
+        assert both.partition_key is None
+        assert (both.tags[RANGE_START_TAG], both.tags[RANGE_END_TAG]) == tuple(keys)
+
+        # While that run is running, it holds both partitions: nothing is requested again.
+        instance.add_run(dg.DagsterRun(job_name=CONSUME_JOB_NAME, run_id=uuid.uuid4().hex,
+                                       status=dg.DagsterRunStatus.STARTED, tags=both.tags))
+        held = tick(r3.cursor)
+        assert not held.run_requests
+        assert "runs in flight hold them" in held.skip_reason.skip_message
+        for run in instance.get_runs():
+            instance.report_run_canceled(run)
 
         # The group commits partition 0's end: only partition 1 lags now.
         c = Consumer({"bootstrap.servers": bootstrap, "group.id": kafka["group.id"]})
@@ -120,3 +135,22 @@ def test_lag_sensor_requests_stale_lag_under_the_threshold(topic_config) -> None
         r = kafka_lag_sensor(dg.build_sensor_context(
             instance=instance, resources={"binlake": binlake}, cursor=old))
         assert [x.partition_key for x in r.run_requests] == [key]
+
+
+KEYS = [f"t:{i}" for i in range(8)]
+
+
+def test_batches_are_ranges_of_due_partitions_at_most_max_long() -> None:
+    # Idle partitions between due ones ride along; trailing idle ones do not.
+    assert plan_batches(KEYS, ["t:1", "t:3", "t:4"], set(), 10) == [["t:1", "t:2", "t:3",
+                                                                      "t:4"]]
+    assert plan_batches(KEYS, KEYS, set(), 3) == [KEYS[0:3], KEYS[3:6], KEYS[6:8]]
+    # A batch cut at the limit ends on its last due partition.
+    assert plan_batches(KEYS, ["t:0", "t:4"], set(), 3) == [["t:0"], ["t:4"]]
+    assert plan_batches(KEYS, [], set(), 3) == []
+
+
+def test_batches_never_span_or_include_a_held_partition() -> None:
+    assert plan_batches(KEYS, ["t:1", "t:2", "t:5"], {"t:3"}, 10) == [["t:1", "t:2"], ["t:5"]]
+    assert plan_batches(KEYS, ["t:1", "t:2"], {"t:1"}, 10) == [["t:2"]]
+    assert plan_batches(KEYS, ["t:0"], {"t:0"}, 10) == []

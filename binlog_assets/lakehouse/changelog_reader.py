@@ -1,0 +1,143 @@
+"""The changelog as Spark reads it: catalog registration, versions, ranges and surveys.
+
+The consumer runs write the changelog with delta-rs and never start a JVM, so they do
+not touch the catalog either. The Spark side registers the table (`<database>.changelog`
+at `changelog.changelog_uri`) the first time a session reads it, which is what lets
+Spark SQL, dbt and users name it; every read here goes through that name.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import TYPE_CHECKING
+
+from binlog_assets.config import PipelineConfig
+from binlog_assets.lakehouse.changelog import (
+    CHANGELOG_COLUMNS,
+    CREATE_OPERATION,
+    SURVEY_MAX_COMMITS,
+    changelog_name,
+    changelog_uri,
+    commit_doc,
+    delta_rs_uri,
+)
+from binlog_assets.lakehouse.delta_log import added_rows, table_exists, table_version
+from binlog_assets.lakehouse.identifiers import qualified
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql import types as T
+
+_REGISTER_LOCK = threading.Lock()
+
+
+def changelog_schema() -> T.StructType:
+    """The changelog's schema as Spark types (`changelog.CHANGELOG_COLUMNS`)."""
+    from pyspark.sql import types as T
+
+    simple = {"string": T.StringType(), "int": T.IntegerType(), "bigint": T.LongType(),
+              "binary": T.BinaryType(), "timestamp": T.TimestampType(),
+              "array<string>": T.ArrayType(T.StringType())}
+    return T.StructType([T.StructField(name, simple[t]) for name, t in CHANGELOG_COLUMNS])
+
+
+def register_changelog(spark: SparkSession, config: PipelineConfig) -> bool:
+    """Name the changelog in the session's catalog once the table exists; False before
+    the first consumer run wrote it."""
+    from deltalake import DeltaTable
+
+    database, table = changelog_name(config)
+    with _REGISTER_LOCK:
+        if table_exists(spark, database, table):
+            return True
+        uri = changelog_uri(config)
+        if not DeltaTable.is_deltatable(delta_rs_uri(uri)):
+            return False
+        spark.sql(f"CREATE DATABASE IF NOT EXISTS {qualified(database)}")
+        location = uri.replace("'", "\\'")
+        spark.sql(f"CREATE TABLE IF NOT EXISTS {qualified(database, table)} USING delta "
+                  f"LOCATION '{location}'")
+        return True
+
+
+def changelog_version(spark: SparkSession, config: PipelineConfig) -> int:
+    """The changelog's current Delta version; -1 before its first write."""
+    if not register_changelog(spark, config):
+        return -1
+    return table_version(spark, *changelog_name(config))
+
+
+def read_changelog(
+    spark: SparkSession, config: PipelineConfig, after_version: int | None, up_to: int
+) -> DataFrame:
+    """Changelog rows committed in versions (`after_version`, `up_to`].
+
+    With nothing applied yet (`after_version` None) this is the table as of `up_to`: a
+    plain snapshot read, which also works once old log entries are cleaned up. Later
+    ranges are the rows those commits added (the table is append-only), read from their
+    files only (`delta_log.added_rows`).
+    """
+    register_changelog(spark, config)
+    database, table = changelog_name(config)
+    if after_version is None:
+        name = f"{database}.{table}"
+        return spark.read.format("delta").option("versionAsOf", up_to).table(name)
+    return added_rows(spark, database, table, after_version + 1, up_to)
+
+
+def survey_of_frame(frame: DataFrame) -> list[list]:
+    """The survey (as `changelog.survey_of_rows`) of changelog rows in a DataFrame: one
+    aggregate job over them."""
+    from pyspark.sql import functions as F
+
+    from binlog_assets.lakehouse.columns import changelog_position
+
+    groups = (frame.groupBy("table", "op", "column_types", "value_types", "key_columns")
+              .agg(F.count(F.lit(1)).alias("n"), F.max(changelog_position()).alias("last"))
+              .collect())
+    return [[g["table"], g["op"], g["column_types"], g["value_types"],
+             list(g["key_columns"] or []), g["n"], list(g["last"])] for g in groups]
+
+
+def read_survey(spark: SparkSession, config: PipelineConfig, after_version: int | None,
+                up_to: int) -> list[list] | None:
+    """The surveys of changelog versions (`after_version`, `up_to`] (all versions up to
+    `up_to` when `after_version` is None) from their commits' metadata, merged per group
+    (as `survey_of_rows`); None when a version carries none (the table's creation counts
+    as empty) or the range is longer than SURVEY_MAX_COMMITS."""
+    from delta.tables import DeltaTable
+
+    first = 0 if after_version is None else after_version + 1
+    if up_to - first >= SURVEY_MAX_COMMITS:
+        return None
+    register_changelog(spark, config)
+    database, table = changelog_name(config)
+    latest = table_version(spark, database, table)
+    history = (DeltaTable.forName(spark, f"{database}.{table}").history(latest - first + 1)
+               .select("version", "operation", "userMetadata").collect())
+    found = {r.version: (r.operation, commit_doc(r.userMetadata)) for r in history
+             if first <= r.version <= up_to}
+    if len(found) != up_to - first + 1:
+        return None  # log entries cleaned up
+    merged: dict[tuple, list] = {}
+    for operation, doc in found.values():
+        survey = doc.get("survey", [] if operation == CREATE_OPERATION else None)
+        if survey is None:
+            return None
+        for *group, n, last in survey:
+            key = (*group[:4], tuple(group[4]))
+            entry = merged.get(key)
+            if entry is None:
+                merged[key] = [*group, n, last]
+            else:
+                entry[5] += n
+                entry[6] = max(entry[6], last)
+    return list(merged.values())
+
+
+def changelog_frame(spark: SparkSession, config: PipelineConfig) -> DataFrame:
+    """The whole changelog table, as of now (registered in the catalog first)."""
+    if not register_changelog(spark, config):
+        raise FileNotFoundError(f"no changelog table at {changelog_uri(config)} yet: "
+                                f"no consumer run has written one")
+    return spark.table(qualified(*changelog_name(config)))

@@ -1,0 +1,103 @@
+"""A real Dagster run of the consume job over a range of partitions: no JVM, exit 0.
+
+The run worker's process loads the code location and runs the job the way `dagster dev`
+would launch it (`consume_child.py`); the test reads what it wrote back from the
+instance (one materialization per partition, with that partition's metadata), from the
+changelog's Delta log (delta-rs) and from the consumer group's committed offsets.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+import dagster as dg
+import orjson
+import yaml
+from confluent_kafka import Producer
+
+from binlog_assets.config import PipelineConfig, load_config
+from binlog_assets.consume.lag import measure_lag
+from binlog_assets.dev.kafka import create_topic
+from binlog_assets.lakehouse.changelog import ChangelogWriter
+from binlog_assets.orchestration.partitions import KAFKA_PARTITIONS_NAME, partition_key
+
+CHILD = Path(__file__).with_name("consume_child.py")
+PER_PARTITION = {0: 7, 1: 0, 2: 5}  # partition 1 is idle: a range carries it along
+
+
+def _produce(bootstrap: str, topic: str) -> None:
+    p = Producer({"bootstrap.servers": bootstrap})
+    for partition, n in PER_PARTITION.items():
+        for i in range(n):
+            row = {"id": partition * 100 + i, "v": i}
+            value = {"before": None, "after": row, "op": "c", "ts_ms": i,
+                     "source": {"db": "shop", "table": "t", "file": "mysql-bin.000001",
+                                "pos": 100 + i, "row": 0, "snapshot": "false"}}
+            p.produce(topic, partition=partition, key=orjson.dumps({"id": row["id"]}),
+                      value=orjson.dumps(value))
+    assert p.flush(30) == 0
+
+
+def _child(env: dict[str, str], first: str, last: str) -> tuple[dict, subprocess.CompletedProcess]:
+    proc = subprocess.run([sys.executable, str(CHILD), first, last], env=env,
+                          capture_output=True, text=True, timeout=300)
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("CONSUME-RESULT ")]
+    assert lines, proc.stdout[-2000:] + proc.stderr[-4000:]
+    return json.loads(lines[-1].split(" ", 1)[1]), proc
+
+
+def test_one_run_consumes_a_range_of_partitions_without_a_jvm(
+        pipeline_config: PipelineConfig, tmp_path: Path) -> None:
+    bootstrap = pipeline_config.bootstrap_servers
+    topic = create_topic(bootstrap, "multi", partitions=3)
+    _produce(bootstrap, topic)
+    data = pipeline_config.model_dump(mode="json", exclude_none=True)
+    data["kafka"]["group.id"] = f"g-{uuid.uuid4().hex[:6]}"
+    data["lakehouse"]["database"] = f"multi_{uuid.uuid4().hex[:6]}"
+    data["sources"] = [{"name": "multi", "topics": [topic], "format": "debezium"}]
+    config_path = tmp_path / "binlake.yaml"
+    config_path.write_text(yaml.safe_dump(data))
+    home = tmp_path / "dagster"
+    home.mkdir()
+    keys = [partition_key(topic, p) for p in PER_PARTITION]
+    with dg.DagsterInstance.from_config(str(home)) as instance:
+        instance.add_dynamic_partitions(KAFKA_PARTITIONS_NAME, keys)
+    env = {**os.environ, "BINLAKE_CONFIG": str(config_path), "DAGSTER_HOME": str(home)}
+
+    result, proc = _child(env, keys[0], keys[-1])
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert result["success"], proc.stderr[-4000:]
+    # No Spark anywhere in the run: not imported, and no JVM (or any process) launched.
+    assert result["pyspark"] == []
+    assert not [argv for argv in result["launched"]
+                if any("java" in a or "spark" in a for a in argv)], result["launched"]
+
+    cfg = load_config(config_path)
+    writer = ChangelogWriter(cfg)
+    group = cfg.kafka["group.id"]
+    assert {p: writer.checkpoint(group, topic, p) for p in PER_PARTITION} == {0: 7, 1: None,
+                                                                             2: 5}
+    committed = {pl.partition: pl.committed for pl in measure_lag(dict(cfg.kafka), group,
+                                                                   [topic])}
+    assert committed == {0: 7, 1: None, 2: 5}
+    with dg.DagsterInstance.from_config(str(home)) as instance:
+        for partition, n in PER_PARTITION.items():
+            records = instance.fetch_materializations(
+                dg.AssetRecordsFilter(asset_key=dg.AssetKey("changelog"),
+                                      asset_partitions=[keys[partition]]), limit=5).records
+            assert len(records) == 1, keys[partition]
+            md = records[0].asset_materialization.metadata
+            assert md["records"].value == n
+            assert md["committed_offset"].value == n
+            assert md["partition"].value == partition
+
+    # A second run over the same range reads nothing new and still exits cleanly.
+    again, proc = _child(env, keys[0], keys[-1])
+    assert proc.returncode == 0 and again["success"], proc.stderr[-4000:]
+    assert {p: writer.checkpoint(group, topic, p) for p in PER_PARTITION} == {0: 7, 1: None,
+                                                                             2: 5}
