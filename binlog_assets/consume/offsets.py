@@ -129,6 +129,14 @@ class OffsetTracker:
         with self._lock:
             return len(self._pending) - len(self._done)
 
+    def commit_point(self, max_bytes: int = DEFAULT_METADATA_MAX_BYTES) -> tuple[int, str]:
+        """`committable()` and `encode_metadata()` of one moment: read apart, a completion
+        in between would pair an offset with metadata for another (which the next run
+        ignores, redoing finished work)."""
+        with self._lock:
+            base, done = self._base_and_done()
+        return base, _encode(base, done, max_bytes)
+
     def encode_metadata(self, max_bytes: int = DEFAULT_METADATA_MAX_BYTES) -> str:
         """Offsets done beyond `committable()`, packed into at most `max_bytes` characters.
 
@@ -139,11 +147,15 @@ class OffsetTracker:
         rather than skipping anything undone. "" means nothing is done beyond `base`.
         """
         with self._lock:
-            base = self._pending[0] if self._pending else self._last + 1
-            if self._prior:
-                del self._prior[: self._prior.bisect_right(base)]
-            done = sorted(o for o in self._done.union(self._prior) if o > base)
+            base, done = self._base_and_done()
         return _encode(base, done, max_bytes)
+
+    def _base_and_done(self) -> tuple[int, list[int]]:
+        # Called with the lock held.
+        base = self._pending[0] if self._pending else self._last + 1
+        if self._prior:
+            del self._prior[: self._prior.bisect_right(base)]
+        return base, sorted(o for o in self._done.union(self._prior) if o > base)
 
     @staticmethod
     def decode_metadata(committed: int, metadata: str | None) -> set[int]:

@@ -156,6 +156,8 @@ class BoundedRun:
         self._sink_buffer: deque[tuple[int, list[ChangeEvent], bytes | None]] = deque()
         self._sink_end: int | None = None
         self._dlq: DeadLetterPublisher | None = None
+        # Lanes dead-letter from their own threads: the publisher is created once.
+        self._dlq_lock = threading.Lock()
         self.peak_in_flight = 0
         self._tables_with_handlers: dict[str, bool] = {}
 
@@ -184,12 +186,13 @@ class BoundedRun:
         return resolve_checkpoint(sources)
 
     def _dead_letters(self) -> DeadLetterPublisher:
-        if self._dlq is None:
-            topic = self.settings.dead_letter_topic or f"binlake.dlq.{self.tp.topic}"
-            producer_conf = {k: v for k, v in self.settings.kafka_conf.items()
-                             if k not in _CONSUMER_KEYS}
-            self._dlq = DeadLetterPublisher(producer_conf, topic)
-        return self._dlq
+        with self._dlq_lock:
+            if self._dlq is None:
+                topic = self.settings.dead_letter_topic or f"binlake.dlq.{self.tp.topic}"
+                producer_conf = {k: v for k, v in self.settings.kafka_conf.items()
+                                 if k not in _CONSUMER_KEYS}
+                self._dlq = DeadLetterPublisher(producer_conf, topic)
+            return self._dlq
 
     # -- the run --------------------------------------------------------------------
     def run(self) -> RunSummary:
@@ -491,10 +494,12 @@ class BoundedRun:
 
     def _commit(self, consumer: Consumer, tracker: OffsetTracker,
                 summary: RunSummary | None) -> None:
+        # What to commit is read first, then the dead letters are flushed: an event a lane
+        # dead-letters and marks done after this read is not committed past, so every
+        # dead letter below the commit has been acknowledged by the broker.
+        offset, metadata = tracker.commit_point()
         if self._dlq is not None:
             self._dlq.flush()
-        offset = tracker.committable()
-        metadata = tracker.encode_metadata()
         if offset > (self._sink_end or 0):
             fault_point("after_handlers")
             if self.sink is not None:
