@@ -134,11 +134,20 @@ class ChangeDecoder:
 
     def _row_key(self, image: dict[str, Any], columns: tuple[str, ...], image_name: str) -> tuple:
         try:
-            return tuple([image[column] for column in columns])
+            key = tuple([image[column] for column in columns])
         except KeyError as exc:
             raise self._fail(
                 f"key column {exc.args[0]!r} missing from {image_name!r}"
             ) from None
+        try:
+            hash(key)
+        except TypeError:
+            # A JSON array or object is no primary-key value, and the lanes could not
+            # route the event by it: the record is dead-lettered instead.
+            bad = next(c for c, v in zip(columns, key, strict=True) if type(v) in (list, dict))
+            raise self._fail(f"key column {bad!r} of {image_name!r} holds a "
+                             f"{type(image[bad]).__name__}, not a value") from None
+        return key
 
 
 def split_key_change(update: ChangeEvent, old_key: tuple) -> list[ChangeEvent]:

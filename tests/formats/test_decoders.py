@@ -11,6 +11,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from binlog_assets.consume.handlers import HandlerRegistry
+from binlog_assets.consume.lanes import LaneDispatcher
 from binlog_assets.formats import (
     DECODERS,
     CanalDecoder,
@@ -126,8 +128,24 @@ def _corrupt(base: Any, overrides: dict[str, Any], inner: dict[str, Any], depth:
     return base
 
 
+@pytest.fixture(scope="module", autouse=True)
+def dispatcher():
+    """The real lanes, which every decoded event must be routable by (key ordering)."""
+    global _DISPATCHER
+    _DISPATCHER = LaneDispatcher(HandlerRegistry(), lanes=8, workers=1,
+                                 on_done_many=lambda offsets: None)
+    try:
+        yield _DISPATCHER
+    finally:
+        _DISPATCHER.close()
+
+
+_DISPATCHER: LaneDispatcher | None = None
+
+
 def _decode_is_total(name: str, value: bytes) -> None:
-    """Decoding yields valid events or a DecodeError that names what is wrong.
+    """Decoding yields valid events that the lanes can route, or a DecodeError that names
+    what is wrong (the run dead-letters it): nothing else escapes to stop a partition.
 
     The base class turns any unforeseen exception into a generic "malformed record"
     DecodeError; reaching it means a check that names the field is missing.
@@ -140,6 +158,25 @@ def _decode_is_total(name: str, value: bytes) -> None:
         assert "malformed record:" not in str(exc)
         return
     assert all(isinstance(e, ChangeEvent) and e.op in OPS for e in events)
+    for event in events:
+        _DISPATCHER.lane_of(event)
+
+
+@pytest.mark.parametrize(("name", "record", "message"), [
+    ("debezium", {"before": None, "after": {"id": [1]}, "op": "c",
+                  "source": {"db": "d", "table": "t", "file": "mysql-bin.000001", "pos": 4}},
+     "key column 'id' of 'after' holds a list"),
+    ("maxwell", {"database": "d", "table": "t", "type": "insert", "data": {"id": {"a": 1}},
+                 "primary_key_columns": ["id"]}, "key column 'id' of 'data' holds a dict"),
+    # Canal's values are text: a list is refused with the other non-strings.
+    ("canal", {"data": [{"id": ["1"]}], "database": "d", "table": "t", "type": "INSERT",
+               "isDdl": False, "es": 1, "pkNames": ["id"], "mysqlType": {"id": "int(11)"}},
+     r"field 'data\[0\].id' must be a string or null"),
+])
+def test_a_key_value_that_is_an_array_or_object_is_a_decode_error(name, record, message):
+    # Decoded, it would stop the run in the lanes (unhashable), at every rerun.
+    with pytest.raises(DecodeError, match=message):
+        make_decoder(name).decode(orjson.dumps(record), key=b'{"id": 1}')
 
 
 @pytest.mark.parametrize("name", sorted(BASES))
