@@ -10,6 +10,7 @@ from binlog_assets.orchestration.replica_assets import build_replica_assets
 from binlog_assets.orchestration.resources import BinlakeResource
 from binlog_assets.orchestration.sensors import (
     binlake_automation_sensor,
+    dbt_follow_sensor,
     kafka_lag_sensor,
     kafka_partition_discovery_sensor,
 )
@@ -28,7 +29,8 @@ defs = dg.Definitions(
     asset_checks=[changelog_lag_check, checkpoint_agreement_check],
     jobs=[consume_changelog_job, build_replicas_job, dbt_build_job],
     schedules=[dbt_hourly_schedule],
-    sensors=[kafka_partition_discovery_sensor, kafka_lag_sensor, binlake_automation_sensor],
+    sensors=[kafka_partition_discovery_sensor, kafka_lag_sensor, binlake_automation_sensor,
+             dbt_follow_sensor],
     resources={
         "binlake": BinlakeResource(),
         "dbt": dbt_resource,

@@ -5,12 +5,13 @@
   `dagster.max_partitions_per_run`).
 - `build_replicas_job`: apply new changelog data to the replicas (launchpad config
   `ops.replicas.config.rebuild: true` rebuilds them from the whole changelog).
-- `dbt_build_job`: dbt build (models and tests) over the replicas; scheduled hourly.
+- `dbt_build_job`: dbt build (models and tests) over the replicas; `dbt_follow_sensor`
+  launches it when replicas change (at most every 5 minutes), and hourly by schedule.
 """
 
 import dagster as dg
 
-from binlog_assets.orchestration.sensors import CONSUME_JOB_NAME
+from binlog_assets.orchestration.sensors import CONSUME_JOB_NAME, DBT_JOB_NAME
 
 REPLICAS = dg.AssetSelection.key_prefixes("replica")
 # The changelog step and its checks share one process (a subprocess per step would load
@@ -37,7 +38,7 @@ build_replicas_job = dg.define_asset_job(
 )
 
 dbt_build_job = dg.define_asset_job(
-    name="dbt_build_job",
+    name=DBT_JOB_NAME,
     selection=DBT_MODELS,
     description="dbt build over the replicas: staging models, marts and their tests.",
 )
@@ -46,5 +47,5 @@ dbt_hourly_schedule = dg.ScheduleDefinition(
     name="dbt_hourly_schedule",
     job=dbt_build_job,
     cron_schedule="15 * * * *",
-    description="Rebuild the dbt models every hour (automation also follows replicas).",
+    description="Rebuild the dbt models every hour (dbt_follow_sensor also follows replicas).",
 )

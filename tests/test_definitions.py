@@ -29,7 +29,8 @@ def test_definitions_load_and_jobs_resolve(binlake_env: Path) -> None:
     deps = defs.resolve_asset_graph().get(dg.AssetKey("stg_products")).parent_keys
     assert dg.AssetKey(["replica", "products"]) in deps
     assert {s.name for s in defs.sensors} == {
-        "kafka_partition_discovery_sensor", "kafka_lag_sensor", "binlake_automation_sensor"}
+        "kafka_partition_discovery_sensor", "kafka_lag_sensor", "binlake_automation_sensor",
+        "dbt_follow_sensor"}
 
 
 def test_workspace_yaml_validates_with_dagster_cli(binlake_env: Path) -> None:

@@ -38,6 +38,7 @@ from binlog_assets.consume.run import BoundedRun, RunSettings, RunSummary
 from binlog_assets.formats.event import ChangeEvent
 from binlog_assets.lakehouse.changelog import ChangelogWriter
 from binlog_assets.orchestration.partitions import (
+    CHANGELOG_ASSET_KEY,
     kafka_partitions_def,
     parse_partition_key,
     partition_key,
@@ -50,7 +51,6 @@ from binlog_assets.orchestration.sensors import group_id
 # overlap, while decoding shares the one interpreter anyway.
 PARTITIONS_IN_PARALLEL = 4
 
-CHANGELOG_ASSET_KEY = dg.AssetKey("changelog")
 
 
 class FencedRunError(RuntimeError):

@@ -21,17 +21,18 @@ from dagster_dbt import DagsterDbtTranslator, DbtCliResource, DbtProject, dbt_as
 from binlog_assets.config import PipelineConfig
 from binlog_assets.dev.paths import REPO_ROOT, var_dir
 from binlog_assets.lakehouse.spark import hold_catalog_lock, spark_conf
-from binlog_assets.orchestration.resources import FOLLOW_UPSTREAM, SPARK_POOL, BinlakeResource
+from binlog_assets.orchestration.resources import SPARK_POOL, BinlakeResource
 
 DBT_PROJECT_DIR = REPO_ROOT / "dbt"
 DBT_GROUP = "binlake"  # one group with the changelog and replicas: one graph on one page
 
 
 class BinlakeDbtTranslator(DagsterDbtTranslator):
-    """dbt models follow their upstream replicas as soon as those change."""
+    """dbt models in binlake's group. They carry no automation condition: one
+    `dbt_build_job` run builds them all when replicas change (`dbt_follow_sensor`)."""
 
-    def get_automation_condition(self, dbt_resource_props) -> dg.AutomationCondition:
-        return FOLLOW_UPSTREAM
+    def get_automation_condition(self, dbt_resource_props) -> dg.AutomationCondition | None:
+        return None
 
     def get_group_name(self, dbt_resource_props) -> str:
         return DBT_GROUP

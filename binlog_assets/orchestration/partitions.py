@@ -11,6 +11,8 @@ import dagster as dg
 
 KAFKA_PARTITIONS_NAME = "kafka_topic_partitions"
 kafka_partitions_def = dg.DynamicPartitionsDefinition(name=KAFKA_PARTITIONS_NAME)
+# The asset these partitions belong to (the sensors and the asset module both name it).
+CHANGELOG_ASSET_KEY = dg.AssetKey("changelog")
 
 
 def partition_key(topic: str, partition: int) -> str:

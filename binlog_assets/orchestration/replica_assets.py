@@ -16,7 +16,7 @@ import dagster as dg
 from pydantic import Field
 
 from binlog_assets.config import PipelineConfig
-from binlog_assets.orchestration.changelog_asset import CHANGELOG_ASSET_KEY
+from binlog_assets.orchestration.partitions import CHANGELOG_ASSET_KEY
 from binlog_assets.orchestration.resources import FOLLOW_UPSTREAM, SPARK_POOL, BinlakeResource
 
 

@@ -21,7 +21,8 @@ from binlog_assets.dev.stack import kafka_client_config
 SPARK_POOL = "spark"
 
 
-# Replicas and dbt models follow new upstream data. `eager()` also waits for every
+# Replicas follow new changelog data (dbt follows them through `dbt_follow_sensor`).
+# `eager()` also waits for every
 # upstream partition to exist, and a topic-partition nobody wrote yet (say, the schema
 # change topic) would hold the replicas back forever, so that part is left out.
 FOLLOW_UPSTREAM = dg.AutomationCondition.eager().without(

@@ -22,6 +22,7 @@ import dagster as dg
 
 from binlog_assets.consume.lag import measure_lag
 from binlog_assets.orchestration.partitions import (
+    CHANGELOG_ASSET_KEY,
     KAFKA_PARTITIONS_NAME,
     kafka_partitions_def,
     partition_key,
@@ -29,6 +30,8 @@ from binlog_assets.orchestration.partitions import (
 from binlog_assets.orchestration.resources import BinlakeResource
 
 CONSUME_JOB_NAME = "consume_changelog_job"
+DBT_JOB_NAME = "dbt_build_job"
+DBT_FOLLOW_INTERVAL_SECONDS = 300
 # The tags by which Dagster runs a partitioned asset over a range of its partitions.
 RANGE_START_TAG = "dagster/asset_partition_range_start"
 RANGE_END_TAG = "dagster/asset_partition_range_end"
@@ -87,6 +90,27 @@ def held_partitions(instance: dg.DagsterInstance, known: Sequence[str]) -> set[s
         elif tags.get(RANGE_START_TAG) in index and tags.get(RANGE_END_TAG) in index:
             held.update(known[index[tags[RANGE_START_TAG]]:index[tags[RANGE_END_TAG]] + 1])
     return held
+
+
+def changelog_backfill_in_progress(instance: dg.DagsterInstance) -> str | None:
+    """The id of an unfinished backfill of the changelog (asset or job backfill), if any.
+
+    Its runs are created as it goes, so which partitions it will hold is not known from
+    the runs yet: the lag sensor waits for it rather than race it for a partition.
+    """
+    from dagster._core.execution.backfill import BulkActionStatus
+    from dagster._core.remote_representation.external_data import (
+        job_name_for_partition_set_snap_name,
+    )
+
+    for backfill in instance.get_backfills(status=BulkActionStatus.REQUESTED):
+        if backfill.asset_selection and CHANGELOG_ASSET_KEY in backfill.asset_selection:
+            return backfill.backfill_id
+        origin = backfill.partition_set_origin
+        if origin is not None and job_name_for_partition_set_snap_name(
+                origin.partition_set_name) == CONSUME_JOB_NAME:
+            return backfill.backfill_id
+    return None
 
 
 def plan_batches(known: Sequence[str], due: Sequence[str], held: set[str],
@@ -166,6 +190,11 @@ def kafka_lag_sensor(
         if pl.lag >= cfg.dagster.lag_threshold or stale:
             due.append(key)
     cursor = json.dumps({"lagging_since": still_lagging}, sort_keys=True)
+    backfill = changelog_backfill_in_progress(context.instance) if due else None
+    if backfill is not None:
+        return dg.SensorResult(skip_reason=dg.SkipReason(
+            f"{len(due)} partitions are due; waiting for backfill {backfill} of the "
+            f"changelog to finish (its runs own their partitions)"), cursor=cursor)
     held = held_partitions(context.instance, known) if due else set()
     batches = plan_batches(known, due, held, cfg.dagster.max_partitions_per_run)
     if not batches:
@@ -187,8 +216,39 @@ binlake_automation_sensor = dg.AutomationConditionSensorDefinition(
     target=dg.AssetSelection.all(),
     default_status=dg.DefaultSensorStatus.RUNNING,
     minimum_interval_seconds=5,
-    description="Replicas follow new changelog data; dbt models follow the replicas.",
+    description="Replicas follow new changelog data.",
 )
+
+
+@dg.sensor(
+    name="dbt_follow_sensor",
+    job_name=DBT_JOB_NAME,
+    minimum_interval_seconds=DBT_FOLLOW_INTERVAL_SECONDS,
+    default_status=dg.DefaultSensorStatus.RUNNING,
+    description="Builds every dbt model in one run when a replica changed since the last "
+                f"build, at most every {DBT_FOLLOW_INTERVAL_SECONDS} s.",
+)
+def dbt_follow_sensor(
+    context: dg.SensorEvaluationContext, binlake: BinlakeResource
+) -> dg.SensorResult | dg.SkipReason:
+    # One dbt build at a time, all models together (dbt orders them): per-model automation
+    # started a build per replica change, each holding the one Spark slot of the local
+    # catalog for a minute while the next replica build (the freshness users feel) waited.
+    names = sorted({t.replica for s in binlake.pipeline.sources for t in s.tables})
+    latest = 0
+    for name in names:
+        records = context.instance.fetch_materializations(
+            dg.AssetKey(["replica", name]), limit=1).records
+        if records and records[0].storage_id > latest:
+            latest = records[0].storage_id
+    seen = int(context.cursor or 0)
+    if latest <= seen:
+        return dg.SkipReason("no replica changed since the last dbt build")
+    if context.instance.get_runs(filters=dg.RunsFilter(job_name=DBT_JOB_NAME,
+                                                       statuses=_UNFINISHED), limit=1):
+        return dg.SkipReason("a dbt build is queued or running; the next tick follows up")
+    return dg.SensorResult(run_requests=[dg.RunRequest(run_key=f"replicas@{latest}")],
+                           cursor=str(latest))
 
 
 def group_id(binlake: BinlakeResource) -> str:

@@ -2,7 +2,7 @@
 
 A Dagster daemon runs against a fresh instance (the repository's dagster.yaml), a CLI
 backfill over 4 topic-partitions launches 4 bounded consumer runs, and the automation
-sensor then builds the replicas and the dbt models on its own. Every Spark step runs in
+sensor then builds the replicas on its own, and `dbt_follow_sensor` the dbt models. Every Spark step runs in
 its own process, one at a time (the `spark` pool), so this test reads the results by
 path, never through the catalog its subprocesses share.
 """
@@ -197,7 +197,8 @@ def test_events_to_replicas_to_dbt_through_backfill_and_automation(e2e_env, spar
                 assert md["records"].value == ends[key]
                 assert md["lag_at_end"].value == 0
 
-            # Automation: the replicas, then the dbt models, follow on their own.
+            # The replicas (automation), then the dbt models (dbt_follow_sensor, within
+            # its 5-minute interval), follow on their own.
             followers = [dg.AssetKey(["replica", r]) for r in ("customers", "orders", "products")]
             followers += [dg.AssetKey(m) for m in
                           ("stg_customers", "stg_products", "stg_orders", "customer_revenue")]

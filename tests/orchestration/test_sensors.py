@@ -1,6 +1,7 @@
 """Each sensor cursor transition, built with dg.build_sensor_context on the real broker."""
 
 import json
+import time
 import uuid
 from pathlib import Path
 
@@ -30,7 +31,8 @@ def topic_config(pipeline_config: PipelineConfig, tmp_path: Path):
     topic = create_topic(pipeline_config.bootstrap_servers, "sensor", partitions=2)
     data = pipeline_config.model_dump(mode="json", exclude_none=True)
     data["kafka"]["group.id"] = f"g-{uuid.uuid4().hex[:6]}"
-    data["sources"] = [{"name": "s", "topics": [topic], "format": "debezium"}]
+    data["sources"] = [{"name": "s", "topics": [topic], "format": "debezium",
+                        "tables": [{"source": "d.orders", "replica": "orders"}]}]
     data["dagster"] = {"lag_threshold": 3, "max_staleness_seconds": 3600}
     path = tmp_path / "binlake.yaml"
     path.write_text(yaml.safe_dump(data))
@@ -125,6 +127,30 @@ def test_lag_sensor_transitions(topic_config) -> None:
         assert list(json.loads(r4.cursor)["lagging_since"]) == [keys[1]]
 
 
+def test_lag_sensor_waits_while_a_backfill_of_the_changelog_runs(topic_config) -> None:
+    from dagster._core.execution.backfill import BulkActionStatus, PartitionBackfill
+
+    topic, binlake, kafka = topic_config
+    key = partition_key(topic, 0)
+    with dg.instance_for_test() as instance:
+        instance.add_dynamic_partitions(KAFKA_PARTITIONS_NAME, [key])
+        produce(kafka["bootstrap.servers"], topic, 0, 5)
+        backfill = PartitionBackfill(
+            "bf1", status=BulkActionStatus.REQUESTED, from_failure=False, tags={},
+            backfill_timestamp=time.time(), asset_selection=[dg.AssetKey("changelog")])
+        instance.add_backfill(backfill)
+
+        def tick() -> dg.SensorResult:
+            return kafka_lag_sensor(dg.build_sensor_context(
+                instance=instance, resources={"binlake": binlake}))
+
+        waiting = tick()
+        assert not waiting.run_requests
+        assert "waiting for backfill bf1" in waiting.skip_reason.skip_message
+        instance.update_backfill(backfill.with_status(BulkActionStatus.COMPLETED))
+        assert [r.partition_key for r in tick().run_requests] == [key]
+
+
 def test_lag_sensor_requests_stale_lag_under_the_threshold(topic_config) -> None:
     topic, binlake, kafka = topic_config
     key = partition_key(topic, 0)
@@ -154,3 +180,29 @@ def test_batches_never_span_or_include_a_held_partition() -> None:
     assert plan_batches(KEYS, ["t:1", "t:2", "t:5"], {"t:3"}, 10) == [["t:1", "t:2"], ["t:5"]]
     assert plan_batches(KEYS, ["t:1", "t:2"], {"t:1"}, 10) == [["t:2"]]
     assert plan_batches(KEYS, ["t:0"], {"t:0"}, 10) == []
+
+
+def test_dbt_follows_replica_changes_in_one_run_at_a_time(topic_config) -> None:
+    from binlog_assets.orchestration.sensors import DBT_JOB_NAME, dbt_follow_sensor
+
+    _topic, binlake, _kafka = topic_config
+    with dg.instance_for_test() as instance:
+        def tick(cursor: str | None):
+            return dbt_follow_sensor(dg.build_sensor_context(
+                instance=instance, resources={"binlake": binlake}, cursor=cursor))
+
+        assert isinstance(tick(None), dg.SkipReason)  # no replica built yet
+        instance.report_runless_asset_event(dg.AssetMaterialization(["replica", "orders"]))
+        first = tick(None)
+        (request,) = first.run_requests
+        # Nothing new since: skip. A replica changes while dbt runs: wait for it.
+        assert isinstance(tick(first.cursor), dg.SkipReason)
+        instance.add_run(dg.DagsterRun(job_name=DBT_JOB_NAME, run_id=uuid.uuid4().hex,
+                                       status=dg.DagsterRunStatus.STARTED))
+        instance.report_runless_asset_event(dg.AssetMaterialization(["replica", "orders"]))
+        busy = tick(first.cursor)
+        assert isinstance(busy, dg.SkipReason) and "queued or running" in busy.skip_message
+        for run in instance.get_runs():
+            instance.report_run_canceled(run)
+        (again,) = tick(first.cursor).run_requests
+        assert again.run_key != request.run_key
