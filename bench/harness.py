@@ -17,7 +17,7 @@ import shutil
 import tempfile
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -175,6 +175,21 @@ def produce_debezium(
     The partition must then end at `expect_end` (default `count`: this is its only
     producer); pass -1 when other producers write to it at the same time.
     """
+    size, seconds = produce_records(
+        bootstrap, ((topic, key, value) for key, value in
+                    debezium_records(count, keys, small=small, seed=seed, first_id=first_id)))
+    expect_end = count if expect_end is None else expect_end
+    if expect_end >= 0:
+        _low, high = end_offsets(bootstrap, topic)
+        if high != expect_end:
+            raise RuntimeError(f"expected {expect_end} records in {topic}, it has {high}")
+    return Produced(topic, count, size, seconds)
+
+
+def produce_records(bootstrap: str, records: Iterable[tuple[str, bytes, bytes]]
+                    ) -> tuple[int, float]:
+    """Produce (topic, key, value) records to partition 0 of their topics; the value bytes
+    and the seconds it took. Fails unless every record was delivered."""
     errors: list[KafkaError] = []
 
     def on_delivery(err: KafkaError | None, _msg: object) -> None:
@@ -185,8 +200,7 @@ def produce_debezium(
     produce = producer.produce
     began = time.monotonic()
     size = 0
-    for key, value in debezium_records(count, keys, small=small, seed=seed,
-                                       first_id=first_id):
+    for topic, key, value in records:
         size += len(value)
         while True:
             try:
@@ -198,12 +212,7 @@ def produce_debezium(
     seconds = time.monotonic() - began
     if left or errors:
         raise RuntimeError(f"production failed: {left} undelivered, errors {errors[:3]}")
-    expect_end = count if expect_end is None else expect_end
-    if expect_end >= 0:
-        _low, high = end_offsets(bootstrap, topic)
-        if high != expect_end:
-            raise RuntimeError(f"expected {expect_end} records in {topic}, it has {high}")
-    return Produced(topic, count, size, seconds)
+    return size, seconds
 
 
 def end_offsets(bootstrap: str, topic: str) -> tuple[int, int]:

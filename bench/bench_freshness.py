@@ -1,0 +1,232 @@
+"""E1: freshness as a user meets it: a change committed in MariaDB -> visible in its replica.
+
+Starts its own stack in a temporary directory (the Kafka broker, MariaDB with a ROW binlog,
+Debezium's MariaDB connector in Kafka Connect), a Dagster instance with the project's
+`setup/dagster.yaml`, and the Dagster daemon over `workspace.yaml` (sensors, automation and
+the run queue, as `dagster dev` runs them): nothing drives the pipeline but the daemon.
+Then it commits `--changes` single-row changes to `shop.customers` (an insert, an update
+and a delete of a fresh id, in turn), one after the other, and for each measures:
+
+- to the changelog: the first changelog version holding the change (delta-rs's change
+  feed, `_commit_version`), seen by polling every 0.2 s;
+- to the replica: the first `replica/customers` materialization whose applied changelog
+  version covers it; its event time is when the apply had committed (`customers_current`
+  reads the table's latest version), so this is an upper bound.
+
+It prints every change and the p50/p95 of both against the targets (p50 <= 15 s,
+p95 <= 30 s) as ratios. The first change (the replica's first build) is reported apart.
+
+    .venv/bin/python bench/bench_freshness.py [--changes 20] [--pause 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import dagster as dg
+import yaml
+from deltalake import DeltaTable
+
+from binlog_assets.config import parse_config
+from binlog_assets.dev import shop
+from binlog_assets.dev.connect import DebeziumConnector, KafkaConnect
+from binlog_assets.dev.kafka import KafkaBroker
+from binlog_assets.dev.mariadb import MariaDBServer
+from binlog_assets.dev.paths import REPO_ROOT
+from binlog_assets.lakehouse.changelog import changelog_uri
+from binlog_assets.orchestration.partitions import KAFKA_PARTITIONS_NAME, partition_key
+
+TARGET_P50, TARGET_P95 = 15.0, 30.0
+TOPIC = "shop.shop.customers"
+TOPICS = [TOPIC, "shop.shop.products", "shop.shop_1.orders", "shop.shop_2.orders"]
+REPLICA_KEY = dg.AssetKey(["replica", "customers"])
+POLL = 0.2
+
+
+def wait_for_topic(bootstrap: str, topic: str, timeout: float = 120.0) -> None:
+    from confluent_kafka.admin import AdminClient
+
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    deadline = time.monotonic() + timeout
+    while topic not in admin.list_topics(timeout=10).topics:
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"Debezium did not create {topic} in {timeout:.0f}s")
+        time.sleep(0.5)
+
+
+class Watcher:
+    """Where a change has got to: the changelog (delta-rs) and the replica (Dagster)."""
+
+    def __init__(self, changelog: str, instance: dg.DagsterInstance) -> None:
+        self.changelog = changelog
+        self.instance = instance
+        self.seen_version = -1
+        self.found: dict[tuple[str, str], int] = {}  # (key JSON, op) -> changelog version
+
+    def changelog_version_of(self, key: str, op: str) -> int | None:
+        if (key, op) in self.found:
+            return self.found[(key, op)]
+        if not DeltaTable.is_deltatable(self.changelog):
+            return None
+        table = DeltaTable(self.changelog)
+        if table.version() > self.seen_version:
+            for batch in table.load_cdf(starting_version=self.seen_version + 1,
+                                        columns=["key", "op", "_commit_version"]):
+                keys = batch.column("key").to_pylist()
+                ops = batch.column("op").to_pylist()
+                versions = batch.column("_commit_version").to_pylist()
+                for k, o, v in zip(keys, ops, versions, strict=True):
+                    self.found.setdefault((k, o), v)
+            self.seen_version = table.version()
+        return self.found.get((key, op))
+
+    def replica_time_covering(self, version: int) -> float | None:
+        records = self.instance.fetch_materializations(
+            dg.AssetRecordsFilter(asset_key=REPLICA_KEY), limit=20).records
+        times = [r.timestamp for r in records
+                 if (v := r.asset_materialization.metadata.get("applied_changelog_version"))
+                 is not None and v.value >= version]
+        return min(times) if times else None
+
+
+def measure(conn, watcher: Watcher, ident: int, sql: str, args: tuple, op: str,
+            timeout: float) -> tuple[float, float]:
+    """Commit one change; seconds until it is in the changelog, and in the replica."""
+    with conn.cursor() as cur:
+        cur.execute(sql, args)
+    committed = time.time()
+    key = f'{{"id":{ident}}}'
+    deadline = committed + timeout
+    to_changelog = None
+    while time.time() < deadline:
+        version = watcher.changelog_version_of(key, op)
+        if version is not None:
+            if to_changelog is None:
+                to_changelog = time.time() - committed
+            visible = watcher.replica_time_covering(version)
+            if visible is not None:
+                return to_changelog, max(visible - committed, to_changelog)
+        time.sleep(POLL)
+    raise TimeoutError(f"change {op} id={ident} not in the replica after {timeout:.0f}s "
+                       f"(changelog: {to_changelog})")
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--changes", type=int, default=20)
+    parser.add_argument("--pause", type=float, default=2.0,
+                        help="seconds between one change's visibility and the next change")
+    parser.add_argument("--timeout", type=float, default=300.0)
+    args = parser.parse_args()
+    # A SIGTERM stops the stack and the daemon too (the `finally` below).
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    work = Path(tempfile.mkdtemp(prefix="binlake-fresh-"))
+    broker = KafkaBroker(work / "kafka")
+    mariadb = MariaDBServer(work / "mariadb")
+    connect: KafkaConnect | None = None
+    daemon: subprocess.Popen | None = None
+    try:
+        broker.start()
+        mariadb.start()
+        conn = mariadb.connect()
+        # The demo's shop, so that the dbt models (which automation also runs) build.
+        shop.create_schema(conn)
+        with conn.cursor() as cur:  # a row in each table: Debezium creates every topic
+            cur.execute("INSERT INTO shop.customers VALUES (1, 'first', 'f@example.com')")
+            cur.execute("INSERT INTO shop.products VALUES (1, 'widget', 2.50, 0.3)")
+            for n, s in enumerate(shop.SHARDS):
+                cur.execute(f"INSERT INTO {s}.orders VALUES (1, 1, 1, {n + 1}, 'new', NULL)")
+        connect = KafkaConnect(work / "connect", broker.bootstrap_servers,
+                               DebeziumConnector.for_server(mariadb, topic_prefix="shop"))
+        connect.start()
+        for topic in TOPICS:
+            wait_for_topic(broker.bootstrap_servers, topic)
+        config = {
+            "kafka": {"bootstrap.servers": broker.bootstrap_servers, "group.id": "fresh",
+                      "auto.offset.reset": "earliest", "isolation.level": "read_committed"},
+            "lakehouse": {"path": str(work / "lakehouse"), "database": "fresh"},
+            "sources": [{"name": "shop", "topics": TOPICS, "format": "debezium",
+                         "tables": [{"source": "shop.customers", "replica": "customers"},
+                                    {"source": "shop.products", "replica": "products"},
+                                    {"source": r"shop_\d+\.orders", "replica": "orders"}]}],
+        }
+        config_path = work / "binlake.yaml"
+        config_path.write_text(yaml.safe_dump(config))
+        home = work / "dagster"
+        home.mkdir()
+        shutil.copy(REPO_ROOT / "setup" / "dagster.yaml", home / "dagster.yaml")
+        env = {**os.environ, "BINLAKE_CONFIG": str(config_path), "DAGSTER_HOME": str(home)}
+        with dg.DagsterInstance.from_config(str(home)) as instance:
+            instance.add_dynamic_partitions(KAFKA_PARTITIONS_NAME,
+                                            [partition_key(t, 0) for t in TOPICS])
+            with open(work / "daemon.log", "w") as log:
+                daemon = subprocess.Popen(
+                    [str(Path(sys.executable).with_name("dagster-daemon")), "run", "-w",
+                     str(REPO_ROOT / "workspace.yaml")],
+                    cwd=REPO_ROOT, env=env, start_new_session=True, stdout=log,
+                    stderr=subprocess.STDOUT)
+            watcher = Watcher(changelog_uri(parse_config(config)), instance)
+            began = time.monotonic()
+            first = measure(conn, watcher, 2, "INSERT INTO shop.customers VALUES (%s, %s, %s)",
+                            (2, "second", "s@example.com"), "c", args.timeout)
+            print(f"first change (the replica's first build), daemon up "
+                  f"{time.monotonic() - began:.0f}s before: changelog {first[0]:.1f}s, "
+                  f"replica {first[1]:.1f}s", flush=True)
+            to_changelog: list[float] = []
+            to_replica: list[float] = []
+            for i in range(args.changes):
+                ident = 100 + i // 3
+                kind = i % 3
+                if kind == 0:
+                    change = ("INSERT INTO shop.customers VALUES (%s, %s, %s)",
+                              (ident, f"n{i}", f"{i}@example.com"), "c")
+                elif kind == 1:
+                    change = ("UPDATE shop.customers SET email = %s WHERE id = %s",
+                              (f"u{i}@example.com", ident), "u")
+                else:
+                    change = ("DELETE FROM shop.customers WHERE id = %s", (ident,), "d")
+                time.sleep(args.pause)
+                c, r = measure(conn, watcher, ident, *change, args.timeout)
+                to_changelog.append(c)
+                to_replica.append(r)
+                print(f"change {i + 1:2d} ({change[2]} id={ident}): changelog {c:5.1f}s, "
+                      f"replica {r:5.1f}s; load {os.getloadavg()[0]:.2f}", flush=True)
+    finally:
+        if daemon is not None:
+            with_children = os.getpgid(daemon.pid)
+            os.killpg(with_children, signal.SIGTERM)
+            try:
+                daemon.wait(30)
+            except subprocess.TimeoutExpired:
+                os.killpg(with_children, signal.SIGKILL)
+        if connect is not None:
+            connect.stop()
+        mariadb.stop()
+        broker.stop()
+        print(f"(daemon log and lakehouse in {work})")
+    p50, p95 = statistics.median(to_replica), percentile(to_replica, 0.95)
+    met = p50 <= TARGET_P50 and p95 <= TARGET_P95
+    print(f"\n{len(to_replica)} changes, commit -> changelog: p50 "
+          f"{statistics.median(to_changelog):.1f}s, p95 {percentile(to_changelog, 0.95):.1f}s")
+    print(f"commit -> replica: p50 {p50:.1f}s (target {TARGET_P50:.0f}s, ratio "
+          f"{p50 / TARGET_P50:.2f}), p95 {p95:.1f}s (target {TARGET_P95:.0f}s, ratio "
+          f"{p95 / TARGET_P95:.2f}): {'met' if met else 'MISSED'}")
+    return 0 if met else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
