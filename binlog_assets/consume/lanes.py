@@ -52,7 +52,7 @@ from binlog_assets.consume.errors import (
     dead_letter_reason,
 )
 from binlog_assets.consume.handlers import Handler, HandlerRegistry
-from binlog_assets.formats.event import OP_DDL, ChangeEvent
+from binlog_assets.formats.event import OP_DDL, OP_TRUNCATE, ChangeEvent
 
 try:
     from collections import _count_elements  # Counter.update's C loop, without its checks
@@ -101,6 +101,9 @@ _PATROL_LOOKS = 2
 _IDLE = 0  # no entries, not on the ready queue, no worker on it
 _SCHEDULED = 1  # on the ready queue or being run by a worker
 _PARKED = 2  # waiting for a barrier; the barrier puts it back on the ready queue
+# A DDL and a truncate carry no key: each runs on its table's lane, after every earlier
+# event of its table and before every later one, whatever lane those keys hash to.
+_BARRIER_OPS = frozenset({OP_DDL, OP_TRUNCATE})
 
 # Barrier control entries, queued in lanes between event batches.
 _FENCE = 0  # this lane has finished everything submitted before the DDL
@@ -283,7 +286,7 @@ class LaneDispatcher:
                             other[3].clear()
                         cached = 1
                     key_lanes[key] = lane
-                if event.op == OP_DDL:
+                if event.op in _BARRIER_OPS:
                     special = True
             offset = event.offset
             if offset == previous:
@@ -463,7 +466,7 @@ class LaneDispatcher:
                 del self._barriers[table]
                 barrier = None
             lane = self.lane_of(event)
-            if event.op == OP_DDL and self._routes[table][0] < 0:
+            if event.op in _BARRIER_OPS and self._routes[table][0] < 0:
                 # Fences must follow everything submitted before the DDL, in every lane.
                 self._enqueue(held)
                 held = {}

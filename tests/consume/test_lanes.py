@@ -40,7 +40,7 @@ def event(
         key=key,
         key_columns=("id",) if key else (),
         before=None,
-        after=None if op in ("d", OP_DDL) else {"id": key},
+        after=None if op in ("d", "t", OP_DDL) else {"id": key},
         position=Position(1, 7, offset, row),
         source_ts=None,
         topic="binlog",
@@ -272,16 +272,17 @@ def test_ordering_key_bytes_are_canonical() -> None:
         ordering_key_bytes(event(1), "row")
 
 
-def ddl_run(ordering: str, lanes: int, workers: int) -> tuple[Journal, list[ChangeEvent]]:
+def ddl_run(ordering: str, lanes: int, workers: int, barrier_op: str = OP_DDL
+            ) -> tuple[Journal, list[ChangeEvent]]:
     delays = {(o, 0): 0.002 * (o % 3) for o in range(200)}
     journal = Journal(delays)
     registry = HandlerRegistry()
     registry.register("db.t", journal.handler("t"))
     registry.register("db.other", journal.handler("other"))
     events = [event(o, "db.t", (o % 20,)) for o in range(40)]
-    events += [event(40, "db.t", (), OP_DDL)]
+    events += [event(40, "db.t", (), barrier_op)]
     events += [event(o, "db.t" if o % 2 else "db.other", (o % 20,)) for o in range(41, 80)]
-    events += [event(80, "db.t", (), OP_DDL), event(81, "db.t", (), OP_DDL)]
+    events += [event(80, "db.t", (), barrier_op), event(81, "db.t", (), barrier_op)]
     events += [event(o, "db.t", (o % 20,)) for o in range(82, 120)]
     with LaneDispatcher(registry, lanes=lanes, workers=workers, ordering=ordering) as dispatcher:
         dispatcher.submit_many(events[:30])
@@ -291,15 +292,17 @@ def ddl_run(ordering: str, lanes: int, workers: int) -> tuple[Journal, list[Chan
     return journal, events
 
 
+@pytest.mark.parametrize("barrier_op", [OP_DDL, "t"])  # a truncate orders like DDL
 @pytest.mark.parametrize(
     ("ordering", "lanes", "workers"),
     [("key", 16, 16), ("key", 64, 4), ("key", 8, 1), ("table", 16, 16), ("partition", 4, 4)],
 )
-def test_ddl_is_a_barrier_for_its_table(ordering: str, lanes: int, workers: int) -> None:
-    journal, events = ddl_run(ordering, lanes, workers)
+def test_ddl_is_a_barrier_for_its_table(ordering: str, lanes: int, workers: int,
+                                        barrier_op: str) -> None:
+    journal, events = ddl_run(ordering, lanes, workers, barrier_op)
     spans = journal.spans()
     assert len(spans) == len(events)
-    ddls = [ev for ev in events if ev.op == OP_DDL]
+    ddls = [ev for ev in events if ev.op == barrier_op]
     for ddl in ddls:
         start, end = spans[(ddl.offset, 0)]
         for ev in events:

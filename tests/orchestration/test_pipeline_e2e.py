@@ -2,9 +2,9 @@
 
 A Dagster daemon runs against a fresh instance (the repository's dagster.yaml), a CLI
 backfill over 4 topic-partitions launches 4 bounded consumer runs, and the automation
-sensor then builds the replicas on its own, and `dbt_follow_sensor` the dbt models. Every Spark step runs in
-its own process, one at a time (the `spark` pool), so this test reads the results by
-path, never through the catalog its subprocesses share.
+sensor then builds the replicas on its own, and `dbt_follow_sensor` the dbt models.
+Every Spark step runs in its own process, one at a time (the `spark` pool), so this test
+reads the results by path, never through the catalog its subprocesses share.
 """
 
 import json
