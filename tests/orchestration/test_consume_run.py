@@ -101,3 +101,39 @@ def test_one_run_consumes_a_range_of_partitions_without_a_jvm(
     assert proc.returncode == 0 and again["success"], proc.stderr[-4000:]
     assert {p: writer.checkpoint(group, topic, p) for p in PER_PARTITION} == {0: 7, 1: None,
                                                                              2: 5}
+
+
+def test_a_failing_partition_fails_the_run_and_the_others_keep_their_metadata(
+        pipeline_config: PipelineConfig, tmp_path: Path) -> None:
+    from binlog_assets.orchestration.changelog_asset import changelog
+    from binlog_assets.orchestration.resources import BinlakeResource
+    from binlog_assets.orchestration.sensors import RANGE_END_TAG, RANGE_START_TAG
+
+    bootstrap = pipeline_config.bootstrap_servers
+    topic = create_topic(bootstrap, "multi", partitions=3)
+    _produce(bootstrap, topic)
+    data = pipeline_config.model_dump(mode="json", exclude_none=True)
+    data["kafka"]["group.id"] = f"g-{uuid.uuid4().hex[:6]}"
+    data["lakehouse"]["database"] = f"multi_{uuid.uuid4().hex[:6]}"
+    data["sources"] = [{"name": "multi", "topics": [topic], "format": "debezium"}]
+    config_path = tmp_path / "binlake.yaml"
+    config_path.write_text(yaml.safe_dump(data))
+    # The middle partition's topic belongs to no configured source: that partition fails.
+    keys = [partition_key(topic, 0), "unconfigured-topic:0", partition_key(topic, 2)]
+    with dg.instance_for_test() as instance:
+        instance.add_dynamic_partitions(KAFKA_PARTITIONS_NAME, keys)
+        result = dg.materialize(
+            [changelog], instance=instance, raise_on_error=False,
+            resources={"binlake": BinlakeResource(config_path=str(config_path))},
+            tags={RANGE_START_TAG: keys[0], RANGE_END_TAG: keys[-1]})
+        assert not result.success
+        failure = result.get_step_failure_events()[0].step_failure_data.error.cause
+        assert "1 of 3 partitions failed: unconfigured-topic:0" in failure.message
+        for key, n in ((keys[0], PER_PARTITION[0]), (keys[2], PER_PARTITION[2])):
+            (record,) = instance.fetch_materializations(
+                dg.AssetRecordsFilter(asset_key=dg.AssetKey("changelog"),
+                                      asset_partitions=[key]), limit=5).records
+            assert record.asset_materialization.metadata["committed_offset"].value == n
+        assert not instance.fetch_materializations(
+            dg.AssetRecordsFilter(asset_key=dg.AssetKey("changelog"),
+                                  asset_partitions=[keys[1]]), limit=5).records
