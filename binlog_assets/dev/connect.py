@@ -13,6 +13,8 @@ reach the decoder.
 
 from __future__ import annotations
 
+import contextlib
+
 import subprocess
 import time
 import urllib.error
@@ -37,7 +39,8 @@ appender.file.type = File
 appender.file.name = file
 appender.file.fileName = {log_file}
 appender.file.layout.type = PatternLayout
-appender.file.layout.pattern = [%d] %p %m (%c)%n
+# Debezium tags its threads' lines with the connector's logical name (topic.prefix).
+appender.file.layout.pattern = [%d] %p [%X{{dbz.connectorLogicalName}}] %m (%c)%n
 rootLogger.level = INFO
 rootLogger.appenderRef.file.ref = file
 logger.apache.name = org.apache.kafka
@@ -122,8 +125,9 @@ class DebeziumConnector:
 class KafkaConnect(LocalDaemon):
     """A Connect standalone worker whose files (config, offsets, logs) live under `data_dir`.
 
-    `start()` launches the worker with `connector` and returns once that connector's task
-    is RUNNING. Like the broker, it is idempotent: a worker already running from the same
+    `start()` launches the worker with `connector` and returns once that connector has
+    finished its snapshot and streams the binlog: a write made after that is a change
+    event, never folded into a snapshot read. Like the broker, it is idempotent: a worker already running from the same
     directory is reused, unless it was started for another broker or database (after a
     `stack-down`/`stack-up` the broker listens on a new port), which restarts it.
     `connector` may be left out for `stop()` and `status()`.
@@ -172,9 +176,12 @@ class KafkaConnect(LocalDaemon):
             "-cp", f"{jars_dir('connect')}/*", _CONNECT_MAIN,
             str(self._worker_file), str(self._connector_file),
         ]
+        log_from = self._log_size()
+
         def running(proc: subprocess.Popen[bytes]) -> None:
             self._proc = proc  # lets the wait notice an early exit
             self.wait_running(connector.name, timeout - (time.monotonic() - began))
+            self.wait_streaming(connector, log_from, timeout - (time.monotonic() - began))
 
         self._launch(cmd, "connect.stdout", running)
         return time.monotonic() - began
@@ -200,9 +207,11 @@ class KafkaConnect(LocalDaemon):
     def add_connector(self, connector: DebeziumConnector, timeout: float = 120.0) -> float:
         """Run one more connector in this worker; returns the seconds until its task ran."""
         began = time.monotonic()
+        log_from = self._log_size()
         config = connector.config(self.data_dir)
         self._rest("POST", "/connectors", {"name": connector.name, "config": config})
         self.wait_running(connector.name, timeout)
+        self.wait_streaming(connector, log_from, timeout - (time.monotonic() - began))
         return time.monotonic() - began
 
     def remove_connector(self, name: str) -> None:
@@ -234,6 +243,38 @@ class KafkaConnect(LocalDaemon):
         raise TimeoutError(
             f"connector {name} not running after {timeout:.0f}s ({last}):\n{self._log_tail()}"
         )
+
+    def wait_streaming(self, connector: DebeziumConnector, log_from: int, timeout: float) -> None:
+        """Return once `connector` streams the binlog, as its log says past byte `log_from`.
+
+        A task is RUNNING while its snapshot is still under way; rows written then are read
+        by the snapshot (op `r`, at the snapshot's offset) rather than streamed as changes.
+        Debezium reports the streaming phase only in its log (and JMX), so the log it is.
+        """
+        marker = f"[{connector.topic_prefix}] Starting streaming".encode()
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self._proc is not None and self._proc.poll() is not None:
+                raise RuntimeError(
+                    f"kafka connect exited with {self._proc.returncode}:\n{self._log_tail()}"
+                )
+            with contextlib.suppress(FileNotFoundError), self.log_file.open("rb") as log:
+                log.seek(log_from)
+                if marker in log.read():
+                    return
+            state = self.connector_status(connector.name)
+            if "FAILED" in {t["state"] for t in state["tasks"]}:
+                raise RuntimeError(f"connector {connector.name} failed: {_summary(state)}")
+            time.sleep(0.25)
+        raise TimeoutError(
+            f"connector {connector.name} not streaming after {timeout:.0f}s:\n{self._log_tail()}"
+        )
+
+    def _log_size(self) -> int:
+        try:
+            return self.log_file.stat().st_size
+        except FileNotFoundError:
+            return 0
 
     @property
     def _worker_file(self) -> Path:
