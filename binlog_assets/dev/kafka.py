@@ -13,10 +13,13 @@ import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 from binlog_assets.dev.paths import jars_dir
 from binlog_assets.dev.process import LocalDaemon, free_port, port_open
+
+if TYPE_CHECKING:
+    from confluent_kafka import Producer
 
 _LOG4J2 = """\
 status = warn
@@ -175,3 +178,21 @@ def _cluster_id() -> str:
     import base64
 
     return base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+
+
+def abort_transaction(producer: Producer, timeout: float = 30.0) -> None:
+    """Abort `producer`'s open transaction after its records are written, so the log
+    keeps them (offsets nobody reads under read_committed) and the abort is one the
+    coordinator accepts.
+
+    librdkafka adds a partition to the transaction with its first record. Right after a
+    commit the coordinator is still writing that commit's markers and answers the
+    AddPartitionsToTxn with CONCURRENT_TRANSACTIONS; an abort sent then reaches a
+    coordinator that never saw this transaction begin, and it answers INVALID_TXN_STATE,
+    which librdkafka treats as fatal (confluentinc/librdkafka#4849). Once the records
+    are delivered the partition is in the transaction, and the abort is valid.
+    """
+    undelivered = producer.flush(timeout)
+    if undelivered:
+        raise RuntimeError(f"{undelivered} transactional record(s) not delivered in {timeout}s")
+    producer.abort_transaction(timeout)

@@ -20,7 +20,7 @@ from binlog_assets.consume.errors import ErrorPolicy
 from binlog_assets.consume.handlers import HandlerRegistry
 from binlog_assets.consume.offsets import OffsetTracker
 from binlog_assets.consume.run import BoundedRun, RunSettings, StrictModeFailure
-from binlog_assets.dev.kafka import KafkaBroker, create_topic
+from binlog_assets.dev.kafka import KafkaBroker, abort_transaction, create_topic
 
 
 def debezium(table: str, op: str, key: int, value: str, pos: int) -> bytes:
@@ -96,7 +96,7 @@ def test_transactional_topic_with_aborted_transaction(kafka_broker: KafkaBroker)
             pos += 1
             p.produce(topic, key=key_bytes(k), value=debezium("db.t", "u", k, f"{txn}", pos))
         if txn == 3:
-            p.abort_transaction(30)
+            abort_transaction(p, 30)
         else:
             p.commit_transaction(30)
 
