@@ -25,7 +25,8 @@ Ordering = Literal["partition", "table", "key"]
 Format = Literal["debezium", "maxwell", "canal", "dts"]
 SchemaEvolution = Literal["evolve", "exception", "ignore"]
 
-_IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+# Matched whole (`fullmatch`): `$` would also match before a trailing newline.
+_IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 # Key slots are small objects, but a DDL barrier visits every one of them.
 _MAX_KEY_SLOTS = 32_768
 
@@ -60,7 +61,7 @@ class TableConfig(_Model):
     @field_validator("replica")
     @classmethod
     def _replica_identifier(cls, v: str) -> str:
-        if not _IDENT.match(v):
+        if not _IDENT.fullmatch(v):
             raise ValueError("must be a plain identifier ([A-Za-z_][A-Za-z0-9_]*)")
         return v
 
@@ -89,7 +90,7 @@ class SourceConfig(_Model):
     @field_validator("name")
     @classmethod
     def _name_identifier(cls, v: str) -> str:
-        if not _IDENT.match(v):
+        if not _IDENT.fullmatch(v):
             raise ValueError("must be a plain identifier ([A-Za-z_][A-Za-z0-9_]*)")
         return v
 
@@ -119,7 +120,7 @@ class LakehouseConfig(_Model):
     @field_validator("database")
     @classmethod
     def _db_identifier(cls, v: str) -> str:
-        if not _IDENT.match(v):
+        if not _IDENT.fullmatch(v):
             raise ValueError("must be a plain identifier ([A-Za-z_][A-Za-z0-9_]*)")
         return v
 

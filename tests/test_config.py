@@ -34,6 +34,12 @@ def test_repository_default_config_is_valid() -> None:
         ({"sources": [{"name": "s", "topics": ["t"],
                        "tables": [{"source": "a.b", "replica": "r`x"}]}]},
          "sources[0].tables[0].replica"),
+        # Identifiers are matched whole: a trailing newline is no part of a name.
+        ({"sources": [{"name": "s", "topics": ["t"],
+                       "tables": [{"source": "a.b", "replica": "orders\n"}]}]},
+         "sources[0].tables[0].replica"),
+        ({"lakehouse": {"database": "binlake\n"}}, "lakehouse.database"),
+        ({"sources": [{"name": "shop\n", "topics": ["t"]}]}, "sources[0].name"),
     ],
 )
 def test_bad_config_names_the_field(data: dict, field: str) -> None:

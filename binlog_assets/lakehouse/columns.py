@@ -70,6 +70,14 @@ def key_match(key: list[str], left: str = "t", right: str = "s") -> Column:
     return cond
 
 
+def working_column(name: str) -> str:
+    """The name of a column an apply adds beside the replica's for a while (a change's
+    JSON image, a truncate's watermark): `name` after U+001F. `check_column` refuses
+    control characters in every source column, keys included, so no source column can
+    ever be called the same, whatever it is called."""
+    return "\x1f" + name
+
+
 def free_name(name: str, taken: list[str]) -> str:
     """`name`, with underscores added until no column of `taken` has it (Spark compares
     column names without case): a working column beside source columns, which may be

@@ -82,6 +82,7 @@ from binlog_assets.lakehouse.columns import (
     key_match,
     position_literal,
     split_table,
+    working_column,
 )
 from binlog_assets.lakehouse.delta_log import table_exists, table_version, txn_version
 from binlog_assets.lakehouse.identifiers import check_columns, col, qualified
@@ -113,6 +114,11 @@ REPLICA_METADATA = (
 )
 METADATA_COLUMNS = frozenset({*SOURCE_KEY_COLUMNS, *(n for n, _ in REPLICA_METADATA),
                               "_valid_from", "_valid_to", "_is_current"})
+
+# Working columns of an apply, named so that no source column can clash with them: a
+# change's image as JSON text, and a truncate's watermark (source table and position).
+_IMAGE = working_column("image")
+_WM_DB, _WM_TABLE, _WM = (working_column(n) for n in ("wm_db", "wm_table", "wm"))
 
 # Table properties recording what a replica was built with; a batch that disagrees fails.
 KEY_PROPERTY = "binlake.key_columns"
@@ -433,7 +439,7 @@ class ReplicaBuilder:
         still JSON text, so that only the changes that survive the reduce get parsed.
 
         Columns: `_source_db`, `_source_table`, the key's source columns, `_position`,
-        `_op`, `_source_ts`, `_image` (the after-image, the before-image of a delete).
+        `_op`, `_source_ts`, `_IMAGE` (the after-image, the before-image of a delete).
         Truncates have null keys. The key comes from the record's own key (`key`, a small
         JSON object the decoder took from the same image) and from the image only when the
         record has none; with a `key_columns` override it comes from the image (the record
@@ -454,9 +460,9 @@ class ReplicaBuilder:
         source_key = [k for k in key if k not in SOURCE_KEY_COLUMNS]
         spellings = _spellings({k: columns[k] for k in source_key}, survey)
         in_record = F.from_json(F.col("key"), _text_schema({k: [k] for k in source_key}))
-        in_image = F.from_json(F.col("_image"), _text_schema(spellings))
+        in_image = F.from_json(col(_IMAGE), _text_schema(spellings))
         framed = b.select(
-            F.col("table"), F.col("offset"), F.col("key"), image.alias("_image"),
+            F.col("table"), F.col("offset"), F.col("key"), image.alias(_IMAGE),
             op.alias("_op"), changelog_position().alias("_position"),
             F.timestamp_millis(F.col("source_ts")).alias("_source_ts"))
         table_parts = F.split(F.col("table"), r"\.", 2)
@@ -474,7 +480,7 @@ class ReplicaBuilder:
                 column, columns[column])
             # Coalesce evaluates `value` (the JSON parse) only where `fast` is null.
             out.append((value if fast is None else F.coalesce(fast, value)).alias(column))
-        return framed.select(*out, "_position", "_op", "_source_ts", "_image")
+        return framed.select(*out, "_position", "_op", "_source_ts", col(_IMAGE))
 
     def _key_change_deletes(self, b: DataFrame, route: ReplicaRoute, survey: _Survey,
                             key: list[str], columns: dict[str, T.DataType]) -> DataFrame:
@@ -497,7 +503,7 @@ class ReplicaBuilder:
 
     def _typed(self, frame: DataFrame, survey: _Survey, key: list[str],
                columns: dict[str, T.DataType], out: list[str],
-               stored: Column | None = None, image: str = "_image") -> DataFrame:
+               stored: Column | None = None, image: str = _IMAGE) -> DataFrame:
         """`frame`'s columns `out`, the replica's source columns among them parsed from
         the JSON column `image` and typed (those of rows where `stored` holds are kept as
         they are)."""
@@ -552,14 +558,14 @@ class ReplicaBuilder:
         if marks:
             # Changes below their table's latest truncate are gone at the source already.
             wm = self.spark.createDataFrame(
-                marks, T.StructType([T.StructField("_wm_db", T.StringType()),
-                                     T.StructField("_wm_table", T.StringType()),
-                                     T.StructField("_wm", POSITION_TYPE)]))
-            rows = (rows.join(F.broadcast(wm), (F.col("_source_db") == F.col("_wm_db"))
-                              & (F.col("_source_table") == F.col("_wm_table")), "left")
-                    .where((F.col("_op") == OP_TRUNCATE) | F.col("_wm").isNull()
-                           | (F.col("_position") > F.col("_wm")))
-                    .drop("_wm_db", "_wm_table", "_wm"))
+                marks, T.StructType([T.StructField(_WM_DB, T.StringType()),
+                                     T.StructField(_WM_TABLE, T.StringType()),
+                                     T.StructField(_WM, POSITION_TYPE)]))
+            rows = (rows.join(F.broadcast(wm), (F.col("_source_db") == col(_WM_DB))
+                              & (F.col("_source_table") == col(_WM_TABLE)), "left")
+                    .where((F.col("_op") == OP_TRUNCATE) | col(_WM).isNull()
+                           | (F.col("_position") > col(_WM)))
+                    .drop(_WM_DB, _WM_TABLE, _WM))
         name = ".".join(table)
         fault_point("during_replica_merge")
         if not empty and self._rewrites(table, survey):
@@ -618,10 +624,10 @@ class ReplicaBuilder:
         stored = self.spark.table(".".join(table))
         names = stored.columns
         types = {f.name: f.dataType for f in stored.schema}
-        # The working columns take names no replica column has (a source column may be
-        # called `_image` too).
-        image, from_table = free_name("_image", names), free_name("_stored", names)
-        changes = rows.withColumnRenamed("_image", image).withColumn("_applied_at", F.lit(now))
+        # The working column takes a name no replica column has (a source column may be
+        # called `_stored` too).
+        image, from_table = _IMAGE, free_name("_stored", names)
+        changes = rows.withColumn("_applied_at", F.lit(now))
         both = (stored.select(*[col(c) for c in names],
                               F.lit(None).cast(T.StringType()).alias(image),
                               F.lit(1).alias(from_table))

@@ -217,6 +217,29 @@ def test_columns_named_like_the_applys_working_columns_are_data(
     assert live(spark, config, columns=("id", column)) == {1: ("uno",), 3: ("three",)}
 
 
+def test_key_columns_named_like_the_applys_working_columns_are_keys(
+        spark, make_config_each_path: MakeConfig) -> None:
+    # `_image` holds a change's JSON image and `_wm` a truncate's watermark while an
+    # apply runs; a source key of those names must stay a key (a truncate brings `_wm`).
+    config = make_config_each_path(ORDERS)
+    part, builder = setup(spark, config)
+    src = Source("shop.orders", types={"_image": "bigint", "_wm": "string", "v": "string"},
+                 key_columns=("_image", "_wm"))
+    one, two = {"_image": 1, "_wm": "a", "v": "one"}, {"_image": 2, "_wm": "b", "v": "two"}
+    part.write(part.records([[src.insert(one)], [src.insert(two)]]))
+    builder.apply("orders")
+    part.write(part.records([[src.truncate()], [src.insert(one)],
+                             [src.insert({"_image": 3, "_wm": "c", "v": "three"})]]))
+    builder.apply("orders")
+    part.write(part.records([src.update(one, {**one, "v": "uno"}),
+                             [src.delete({"_image": 3, "_wm": "c", "v": "three"})]]))
+    builder.apply("orders")
+    assert live(spark, config, columns=("_image", "_wm", "v")) == {1: ("a", "uno")}
+    keys = spark.table(f"{config.lakehouse.database}.orders").select("_image", "_wm")
+    # The truncate's marker, the live row and the delete's tombstone.
+    assert {tuple(r) for r in keys.collect()} == {(None, None), (1, "a"), (3, "c")}
+
+
 def test_rebuild_reproduces_the_live_rows(spark, make_config_each_path: MakeConfig) -> None:
     config = make_config_each_path(ORDERS)
     part, builder = setup(spark, config)
