@@ -4,14 +4,18 @@
 turns any unexpected failure inside a format's `_decode` into a `DecodeError` (so a bad
 message never escapes as a bare KeyError or TypeError), and gives each format the same
 helpers: per-table primary-key overrides, a cache of binlog file name -> numeric index,
-and the split of an update that changed a row's primary key into delete + create.
+the split of an update that changed a row's primary key into delete + create, and the
+check that no JSON number of a row lost digits on its way through a double.
 """
 
 from __future__ import annotations
 
+import json
+import math
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
+from decimal import Decimal
 from typing import Any, ClassVar
 
 import orjson
@@ -29,6 +33,67 @@ Headers = list[tuple[str, bytes]]
 # Binlog files rotate, so the name cache only grows slowly; the bound guards a
 # pathological stream of distinct names.
 _MAX_CACHED_FILES = 10_000
+
+# orjson parses a JSON number with a fraction or an exponent, or an integer outside the
+# 64-bit ranges, into a double. One of at most 15 digits comes back from the double as
+# written; a longer one (a DECIMAL(20,2) sent as a number) may not. In the shape of the
+# text (number characters as 0, the rest blank) such a number is a run of at least 17:
+# 16 digits and a point, sign or exponent, or 20 digits. Runs of 17 to 19 digits alone are
+# integers orjson keeps exactly (Debezium's `ts_ns` is one in every record).
+_NUMBER_SHAPE = bytes(ord("0") if c in b"0123456789.-+eE" else ord(" ") for c in range(256))
+_LONG_RUN = b"0" * 17
+_INT64_MIN, _UINT64_MAX = -(2**63), 2**64 - 1
+
+
+def long_number_in(raw: bytes) -> bool:
+    """Whether `raw` holds a JSON number orjson may round (or text that looks like one)."""
+    shape = raw.translate(_NUMBER_SHAPE)
+    start = shape.find(_LONG_RUN)
+    while start >= 0:
+        end = shape.find(b" ", start)
+        run = raw[start:end] if end >= 0 else raw[start:]
+        if len(run) >= 20 or not run.isdigit():
+            return True
+        start = shape.find(_LONG_RUN, end) if end >= 0 else -1
+    return False
+
+
+def may_have_lost_digits(raw: bytes, *images: Any) -> bool:
+    """Whether orjson may have rounded a value of `images` (row images it parsed from
+    `raw`): they hold a double, and `raw` has a number too long for one. A long number
+    inside a string only costs the exact parse of `loads_exact`."""
+    for image in images:
+        if type(image) is dict and float in map(type, image.values()):
+            return long_number_in(raw)
+    return False
+
+
+def _exact_float(text: str) -> float | Decimal:
+    value = float(text)
+    # A double that prints back as the same number (a FLOAT or DOUBLE column's value, a
+    # short decimal) stays a double; anything else keeps its digits.
+    if math.isfinite(value) and Decimal(repr(value)) == Decimal(text):
+        return value
+    return Decimal(text)
+
+
+def _exact_int(text: str) -> int | Decimal:
+    value = int(text)
+    # Past 64 bits an integer is a Decimal: the changelog's JSON writer takes no wider int.
+    return value if _INT64_MIN <= value <= _UINT64_MAX else Decimal(text)
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON value")
+
+
+def loads_exact(data: bytes) -> Any:
+    """`data` parsed as JSON with every number's value kept: a number a double would
+    round becomes a Decimal (an integer past 64 bits too). The standard library's
+    parser, several times orjson's cost: for records `may_have_lost_digits` flags.
+    Raises ValueError for invalid JSON."""
+    return json.loads(data, parse_float=_exact_float, parse_int=_exact_int,
+                      parse_constant=_no_constant)
 
 
 class ChangeDecoder:
@@ -79,11 +144,12 @@ class ChangeDecoder:
     ) -> list[ChangeEvent]:
         raise NotImplementedError
 
-    def _load_object(self, value: bytes) -> dict[str, Any]:
-        """The record value as a JSON object, or a DecodeError saying what it is instead."""
+    def _load_object(self, value: bytes, *, exact: bool = False) -> dict[str, Any]:
+        """The record value as a JSON object, or a DecodeError saying what it is instead;
+        `exact` parses it with `loads_exact`."""
         try:
-            doc = orjson.loads(value)
-        except orjson.JSONDecodeError as exc:
+            doc = loads_exact(value) if exact else orjson.loads(value)
+        except ValueError as exc:  # orjson.JSONDecodeError is one
             raise self._fail(f"value is not valid JSON: {exc}") from None
         if type(doc) is not dict:
             raise self._fail("value must be a JSON object")

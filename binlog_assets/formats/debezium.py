@@ -23,7 +23,14 @@ from typing import Any, NamedTuple
 
 import orjson
 
-from binlog_assets.formats.base import ChangeDecoder, Headers, split_key_change
+from binlog_assets.formats.base import (
+    ChangeDecoder,
+    Headers,
+    loads_exact,
+    long_number_in,
+    may_have_lost_digits,
+    split_key_change,
+)
 from binlog_assets.formats.event import (
     OP_DDL,
     OP_DELETE,
@@ -52,6 +59,9 @@ _PAYLOAD_KEY = b',"payload":'
 # Distinct row schemas are few (one per table version); the bound guards a runaway.
 _MAX_CACHED_PLANS = 4096
 
+# A double holds every decimal of at most this many digits as written.
+_DOUBLE_DIGITS = 15
+
 
 def _date_from_days(days: int) -> date:
     return date.fromordinal(_EPOCH_ORDINAL + days)
@@ -78,7 +88,8 @@ def _zoned_timestamp(text: str) -> datetime:
 def _decimal_converter(scale: int) -> Callable[[Any], Decimal]:
     def convert(value: Any) -> Decimal:
         if type(value) is not str:  # JsonConverter with decimal.format=NUMERIC
-            return Decimal(str(value))
+            # A double here holds the number as written (see `_parse`): str() is exact.
+            return value if type(value) is Decimal else Decimal(str(value))
         unscaled = int.from_bytes(b64decode(value), "big", signed=True)
         # Built from text so that no context precision rounds a DECIMAL(65, 30).
         return Decimal(f"{unscaled}E-{scale}")
@@ -121,11 +132,15 @@ class _RowPlan(NamedTuple):
 
     converters: tuple[tuple[str, Callable[[Any], Any]], ...]
     column_types: dict[str, str]
+    # DECIMAL columns too wide for a double: sent as JSON numbers (decimal.format=NUMERIC),
+    # their values must not go through one.
+    wide_decimals: tuple[str, ...] = ()
 
 
 def _build_plan(fields: list[dict[str, Any]]) -> _RowPlan:
     converters: list[tuple[str, Callable[[Any], Any]]] = []
     column_types: dict[str, str] = {}
+    wide_decimals: list[str] = []
     for field in fields:
         column = field["field"]
         name = field.get("name")
@@ -136,6 +151,8 @@ def _build_plan(fields: list[dict[str, Any]]) -> _RowPlan:
             precision = int(parameters.get("connect.decimal.precision", 38))
             canonical: str | None = f"decimal({precision},{scale})"
             converter = _decimal_converter(scale)
+            if precision > _DOUBLE_DIGITS:
+                wide_decimals.append(column)
         elif name in _LOGICAL_TYPES:
             canonical, converter = _LOGICAL_TYPES[name]
         else:
@@ -146,7 +163,7 @@ def _build_plan(fields: list[dict[str, Any]]) -> _RowPlan:
             column_types[column] = canonical
         if converter is not None:
             converters.append((column, converter))
-    return _RowPlan(tuple(converters), column_types)
+    return _RowPlan(tuple(converters), column_types, tuple(wide_decimals))
 
 
 _NO_PLAN = _RowPlan((), {})
@@ -163,6 +180,20 @@ def _table_definition(definition: dict[str, Any]) -> tuple[tuple[str, ...], dict
         if canonical is not None:
             column_types[str(column["name"])] = canonical
     return columns, column_types
+
+
+def _rounded(raw: bytes, envelope: Any, plan: _RowPlan | None) -> bool:
+    """Whether orjson may have rounded a value of the envelope's row images: with a
+    schema, only a wide DECIMAL sent as a number can have been; without, any double."""
+    if type(envelope) is not dict or (plan is not None and not plan.wide_decimals):
+        return False
+    before, after = envelope.get("before"), envelope.get("after")
+    if plan is None:
+        return may_have_lost_digits(raw, before, after)
+    for image in (before, after):
+        if type(image) is dict and any(type(image.get(c)) is float for c in plan.wide_decimals):
+            return long_number_in(raw)
+    return False
 
 
 class DebeziumDecoder(ChangeDecoder):
@@ -254,25 +285,32 @@ class DebeziumDecoder(ChangeDecoder):
 
         Re-parsing an unchanged schema block costs most of a schema-include record, so a
         value that starts with the exact bytes of a schema seen before (verified once, in
-        `_remember_prefix`) only has its payload parsed.
+        `_remember_prefix`) only has its payload parsed. A record whose row images may
+        hold a number a double rounded (a DECIMAL sent as a JSON number: schema-less, or
+        a schema with a decimal of more than 15 digits) is parsed again, exactly.
         """
         if value.startswith(_SCHEMA_OPEN):
             cut = value.find(_PAYLOAD_KEY)
             plan = self._plans_by_prefix.get(value[:cut]) if cut > 0 else None
             if plan is not None and value.endswith(b"}"):
+                payload = value[cut + len(_PAYLOAD_KEY) : -1]
                 try:
-                    return orjson.loads(value[cut + len(_PAYLOAD_KEY) : -1]), plan
+                    doc = orjson.loads(payload)
                 except orjson.JSONDecodeError:
                     pass  # not exactly {"schema":…,"payload":…}: parse it whole below
+                else:
+                    if plan.wide_decimals and _rounded(payload, doc, plan):
+                        doc = loads_exact(payload)
+                    return doc, plan
         doc = self._load_object(value)
-        if "op" in doc or "payload" not in doc:
-            return doc, None
-        schema = doc.get("schema")
-        if schema is None:
-            return doc["payload"], None
-        plan = self._plan(schema)
-        self._remember_prefix(value, schema, plan)
-        return doc["payload"], plan
+        wrapped = "op" not in doc and "payload" in doc
+        plan = None
+        if wrapped and (schema := doc.get("schema")) is not None:
+            plan = self._plan(schema)
+            self._remember_prefix(value, schema, plan)
+        if _rounded(value, doc["payload"] if wrapped else doc, plan):
+            doc = self._load_object(value, exact=True)
+        return (doc["payload"] if wrapped else doc), plan
 
     def _remember_prefix(self, value: bytes, schema: dict[str, Any], plan: _RowPlan) -> None:
         if not value.startswith(_SCHEMA_OPEN):

@@ -3,8 +3,9 @@
 insert/update/delete are changes; bootstrap-insert is a snapshot read (op `r`, snapshot
 phase) and the bootstrap-start/complete markers are skipped and counted; table-create,
 table-alter and table-drop are `ddl` events, while database-level DDL, which names no
-table, is skipped and counted. Values are JSON-typed already. `old` holds only the changed
-columns, so the before-image is `data` overlaid with `old`. Key columns come from the
+table, is skipped and counted. Values are JSON-typed already; a number a double would
+round (a DECIMAL of more than 15 digits) is parsed again into a Decimal. `old` holds only
+the changed columns, so the before-image is `data` overlaid with `old`. Key columns come from the
 per-table override, else `primary_key_columns`, else the Kafka record key
 (`{"database":..,"table":..,"pk.id":..}` or the array form). `position`, `xoffset` and
 `gtid` are opt-in producer settings: the position is the parsed `position` with `xoffset`
@@ -17,7 +18,12 @@ from typing import Any
 
 import orjson
 
-from binlog_assets.formats.base import ChangeDecoder, Headers, split_key_change
+from binlog_assets.formats.base import (
+    ChangeDecoder,
+    Headers,
+    may_have_lost_digits,
+    split_key_change,
+)
 from binlog_assets.formats.event import (
     OP_CREATE,
     OP_DDL,
@@ -59,6 +65,9 @@ class MaxwellDecoder(ChangeDecoder):
         headers: Headers | None,
     ) -> list[ChangeEvent]:
         doc = self._load_object(value)
+        if may_have_lost_digits(value, doc.get("data"), doc.get("old")):
+            # A DECIMAL is a JSON number here; one too long for a double keeps its digits.
+            doc = self._load_object(value, exact=True)
         kind = self._required_str(doc, "type")
         if kind in _SKIPPED_TYPES:
             return self._skip(f"maxwell:{kind}")

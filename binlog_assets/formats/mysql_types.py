@@ -109,9 +109,22 @@ def mysql_type(
     return MysqlType(None, _keep_text)
 
 
-# A Decimal with no declared type (rare: every format that yields Decimal declares it) gets
-# one fixed type, so that values of different scales never force a widening.
+# A Decimal with no declared type (a wide DECIMAL that Maxwell, or Debezium without a
+# schema, sends as a JSON number) gets one fixed type when it fits, so that values of
+# different scales never force a widening; one that does not fit gets its own digits.
 _INFERRED_DECIMAL = "decimal(38,18)"
+_INFERRED_WHOLE_DIGITS, _INFERRED_SCALE = 20, 18
+
+
+def _decimal_type(value: Decimal) -> str:
+    _, digits, exponent = value.as_tuple()
+    if type(exponent) is not int:
+        return "string"  # NaN or Infinity: no MySQL DECIMAL holds one
+    scale = max(-exponent, 0)
+    whole = max(len(digits) + exponent, 0)
+    if whole <= _INFERRED_WHOLE_DIGITS and scale <= _INFERRED_SCALE:
+        return _INFERRED_DECIMAL
+    return f"decimal({whole + scale},{scale})"
 
 
 def infer_type(value: Any) -> str | None:
@@ -126,7 +139,7 @@ def infer_type(value: Any) -> str | None:
     if isinstance(value, float):
         return "double"
     if isinstance(value, Decimal):
-        return _INFERRED_DECIMAL
+        return _decimal_type(value)
     if isinstance(value, datetime):
         return "timestamp"
     if isinstance(value, date):

@@ -83,10 +83,11 @@ _CREATE_LOCK = threading.Lock()
 
 
 def _json_default(value: Any) -> Any:
-    # Exact text for decimals (a JSON number would pass through a double) and base64 for
-    # bytes; the replica casts both back by the column's type.
+    # Exact text for decimals (a JSON number would pass through a double), in plain digits
+    # (str() writes 1E-7), and base64 for bytes; the replica casts both back by the
+    # column's type.
     if isinstance(value, Decimal):
-        return str(value)
+        return format(value, "f")
     if isinstance(value, bytes | bytearray | memoryview):
         return b64encode(bytes(value)).decode("ascii")
     return str(value)

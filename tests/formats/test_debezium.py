@@ -195,6 +195,47 @@ def test_wide_decimals_keep_every_digit():
     assert event.column_types == {"amount": "decimal(38,30)"}
 
 
+def numeric(doc: dict, **numbers: str) -> bytes:
+    """`doc` encoded, with `"<name>"` strings replaced by the numbers' JSON text, as the
+    JsonConverter writes decimals with decimal.format=NUMERIC."""
+    value = encode(doc)
+    for name, text in numbers.items():
+        value = value.replace(f'"{name}"'.encode(), text.encode())
+    return value
+
+
+def test_decimals_sent_as_json_numbers_keep_every_digit():
+    fields = [{"type": "int64", "field": "id"},
+              {"type": "bytes", "name": "org.apache.kafka.connect.data.Decimal",
+               "parameters": {"scale": "2", "connect.decimal.precision": "20"},
+               "field": "amount"},
+              {"type": "bytes", "name": "org.apache.kafka.connect.data.Decimal",
+               "parameters": {"scale": "2", "connect.decimal.precision": "10"},
+               "field": "price"},
+              {"type": "double", "field": "ratio"}]
+    decoder = DebeziumDecoder()
+    doc = {"id": 1, "amount": "AMOUNT", "price": "PRICE", "ratio": "RATIO"}
+    records = [
+        # The second with the same schema takes the cached-schema path.
+        numeric(orjson.loads(with_schema(envelope(after=doc), fields)),
+                AMOUNT="123456789012345678.91", PRICE="12.30", RATIO="0.1"),
+        numeric(orjson.loads(with_schema(envelope(after=doc), fields)),
+                AMOUNT="100000000000000000.01", PRICE="1E-2", RATIO="0.30000000000000004"),
+        # Without a schema the decoder cannot tell a decimal from a double.
+        numeric(envelope(after={"id": 1, "amount": "AMOUNT", "ratio": "RATIO"}),
+                AMOUNT="123456789012345678.91", RATIO="2.5"),
+    ]
+    first, second, schemaless = (e for r in records for e in decoder.decode(r))
+    assert first.after == {"id": 1, "amount": Decimal("123456789012345678.91"),
+                           "price": Decimal("12.30"), "ratio": 0.1}
+    assert first.column_types["amount"] == "decimal(20,2)"
+    assert second.after == {"id": 1, "amount": Decimal("100000000000000000.01"),
+                            "price": Decimal("0.01"), "ratio": 0.30000000000000004}
+    assert schemaless.after == {"id": 1, "amount": Decimal("123456789012345678.91"),
+                                "ratio": 2.5}
+    assert type(schemaless.after["ratio"]) is float
+
+
 def test_converter_plan_is_built_once_per_row_schema():
     decoder = DebeziumDecoder()
     [first] = decoder.decode(with_schema(envelope(after={"id": 1, "born": 0})))

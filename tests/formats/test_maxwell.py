@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+from decimal import Decimal
 from typing import Any
 
 import orjson
@@ -53,6 +54,22 @@ def test_before_image_is_data_overlaid_with_old():
     assert event.op == "u"
     assert event.before == {"id": 1, "name": "a", "qty": 3}
     assert event.after == {"id": 1, "name": "b", "qty": 3}
+
+
+def test_numbers_too_long_for_a_double_keep_every_digit():
+    # Maxwell writes a DECIMAL as a JSON number; a double holds 15 digits at most.
+    value = (b'{"database":"test","table":"product","type":"update","ts":1596684883,'
+             b'"primary_key_columns":["id"],'
+             b'"data":{"id":1,"amount":123456789012345678.91,"tiny":1E-7,"weight":3.14,'
+             b'"huge":123456789012345678901234567890,"unsigned":18446744073709551351},'
+             b'"old":{"amount":100000000000000000.01}}')
+    [event] = MaxwellDecoder().decode(value)
+    assert event.after == {"id": 1, "amount": Decimal("123456789012345678.91"),
+                           "tiny": 1e-07, "weight": 3.14,
+                           "huge": Decimal("123456789012345678901234567890"),
+                           "unsigned": 18446744073709551351}
+    assert type(event.after["amount"]) is Decimal and type(event.after["weight"]) is float
+    assert event.before["amount"] == Decimal("100000000000000000.01")
 
 
 def test_update_changing_the_primary_key_splits_into_delete_and_create():

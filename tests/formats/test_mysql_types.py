@@ -5,7 +5,7 @@ from decimal import Decimal
 
 import pytest
 
-from binlog_assets.formats.mysql_types import mysql_type
+from binlog_assets.formats.mysql_types import infer_type, mysql_type
 
 
 @pytest.mark.parametrize(
@@ -72,3 +72,17 @@ def test_text_values_parse_to_python_values(type_name, text, value):
 def test_text_that_does_not_fit_its_type_raises(type_name, text):
     with pytest.raises((ValueError, ArithmeticError)):
         mysql_type(type_name).parse(text)
+
+
+@pytest.mark.parametrize(
+    ("value", "canonical"),
+    [
+        (Decimal("123456789012345678.91"), "decimal(38,18)"),
+        (Decimal("1E-7"), "decimal(38,18)"),
+        # Past what decimal(38,18) holds, a value gets a type of its own digits.
+        (Decimal("123456789012345678901234567890"), "decimal(30,0)"),
+        (Decimal("0.0000000000000000000001"), "decimal(22,22)"),
+    ],
+)
+def test_an_undeclared_decimal_gets_a_type_that_holds_it(value, canonical):
+    assert infer_type(value) == canonical

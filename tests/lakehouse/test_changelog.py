@@ -42,6 +42,12 @@ def test_to_json_keeps_types_recoverable() -> None:
     assert to_json(None) is None
 
 
+def test_decimals_are_written_in_plain_digits() -> None:
+    values = [Decimal("1E-7"), Decimal("1.20E+3"), Decimal("-0.00"),
+              Decimal("123456789012345678.91")]
+    assert to_json(values) == '["0.0000001","1200","-0.00","123456789012345678.91"]'
+
+
 def test_write_appends_every_field_once(spark, make_config: MakeConfig) -> None:
     config = make_config(TABLES)
     part = Partition(ChangelogWriter(config))
