@@ -6,8 +6,9 @@ changes; `m` and unknown ops are skipped and counted. The position is the source
 Primary-key columns come from the per-table override, else from the Kafka record key
 (`{"id": 1}` or its schema-wrapped form); without either the key is empty. When a schema
 block is present, logical types (Decimal, dates, timestamps, bytes) become Python values,
-with one converter plan built and cached per distinct row schema; a schema block seen
-before is recognised by its raw bytes and not parsed again. Records of the
+and TIME the text every format gives it (`mysql_types.time_text`), with one converter plan
+built and cached per distinct row schema; a schema block seen before is recognised by its
+raw bytes and not parsed again. Records of the
 schema-change topic (`ddl`, `databaseName`, `tableChanges`) become `ddl` events, one per
 changed table.
 """
@@ -42,7 +43,7 @@ from binlog_assets.formats.event import (
     ChangeEvent,
     Position,
 )
-from binlog_assets.formats.mysql_types import mysql_type
+from binlog_assets.formats.mysql_types import mysql_type, time_text
 
 _ROW_OPS = frozenset({"c", "u", "d", "r", "t"})
 
@@ -78,6 +79,16 @@ def _timestamp_from_micros(micros: int) -> datetime:
 def _timestamp_from_nanos(nanos: int) -> datetime:
     # datetime resolves microseconds; the nanosecond remainder is dropped.
     return _EPOCH + timedelta(microseconds=nanos // 1000)
+
+
+def _time_from_millis(millis: int) -> str:
+    return time_text(millis * 1000)
+
+
+def _time_from_nanos(nanos: int) -> str:
+    # As for timestamps, the nanosecond remainder is dropped (MySQL keeps microseconds).
+    micros = abs(nanos) // 1000
+    return time_text(-micros if nanos < 0 else micros)
 
 
 def _zoned_timestamp(text: str) -> datetime:
@@ -122,6 +133,11 @@ _LOGICAL_TYPES: dict[str, tuple[str, Callable[[Any], Any] | None]] = {
     "io.debezium.time.MicroTimestamp": ("timestamp", _timestamp_from_micros),
     "io.debezium.time.NanoTimestamp": ("timestamp", _timestamp_from_nanos),
     "io.debezium.time.ZonedTimestamp": ("timestamp", _zoned_timestamp),
+    # TIME is text in every format (see mysql_types); Debezium sends a count of units.
+    "io.debezium.time.MicroTime": ("string", time_text),
+    "io.debezium.time.Time": ("string", _time_from_millis),
+    "io.debezium.time.NanoTime": ("string", _time_from_nanos),
+    "org.apache.kafka.connect.data.Time": ("string", _time_from_millis),
     "io.debezium.data.Json": ("json", None),
     "io.debezium.time.Year": ("int", None),
 }

@@ -39,6 +39,7 @@ from binlog_assets.formats.event import (
     ChangeEvent,
     Position,
 )
+from binlog_assets.formats.mysql_types import time_text
 
 SCHEMA_PATH = Path(__file__).with_name("dts_record.avsc")
 RECORD_SCHEMA = fastavro.parse_schema(json.loads(SCHEMA_PATH.read_text()))
@@ -128,10 +129,11 @@ def _date_time(payload: dict[str, Any]) -> date | datetime | int | str | None:
     hour, minute, second = payload.get("hour"), payload.get("minute"), payload.get("second")
     micros = payload.get("millis") or 0  # microseconds, as in Timestamp
     if year is None:
-        # TIME can be negative or exceed 24 hours, so it stays MySQL's text form.
-        sign = "-" if min(hour or 0, minute or 0, second or 0, micros) < 0 else ""
-        text = f"{sign}{abs(hour or 0):02d}:{abs(minute or 0):02d}:{abs(second or 0):02d}"
-        return f"{text}.{abs(micros):06d}" if micros else text
+        # TIME can be negative or exceed 24 hours: text, as in every format (mysql_types).
+        negative = min(hour or 0, minute or 0, second or 0, micros) < 0
+        total = ((abs(hour or 0) * 60 + abs(minute or 0)) * 60 + abs(second or 0)) * 1_000_000
+        total += abs(micros)
+        return time_text(-total if negative else total)
     try:
         if hour is None and minute is None and second is None:
             if month is None and day is None:

@@ -6,6 +6,11 @@ describe columns with the same names. `mysql_type` turns one such name into the 
 type name (`int`, `bigint`, `double`, `float`, `decimal(p,s)`, `string`, `boolean`, `date`,
 `timestamp`, `binary`, `json`) and a parser for the text form of its values. Names repeat
 on every message, so results are cached.
+
+TIME is a duration (-838:59:59 to 838:59:59, fractions to the microsecond), so no
+time-of-day type holds it: every format gives it as `time_text` writes it, a string
+`[-]HH:MM:SS[.ffffff]`, whether the producer sent text (Canal, DTS) or microseconds
+(Debezium).
 """
 
 from __future__ import annotations
@@ -20,7 +25,7 @@ _MODIFIERS = frozenset({"unsigned", "signed", "zerofill"})
 _INT_TYPES = frozenset({"tinyint", "smallint", "mediumint", "int", "integer", "year", "bool",
                         "boolean"})
 _STRING_TYPES = frozenset({"char", "varchar", "tinytext", "text", "mediumtext", "longtext",
-                           "enum", "set", "time", "character", "nchar", "nvarchar"})
+                           "enum", "set", "character", "nchar", "nvarchar"})
 _BINARY_TYPES = frozenset({"binary", "varbinary", "tinyblob", "blob", "mediumblob",
                            "longblob"})
 _DECIMAL_TYPES = frozenset({"decimal", "numeric", "dec", "fixed"})
@@ -48,6 +53,31 @@ def _parse_datetime(text: str) -> datetime | None:
     if text.startswith(_ZERO_DATE):
         return None
     return datetime.fromisoformat(text)
+
+
+def time_text(micros: int) -> str:
+    """A TIME value given in microseconds as `[-]HH:MM:SS[.ffffff]`: hours may exceed 24,
+    and the fraction is written, in six digits, only when it is not zero."""
+    sign = "-" if micros < 0 else ""
+    seconds, fraction = divmod(abs(micros), 1_000_000)
+    minutes, second = divmod(seconds, 60)
+    hour, minute = divmod(minutes, 60)
+    text = f"{sign}{hour:02d}:{minute:02d}:{second:02d}"
+    return f"{text}.{fraction:06d}" if fraction else text
+
+
+def _parse_time(text: str) -> str:
+    # MySQL's own text (`-838:59:59`, `12:34:56.5`), rewritten as `time_text` writes it.
+    body = text[1:] if text.startswith("-") else text
+    clock, _, fraction = body.partition(".")
+    hour, minute, second = clock.split(":")
+    if not (clock.isascii() and hour.isdigit() and len(minute) == len(second) == 2
+            and minute.isdigit() and second.isdigit() and minute < "60" and second < "60"
+            and len(fraction) <= 6 and (fraction.isdigit() or not fraction)):
+        raise ValueError(f"not a TIME value: {text!r}")
+    micros = ((int(hour) * 60 + int(minute)) * 60 + int(second)) * 1_000_000
+    micros += int(fraction.ljust(6, "0")) if fraction else 0
+    return time_text(-micros if body is not text else micros)
 
 
 def _parse_binary(text: str) -> bytes:
@@ -100,6 +130,8 @@ def mysql_type(
         return MysqlType("date", _parse_date)
     if base in _TIMESTAMP_TYPES:
         return MysqlType("timestamp", _parse_datetime)
+    if base == "time":
+        return MysqlType("string", _parse_time)
     if base in _STRING_TYPES:
         return MysqlType("string", _keep_text)
     if base == "json":

@@ -59,6 +59,61 @@ def test_decode_signature(decoder_class):
                for name in ("topic", "partition", "offset", "key", "headers"))
 
 
+def _time_records(micros: int, text: str) -> dict[str, tuple[str, bytes]]:
+    """One row with TIME column `t` = `micros` (`text` as MySQL writes it): per way of
+    sending it, the format and the record."""
+    source = {"db": "d", "table": "t", "file": "mysql-bin.000001", "pos": 4, "row": 0}
+
+    def debezium(name: str, value: int) -> tuple[str, bytes]:
+        row = {"type": "struct", "field": "after", "fields": [
+            {"field": "id", "type": "int32"}, {"field": "t", "type": "int64", "name": name}]}
+        return "debezium", orjson.dumps({
+            "schema": {"type": "struct", "fields": [row]},
+            "payload": {"before": None, "after": {"id": 1, "t": value}, "op": "c",
+                        "source": source}})
+
+    negative = micros < 0
+    seconds, fraction = divmod(abs(micros), 1_000_000)
+    sign = -1 if negative else 1
+    clock = {"hour": sign * (seconds // 3600), "minute": sign * (seconds // 60 % 60),
+             "second": sign * (seconds % 60), "millis": sign * fraction}
+    records = {
+        "debezium MicroTime": debezium("io.debezium.time.MicroTime", micros),
+        "debezium NanoTime": debezium("io.debezium.time.NanoTime", micros * 1000),
+        "canal": ("canal", orjson.dumps({
+            "data": [{"id": "1", "t": text}], "database": "d", "table": "t", "isDdl": False,
+            "mysqlType": {"id": "int(11)", "t": "time(6)"}, "pkNames": ["id"],
+            "type": "INSERT"})),
+        "dts": ("dts", orjson.dumps({
+            "version": 0, "id": 1, "sourceTimestamp": 1, "sourcePosition": "4@1",
+            "source": {"sourceType": "MySQL", "version": "8.0"}, "operation": "INSERT",
+            "objectName": "d.t", "tags": {}, "beforeImages": None,
+            "fields": [{"name": "id", "dataTypeNumber": 3}, {"name": "t", "dataTypeNumber": 19}],
+            "afterImages": [{"Integer": {"precision": 11, "value": "1"}},
+                            {"DateTime": clock}]})),
+    }
+    if fraction % 1000 == 0:  # TIME(0-3) under time.precision.mode=adaptive or connect
+        records["debezium Time"] = debezium("io.debezium.time.Time", micros // 1000)
+        records["connect Time"] = debezium("org.apache.kafka.connect.data.Time", micros // 1000)
+    return records
+
+
+@pytest.mark.parametrize(
+    ("micros", "text", "expected"),
+    [(45_296_789_000, "12:34:56.789", "12:34:56.789000"),
+     (-3_020_399_000_000, "-838:59:59", "-838:59:59"),
+     (-500_000, "-00:00:00.500000", "-00:00:00.500000"),
+     (1, "00:00:00.000001", "00:00:00.000001"),
+     (0, "00:00:00.000", "00:00:00")])
+def test_a_time_is_the_same_text_in_every_format(micros, text, expected):
+    records = _time_records(micros, text)
+    decoded = {}
+    for name, (format_name, value) in records.items():
+        [event] = make_decoder(format_name).decode(value)
+        decoded[name] = (event.after["t"], event.column_types["t"])
+    assert decoded == {name: (expected, "string") for name in records}
+
+
 # Valid records of each format; the property tests below corrupt parts of them.
 BASES: dict[str, list[dict[str, Any]]] = {
     "debezium": [
