@@ -106,7 +106,14 @@ class DebeziumConnector:
             # change's trip to Kafka; a dev source trades a little CPU for fast tests.
             "poll.interval.ms": "100",
             "include.schema.changes": "true",
+            # Lossless numbers: a DECIMAL keeps its digits (not a double), a BIGINT
+            # UNSIGNED above 2^63 stays positive (the default `long` wraps it), and every
+            # column's MySQL type rides in its schema parameters, so the decoder types
+            # INT UNSIGNED as bigint, BIGINT UNSIGNED as decimal(20,0) and DECIMAL(p,s)
+            # with its own digits.
             "decimal.handling.mode": "precise",
+            "bigint.unsigned.handling.mode": "precise",
+            "column.propagate.source.type": ".*",
             "tombstones.on.delete": "true",
             # Debezium skips truncates unless told otherwise; a replica must see them.
             "skipped.operations": "none",

@@ -63,6 +63,12 @@ _MAX_CACHED_PLANS = 4096
 # A double holds every decimal of at most this many digits as written.
 _DOUBLE_DIGITS = 15
 
+# Schema parameters of a field when the connector runs with column.propagate.source.type
+# (or datatype.propagate.source.type) covering the column: its MySQL type, exactly.
+_SOURCE_TYPE = "__debezium.source.column.type"
+_SOURCE_LENGTH = "__debezium.source.column.length"
+_SOURCE_SCALE = "__debezium.source.column.scale"
+
 
 def _date_from_days(days: int) -> date:
     return date.fromordinal(_EPOCH_ORDINAL + days)
@@ -89,6 +95,12 @@ def _time_from_nanos(nanos: int) -> str:
     # As for timestamps, the nanosecond remainder is dropped (MySQL keeps microseconds).
     micros = abs(nanos) // 1000
     return time_text(-micros if nanos < 0 else micros)
+
+
+def _unsigned_long(value: int) -> int:
+    # bigint.unsigned.handling.mode=long sends a BIGINT UNSIGNED as the Java long of the
+    # same 64 bits: 18446744073709551351 arrives as -265.
+    return value + 2**64 if value < 0 else value
 
 
 def _zoned_timestamp(text: str) -> datetime:
@@ -160,9 +172,9 @@ def _build_plan(fields: list[dict[str, Any]]) -> _RowPlan:
     for field in fields:
         column = field["field"]
         name = field.get("name")
+        parameters = field.get("parameters") or {}
         converter: Callable[[Any], Any] | None = None
         if name == _DECIMAL:
-            parameters = field.get("parameters") or {}
             scale = int(parameters.get("scale", 0))
             precision = int(parameters.get("connect.decimal.precision", 38))
             canonical: str | None = f"decimal({precision},{scale})"
@@ -175,6 +187,15 @@ def _build_plan(fields: list[dict[str, Any]]) -> _RowPlan:
             canonical = _PRIMITIVE_TYPES.get(field.get("type"))
             if canonical == "binary":
                 converter = b64decode
+        source_type = parameters.get(_SOURCE_TYPE)
+        if source_type is not None:
+            # The column's own type says what the Connect type cannot: INT UNSIGNED is a
+            # bigint, BIGINT UNSIGNED a decimal(20,0), DECIMAL(p,s) keeps p and s.
+            declared = mysql_type(str(source_type), _int_parameter(parameters, _SOURCE_LENGTH),
+                                  _int_parameter(parameters, _SOURCE_SCALE)).canonical
+            if declared == "decimal(20,0)" and canonical == "bigint":
+                converter = _unsigned_long
+            canonical = declared or canonical
         if canonical is not None:
             column_types[column] = canonical
         if converter is not None:
@@ -183,6 +204,11 @@ def _build_plan(fields: list[dict[str, Any]]) -> _RowPlan:
 
 
 _NO_PLAN = _RowPlan((), {})
+
+
+def _int_parameter(parameters: dict[str, Any], name: str) -> int | None:
+    value = parameters.get(name)
+    return int(value) if value is not None else None
 
 
 def _table_definition(definition: dict[str, Any]) -> tuple[tuple[str, ...], dict[str, str]]:

@@ -39,7 +39,7 @@ from binlog_assets.formats.event import (
     ChangeEvent,
     Position,
 )
-from binlog_assets.formats.mysql_types import time_text
+from binlog_assets.formats.mysql_types import integer_type, time_text
 
 SCHEMA_PATH = Path(__file__).with_name("dts_record.avsc")
 RECORD_SCHEMA = fastavro.parse_schema(json.loads(SCHEMA_PATH.read_text()))
@@ -178,13 +178,23 @@ _CONVERTERS: dict[str, Callable[[Any], Any]] = {
 }
 
 
-def _column_type(type_number: int, kind: str, payload: Any, mysql: bool) -> str | None:
+def _column_type(type_number: int, kind: str, payload: Any, mysql: bool, value: Any
+                 ) -> str | None:
     if kind == "Decimal":
         return f"decimal({payload['precision']},{payload['scale']})"
     if kind == "Character" and payload["charset"].lower() == "binary":
         return "binary"
     canonical = _MYSQL_TYPE_NUMBERS.get(type_number) if mysql else None
-    return canonical or _KIND_TYPES.get(kind)
+    canonical = canonical or _KIND_TYPES.get(kind)
+    if kind == "Integer" and canonical in ("int", "bigint"):
+        # A field's type number does not say UNSIGNED: an INT UNSIGNED above 2^31 or a
+        # BIGINT UNSIGNED above 2^63 widens the column rather than failing its cast.
+        return integer_type(value, canonical)
+    return canonical
+
+
+# Integer types in widening order: one record's images type a column by the wider.
+_INTEGER_RANK = {"int": 0, "bigint": 1}
 
 
 class DtsDecoder(ChangeDecoder):
@@ -327,14 +337,16 @@ class DtsDecoder(ChangeDecoder):
             try:
                 row[names[index]] = convert(payload)
                 canonical = _column_type(fields[index].get("dataTypeNumber"), kind, payload,
-                                         mysql)
+                                         mysql, row[names[index]])
             except (KeyError, TypeError, ValueError, ArithmeticError, AttributeError) as exc:
                 raise self._fail(
                     f"field '{images_name}[{index}]' ({kind}) is malformed: "
                     f"{type(exc).__name__}: {exc}"
                 ) from None
             if canonical is not None:
-                column_types[names[index]] = canonical
+                seen = column_types.get(names[index])
+                if seen is None or _INTEGER_RANK.get(canonical, 2) > _INTEGER_RANK.get(seen, 2):
+                    column_types[names[index]] = canonical
         return row
 
     def _key_columns(self, table: str, tags: Any) -> tuple[str, ...]:

@@ -141,6 +141,22 @@ def mysql_type(
     return MysqlType(None, _keep_text)
 
 
+_INT32_MIN, _INT32_MAX = -(2**31), 2**31 - 1
+_INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
+
+
+def integer_type(value: int, declared: str = "int") -> str:
+    """The narrowest of `declared` (`int` or `bigint`), `bigint` and a decimal of no
+    fraction that holds `value`: an integer out of a type's range widens it, never wraps
+    (a BIGINT UNSIGNED above 2^63 fits no bigint)."""
+    if declared == "int" and _INT32_MIN <= value <= _INT32_MAX:
+        return "int"
+    if _INT64_MIN <= value <= _INT64_MAX:
+        return "bigint"
+    digits = len(str(abs(value)))
+    return f"decimal({max(digits, 20)},0)"
+
+
 # A Decimal with no declared type (a wide DECIMAL that Maxwell, or Debezium without a
 # schema, sends as a JSON number) gets one fixed type when it fits, so that values of
 # different scales never force a widening; one that does not fit gets its own digits.
@@ -167,7 +183,7 @@ def infer_type(value: Any) -> str | None:
     if isinstance(value, bool):
         return "boolean"
     if isinstance(value, int):
-        return "bigint"
+        return integer_type(value, "bigint")
     if isinstance(value, float):
         return "double"
     if isinstance(value, Decimal):

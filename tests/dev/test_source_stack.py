@@ -148,6 +148,32 @@ def test_row_changes_stream_in_binlog_order(
 
 
 @pytest.mark.integration
+def test_unsigned_and_wide_numbers_arrive_exact_and_exactly_typed(
+    debezium_connect: KafkaConnect, mariadb: MariaDBServer, kafka_broker: KafkaBroker
+) -> None:
+    table = _unique("accounts")
+    _execute(
+        mariadb,
+        "CREATE DATABASE IF NOT EXISTS shop",
+        f"CREATE TABLE shop.{table} (id BIGINT UNSIGNED PRIMARY KEY, n INT UNSIGNED, "
+        "balance DECIMAL(20,2), waited TIME(6))",
+        # Above 2^63: with the connector's default bigint.unsigned.handling.mode=long
+        # this id arrived as -265.
+        f"INSERT INTO shop.{table} VALUES "
+        "(18446744073709551351, 4294967295, 123456789012345678.91, '-838:59:59')",
+    )
+
+    topic = f"{debezium_connect.connector.topic_prefix}.shop.{table}"
+    [event] = _decode(_consume(kafka_broker, topic, lambda got: len(got) >= 1))
+
+    assert event.key == (18446744073709551351,)
+    assert event.after == {"id": 18446744073709551351, "n": 4294967295,
+                           "balance": Decimal("123456789012345678.91"), "waited": "-838:59:59"}
+    assert event.column_types == {"id": "decimal(20,0)", "n": "bigint",
+                                  "balance": "decimal(20,2)", "waited": "string"}
+
+
+@pytest.mark.integration
 def test_schema_changes_reach_the_prefix_topic(
     debezium_connect: KafkaConnect, mariadb: MariaDBServer, kafka_broker: KafkaBroker
 ) -> None:

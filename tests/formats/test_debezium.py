@@ -236,6 +236,49 @@ def test_decimals_sent_as_json_numbers_keep_every_digit():
     assert type(schemaless.after["ratio"]) is float
 
 
+def propagated(column: str, connect_type: str, source_type: str, length: int | None = None,
+               scale: int | None = None, **more: Any) -> dict:
+    """A row schema field as a connector with column.propagate.source.type writes it."""
+    parameters = {"__debezium.source.column.type": source_type}
+    if length is not None:
+        parameters["__debezium.source.column.length"] = str(length)
+    if scale is not None:
+        parameters["__debezium.source.column.scale"] = str(scale)
+    field = {"type": connect_type, "optional": True, "field": column, **more}
+    field["parameters"] = {**field.get("parameters", {}), **parameters}
+    return field
+
+
+def test_propagated_source_types_type_the_columns_exactly():
+    decimal = {"name": "org.apache.kafka.connect.data.Decimal"}
+    fields = [
+        # bigint.unsigned.handling.mode=precise: a Decimal of scale 0 and no precision.
+        propagated("id", "bytes", "BIGINT UNSIGNED", 20, parameters={"scale": "0"},
+                   **decimal),
+        propagated("n", "int64", "INT UNSIGNED", 10),
+        propagated("balance", "bytes", "DECIMAL", 20, 2,
+                   parameters={"scale": "2", "connect.decimal.precision": "20"}, **decimal),
+        propagated("note", "string", "VARCHAR", 40),
+        propagated("shape", "struct", "GEOMETRY")]
+    after = {"id": _decimal_b64(18446744073709551351), "n": 4294967295,
+             "balance": _decimal_b64(12345678901234567891), "note": "x", "shape": None}
+    [event] = DebeziumDecoder().decode(with_schema(envelope(after=after), fields))
+
+    assert event.after == {"id": Decimal(18446744073709551351), "n": 4294967295,
+                           "balance": Decimal("123456789012345678.91"), "note": "x",
+                           "shape": None}
+    assert event.column_types == {"id": "decimal(20,0)", "n": "bigint",
+                                  "balance": "decimal(20,2)", "note": "string"}
+
+
+def test_a_wrapped_unsigned_bigint_is_restored_when_its_type_is_propagated():
+    # bigint.unsigned.handling.mode=long sends the Java long of the same 64 bits.
+    fields = [propagated("id", "int64", "BIGINT UNSIGNED", 20)]
+    [event] = DebeziumDecoder().decode(with_schema(envelope(after={"id": -265}), fields))
+    assert event.after == {"id": 18446744073709551351}
+    assert event.column_types == {"id": "decimal(20,0)"}
+
+
 def test_converter_plan_is_built_once_per_row_schema():
     decoder = DebeziumDecoder()
     [first] = decoder.decode(with_schema(envelope(after={"id": 1, "born": 0})))

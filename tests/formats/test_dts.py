@@ -153,6 +153,21 @@ def test_typed_union_values_are_unwrapped(encode):
     assert event.source_ts == 1596684883000
 
 
+@pytest.mark.parametrize("encode", [avro, as_json], ids=["avro", "json"])
+def test_unsigned_integers_widen_their_column_instead_of_overflowing(encode):
+    # A type number does not tell INT from INT UNSIGNED, nor BIGINT from BIGINT UNSIGNED.
+    fields = [{"name": "id", "dataTypeNumber": 8}, {"name": "n", "dataTypeNumber": 3},
+              {"name": "small", "dataTypeNumber": 3}]
+    doc = record("UPDATE", fields=fields,
+                 beforeImages=[integer(18446744073709551351), integer(4294967295), integer(1)],
+                 afterImages=[integer(18446744073709551351), integer(7), integer(2)])
+    [event] = DtsDecoder(key_columns={PRODUCTS: ["id"]}).decode(encode(doc))
+
+    assert event.before == {"id": 18446744073709551351, "n": 4294967295, "small": 1}
+    # The wider of the two images types the column.
+    assert event.column_types == {"id": "decimal(20,0)", "n": "bigint", "small": "int"}
+
+
 def test_latin1_bytes_are_decoded_as_mysql_latin1():
     # MySQL's latin1 is cp1252: 0x80 is the euro sign.
     doc = record(afterImages=[integer(1), (NS + "Character", {"charset": "latin1",

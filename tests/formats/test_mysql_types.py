@@ -5,7 +5,7 @@ from decimal import Decimal
 
 import pytest
 
-from binlog_assets.formats.mysql_types import infer_type, mysql_type
+from binlog_assets.formats.mysql_types import infer_type, integer_type, mysql_type
 
 
 @pytest.mark.parametrize(
@@ -86,3 +86,21 @@ def test_text_that_does_not_fit_its_type_raises(type_name, text):
 )
 def test_an_undeclared_decimal_gets_a_type_that_holds_it(value, canonical):
     assert infer_type(value) == canonical
+
+
+@pytest.mark.parametrize(
+    ("value", "canonical"),
+    [(2**63 - 1, "bigint"), (-(2**63), "bigint"),
+     # A BIGINT UNSIGNED above 2^63 is no long: it never wraps to a negative number.
+     (18446744073709551351, "decimal(20,0)"), (-(2**63) - 1, "decimal(20,0)"),
+     (10**25, "decimal(26,0)")],
+)
+def test_an_undeclared_integer_out_of_the_long_range_is_a_decimal(value, canonical):
+    assert infer_type(value) == canonical
+
+
+def test_a_declared_integer_type_widens_for_a_value_out_of_its_range():
+    assert integer_type(2**31 - 1) == "int"
+    assert integer_type(4294967295) == "bigint"
+    assert integer_type(7, "bigint") == "bigint"
+    assert integer_type(18446744073709551351, "bigint") == "decimal(20,0)"
