@@ -144,7 +144,20 @@ class LakehouseConfig(_Model):
 
 class SparkConfig(_Model):
     master: str = "local[2]"
+    # A Spark Connect server (`sc://host:port`) that runs every Spark step: one warm JVM
+    # for all runs instead of one started per run. Unset: Spark in each run's process.
+    remote: str | None = Field(None, pattern=r"^sc://[^\s/:]+:[0-9]+(/[^\s]*)?$")
     conf: dict[str, str | int | float | bool] = Field(default_factory=dict)
+
+    @property
+    def remote_port(self) -> int | None:
+        """The port of a Spark Connect server on this machine, None for any other."""
+        if self.remote is None:
+            return None
+        host, _, rest = self.remote[len("sc://"):].partition(":")
+        if host not in ("127.0.0.1", "localhost"):
+            return None
+        return int(rest.split("/", 1)[0])
 
 
 class DagsterConfig(_Model):

@@ -40,6 +40,8 @@ def test_repository_default_config_is_valid() -> None:
          "sources[0].tables[0].replica"),
         ({"lakehouse": {"database": "binlake\n"}}, "lakehouse.database"),
         ({"sources": [{"name": "shop\n", "topics": ["t"]}]}, "sources[0].name"),
+        ({"spark": {"remote": "localhost:15002"}}, "spark.remote"),
+        ({"spark": {"remote": "sc://localhost:15002\n"}}, "spark.remote"),
     ],
 )
 def test_bad_config_names_the_field(data: dict, field: str) -> None:
@@ -77,3 +79,11 @@ def test_lakehouse_uri_keeps_object_store_schemes() -> None:
         remote.resolved_path()
     local = parse_config({"lakehouse": {"path": "/data/lake"}}).lakehouse
     assert local.uri("warehouse") == "/data/lake/warehouse"
+
+
+def test_spark_remote_names_a_local_server_or_not() -> None:
+    local = parse_config({"spark": {"remote": "sc://127.0.0.1:15002"}}).spark
+    assert (local.remote, local.remote_port) == ("sc://127.0.0.1:15002", 15002)
+    theirs = parse_config({"spark": {"remote": "sc://spark.example:443/;use_ssl=true"}}).spark
+    assert theirs.remote_port is None  # the stack starts nothing for someone else's server
+    assert parse_config({}).spark.remote is None

@@ -14,7 +14,6 @@ reach the decoder.
 from __future__ import annotations
 
 import contextlib
-
 import subprocess
 import time
 import urllib.error
@@ -134,9 +133,10 @@ class KafkaConnect(LocalDaemon):
 
     `start()` launches the worker with `connector` and returns once that connector has
     finished its snapshot and streams the binlog: a write made after that is a change
-    event, never folded into a snapshot read. Like the broker, it is idempotent: a worker already running from the same
-    directory is reused, unless it was started for another broker or database (after a
-    `stack-down`/`stack-up` the broker listens on a new port), which restarts it.
+    event, never folded into a snapshot read. Like the broker, it is idempotent: a worker
+    already running from the same directory is reused, unless it was started for another
+    broker or database (after a `stack-down`/`stack-up` the broker listens on a new
+    port), which restarts it.
     `connector` may be left out for `stop()` and `status()`.
     """
 

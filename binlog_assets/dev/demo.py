@@ -1,13 +1,15 @@
 """The README's main job, end to end on the embedded local stack: `make demo`.
 
-1. Starts a clean local stack: Kafka (KRaft), MariaDB with a ROW binlog, and Debezium's
-   MariaDB connector in Kafka Connect (the demo's state under `var/` is reset first, so
-   every run tells the same story; the Dagster instance keeps its run history).
+1. Starts a clean local stack: Kafka (KRaft), MariaDB with a ROW binlog, Debezium's
+   MariaDB connector in Kafka Connect, and the Spark Connect server that replica builds
+   and dbt share when `spark.remote` names one on this machine (the demo's state under
+   `var/` is reset first, so every run tells the same story; the Dagster instance keeps
+   its run history).
 2. Creates the shop schema (customers, products, orders sharded into shop_1 / shop_2)
    and runs the demo workload: inserts, updates, deletes, a primary-key change, an added
    column and a truncate. Debezium publishes the binlog into Kafka.
 3. Runs the pipeline through Dagster as a user would from the UI: the discovery sensor
-   adds the topic-partitions, one bounded consumer run per partition writes the
+   adds the topic-partitions, one bounded consumer run over them writes the
    changelog, Spark applies it to the replicas, dbt builds its models and tests.
 4. Prints, per table, source rows, replica rows and whether the content matches.
 """
@@ -36,7 +38,7 @@ def reset_local_state(config: PipelineConfig) -> None:
     """Stop the local stack and remove its data, the lakehouse and the instance's
     partitions, so a topic recreated with the same name never resumes at an old offset."""
     stack.down(config)
-    for name in ("kafka", "mariadb", "connect", "dbt"):
+    for name in ("kafka", "mariadb", "connect", "spark-connect", "dbt"):
         shutil.rmtree(var_dir() / name, ignore_errors=True)
     shutil.rmtree(config.lakehouse.resolved_path(), ignore_errors=True)
     with dg.DagsterInstance.get() as instance:
@@ -119,6 +121,7 @@ def main() -> int:
         return 2
     reset_local_state(config)
     print(stack.source_up(config), flush=True)
+    print(stack.up(config), flush=True)  # the broker again (reused) and Spark Connect
     conn = stack.local_mariadb().connect()
     shop.create_schema(conn)
     statements = shop.demo_workload(conn)

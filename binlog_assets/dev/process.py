@@ -56,7 +56,8 @@ class LocalDaemon:
         return True
 
     def _launch(self, cmd: Sequence[str], stdout_name: str,
-                wait: Callable[[subprocess.Popen[bytes]], None]) -> subprocess.Popen[bytes]:
+                wait: Callable[[subprocess.Popen[bytes]], None],
+                pass_fds: Sequence[int] = ()) -> subprocess.Popen[bytes]:
         """Start `cmd` in its own session with its output appended to `stdout_name` under
         `data_dir`, record its pid and `port`, and `wait(proc)` for it to be ready;
         a failed or interrupted wait stops it.
@@ -68,7 +69,8 @@ class LocalDaemon:
         running."""
         with open(self.data_dir / stdout_name, "ab") as out:
             proc = subprocess.Popen(
-                cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+                cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+                pass_fds=pass_fds, env=self._launch_env(),
             )
         self.pid_file.write_text(str(proc.pid))
         self.port_file.write_text(str(self.port))
@@ -79,6 +81,10 @@ class LocalDaemon:
             self.pid_file.unlink(missing_ok=True)
             raise
         return proc
+
+    def _launch_env(self) -> dict[str, str] | None:
+        """The child's environment; None inherits this process's."""
+        return None
 
     def stop(self, timeout: float | None = None) -> None:
         """SIGTERM the daemon (each shuts down cleanly on it), SIGKILL it if it lingers."""

@@ -1,10 +1,12 @@
 """Start, stop and report the embedded local stack: `python -m binlog_assets.dev.stack up`.
 
 Only what the config leaves local is started: with `kafka.bootstrap.servers` set, the
-user's cluster is used and no broker starts here. `source-up` adds the binlog source in
-front of the embedded broker (MariaDB with a ROW binlog, and Debezium in a Kafka Connect
-standalone worker); it too is skipped when the user's own Kafka is configured, since
-it exists only to feed the embedded broker. State lives under `var/`.
+user's cluster is used and no broker starts here; with `spark.remote` naming a port on
+this machine, a Spark Connect server is started there (any other address is the user's).
+`source-up` adds the binlog source in front of the embedded broker (MariaDB with a ROW
+binlog, and Debezium in a Kafka Connect standalone worker); it too is skipped when the
+user's own Kafka is configured, since it exists only to feed the embedded broker. State
+lives under `var/`.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from binlog_assets.dev.connect import DebeziumConnector, KafkaConnect
 from binlog_assets.dev.kafka import KafkaBroker
 from binlog_assets.dev.mariadb import MariaDBServer
 from binlog_assets.dev.paths import var_dir
+from binlog_assets.dev.spark_connect import SparkConnectServer
 
 
 def local_broker() -> KafkaBroker:
@@ -32,6 +35,13 @@ def local_connect(
 ) -> KafkaConnect:
     """The dev Connect worker; without a connector it can be stopped or reported on."""
     return KafkaConnect(var_dir() / "connect", bootstrap_servers, connector)
+
+
+def local_spark(config: PipelineConfig) -> SparkConnectServer | None:
+    """The Spark Connect server the stack runs for this config, None when it runs none."""
+    if config.spark.remote_port is None:
+        return None
+    return SparkConnectServer.for_config(config, var_dir() / "spark-connect")
 
 
 def source_skip_reason(config: PipelineConfig) -> str | None:
@@ -60,27 +70,37 @@ def kafka_client_config(config: PipelineConfig) -> dict[str, str | int | float |
 
 
 def up(config: PipelineConfig) -> str:
+    lines = []
     if config.bootstrap_servers:
-        return f"kafka: using configured bootstrap.servers={config.bootstrap_servers}"
-    broker = local_broker()
-    seconds = broker.start()
-    return f"{broker.status()} (ready in {seconds:.1f}s)"
+        lines.append(f"kafka: using configured bootstrap.servers={config.bootstrap_servers}")
+    else:
+        broker = local_broker()
+        seconds = broker.start()
+        lines.append(f"{broker.status()} (ready in {seconds:.1f}s)")
+    if (spark := local_spark(config)) is not None:
+        seconds = spark.start()
+        lines.append(f"{spark.status()} (ready in {seconds:.1f}s)")
+    return "\n".join(lines)
 
 
 def down(config: PipelineConfig) -> str:
     """Stop everything local; the source stack first, or Connect would keep retrying
     against a broker that is gone."""
+    spark = local_spark(config)
+    if spark is not None:
+        spark.stop()
     if config.bootstrap_servers:
         return "kafka: configured cluster, nothing local to stop"
     source = source_down(config)
     local_broker().stop()
-    return f"{source}\n{local_broker().status()}"
+    return "\n".join([source, local_broker().status(), *([spark.status()] if spark else [])])
 
 
 def status(config: PipelineConfig) -> str:
-    if config.bootstrap_servers:
-        return f"kafka: configured bootstrap.servers={config.bootstrap_servers}"
-    return local_broker().status()
+    spark = local_spark(config)
+    kafka = (f"kafka: configured bootstrap.servers={config.bootstrap_servers}"
+             if config.bootstrap_servers else local_broker().status())
+    return "\n".join([kafka, *([spark.status()] if spark else [])])
 
 
 def source_up(config: PipelineConfig) -> str:

@@ -39,6 +39,7 @@ import orjson
 from binlog_assets.config import PipelineConfig
 from binlog_assets.formats.event import ChangeEvent
 from binlog_assets.formats.mysql_types import infer_type
+from binlog_assets.lakehouse.delta_log import delta_rs_uri
 
 CHANGELOG_TABLE = "changelog"
 
@@ -202,11 +203,6 @@ def changelog_uri(config: PipelineConfig) -> str:
     so a catalog entry (registered by the Spark side) and delta-rs name one table."""
     database, table = changelog_name(config)
     return config.lakehouse.uri("warehouse", f"{database}.db", table)
-
-
-def delta_rs_uri(uri: str) -> str:
-    """`uri` as delta-rs spells it: Hadoop's `s3a://` scheme is plain `s3://` there."""
-    return "s3://" + uri[len("s3a://"):] if uri.startswith("s3a://") else uri
 
 
 def changelog_arrow_schema():  # noqa: ANN201 - arro3's Schema, imported lazily

@@ -19,9 +19,13 @@ from binlog_assets.lakehouse.changelog import (
     changelog_name,
     changelog_uri,
     commit_doc,
-    delta_rs_uri,
 )
-from binlog_assets.lakehouse.delta_log import added_rows, table_exists, table_version
+from binlog_assets.lakehouse.delta_log import (
+    added_rows,
+    delta_rs_uri,
+    table_exists,
+    table_version,
+)
 from binlog_assets.lakehouse.identifiers import qualified
 
 if TYPE_CHECKING:
@@ -105,15 +109,14 @@ def read_survey(spark: SparkSession, config: PipelineConfig, after_version: int 
     `up_to` when `after_version` is None) from their commits' metadata, merged per group
     (as `survey_of_rows`); None when a version carries none (the table's creation counts
     as empty) or the range is longer than SURVEY_MAX_COMMITS."""
-    from delta.tables import DeltaTable
-
     first = 0 if after_version is None else after_version + 1
     if up_to - first >= SURVEY_MAX_COMMITS:
         return None
     register_changelog(spark, config)
     database, table = changelog_name(config)
     latest = table_version(spark, database, table)
-    history = (DeltaTable.forName(spark, f"{database}.{table}").history(latest - first + 1)
+    history = (spark.sql(f"DESCRIBE HISTORY {qualified(database, table)} "
+                         f"LIMIT {latest - first + 1}")
                .select("version", "operation", "userMetadata").collect())
     found = {r.version: (r.operation, commit_doc(r.userMetadata)) for r in history
              if first <= r.version <= up_to}

@@ -1,60 +1,82 @@
-"""Delta transaction state, read from the table's log through the JVM's `DeltaLog`.
+"""Delta transaction state and a changelog range's rows, for in-process and remote Spark.
 
 Delta records, with every commit that sets `txnAppId`/`txnVersion` (DataFrameWriter
 options) or `spark.databricks.delta.write.txnAppId`/`txnVersion` (session settings, for
 MERGE), the highest version per application id in the same atomic commit as the data.
 binlake uses that state twice: the changelog's per-partition checkpoint (application id
 `group/topic/partition`, version = end offset) and each replica's applied changelog
-version. The delta-spark Python package exposes no reader for it, so this module asks
-the JVM's `DeltaLog` for the latest snapshot (`update()` lists only the new commits)
-rather than parsing checkpoint files by hand.
+version. Neither Spark SQL nor the Python `DeltaTable` exposes it, so delta-rs reads it
+from the table's log: the same answer for a Spark session in this process and one
+reached through Spark Connect, with no JVM call.
 
-`added_rows` reads what a range of commits added through the same JVM door (Delta's
-`CDCReader.changesToBatchDF`, the change feed's own planner), because the public reader
-(`readChangeFeed`) wraps that plan in a `BaseRelation` whose scan goes through `.rdd`:
-every row converted to an external `Row` and back, strings copied twice (bench/RESULTS.md,
-session 8).
+`added_rows` reads what a range of commits added. In a classic session it goes through
+the JVM to Delta's `CDCReader.changesToBatchDF`, the change feed's own planner, because
+the public reader (`readChangeFeed`) wraps that plan in a `BaseRelation` whose scan goes
+through `.rdd` (bench/RESULTS.md, session 8: half the time for 1M rows). Over Spark
+Connect there is no JVM at hand, and the public reader it is.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from binlog_assets.lakehouse.identifiers import qualified
+from binlog_assets.lakehouse.identifiers import qualified, quote
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql import types as T
 
 # The change feed's own columns, which `added_rows` drops.
 CHANGE_FEED_COLUMNS = ("_change_type", "_commit_version", "_commit_timestamp")
+
+
+def delta_rs_uri(uri: str) -> str:
+    """`uri` as delta-rs spells it: Hadoop's `s3a://` scheme is plain `s3://` there, and
+    Spark's `file:/path` locations are plain paths."""
+    if uri.startswith("s3a://"):
+        return "s3://" + uri[len("s3a://"):]
+    if uri.startswith("file:"):
+        return "/" + uri[len("file:"):].lstrip("/")
+    return uri
+
+
+def is_remote(spark: SparkSession) -> bool:
+    """Whether `spark` is a Spark Connect session (no JVM in this process)."""
+    return type(spark).__module__.startswith("pyspark.sql.connect")
 
 
 def table_exists(spark: SparkSession, database: str, table: str) -> bool:
     return spark.catalog.tableExists(qualified(database, table))
 
 
-def _snapshot(spark: SparkSession, database: str, table: str):
-    jvm = spark._jvm
-    ident = jvm.org.apache.spark.sql.catalyst.TableIdentifier(table, jvm.scala.Some(database))
-    log = jvm.org.apache.spark.sql.delta.DeltaLog.forTable(spark._jsparkSession, ident)
-    none = jvm.scala.Option.empty()
-    # update(stalenessAcceptable=false, ...): always the newest commit, never a cached one.
-    return log.update(False, none, none)
+def table_location(spark: SparkSession, database: str, table: str) -> str:
+    """Where the catalog says the table's files are (a catalog lookup, no Spark job)."""
+    rows = (spark.sql(f"DESCRIBE TABLE EXTENDED {qualified(database, table)}")
+            .where("col_name = 'Location'").collect())
+    if not rows:
+        raise ValueError(f"{database}.{table} has no location in the catalog")
+    return rows[0]["data_type"]
+
+
+def _log(spark: SparkSession, database: str, table: str):  # noqa: ANN202 - deltalake's
+    from deltalake import DeltaTable
+
+    return DeltaTable(delta_rs_uri(table_location(spark, database, table)))
 
 
 def table_version(spark: SparkSession, database: str, table: str) -> int:
     """The table's current Delta version, -1 when the table does not exist."""
     if not table_exists(spark, database, table):
         return -1
-    return int(_snapshot(spark, database, table).version())
+    return int(_log(spark, database, table).version())
 
 
 def txn_version(spark: SparkSession, database: str, table: str, app_id: str) -> int | None:
     """The last `txnVersion` committed for `app_id`, None when there is none (or no table)."""
     if not table_exists(spark, database, table):
         return None
-    found = _snapshot(spark, database, table).transactions().get(app_id)
-    return int(found.get()) if found.isDefined() else None
+    found = _log(spark, database, table).transaction_version(app_id)
+    return None if found is None else int(found)
 
 
 def added_rows(spark: SparkSession, database: str, table: str, first: int, last: int
@@ -62,19 +84,62 @@ def added_rows(spark: SparkSession, database: str, table: str, first: int, last:
     """The rows that commits `first`..`last` (inclusive) added to append-only Delta table
     `database.table` (change data feed enabled), in the table's schema.
 
-    The same rows as `spark.read.format("delta").option("readChangeFeed", "true")` with
-    those versions, planned by the same Delta code, but scanned as Parquet files (columnar,
-    whole-stage code generation) instead of through the feed relation's row conversion;
-    for 1M changelog rows the scan takes half the time. The public reader's scan calls this
-    same function, so Delta's checks of the range (commits no longer in the log, a table
-    without the feed) apply as they did.
+    In a classic session: the same rows as `readChangeFeed` over those versions, planned
+    by the same Delta code, but scanned as Parquet files (columnar, whole-stage code
+    generation) instead of through the feed relation's row conversion. Delta's checks of
+    the range (commits no longer in the log, a table without the feed) apply either way.
     """
+    if is_remote(spark):
+        return (spark.read.format("delta").option("readChangeFeed", "true")
+                .option("startingVersion", first).option("endingVersion", last)
+                .table(qualified(database, table)).drop(*CHANGE_FEED_COLUMNS))
     from pyspark.sql import DataFrame
 
     jvm = spark._jvm
-    snapshot = _snapshot(spark, database, table)  # the batch's schema, as the feed uses it
+    ident = jvm.org.apache.spark.sql.catalyst.TableIdentifier(table, jvm.scala.Some(database))
     none = jvm.scala.Option.empty()
+    # update(stalenessAcceptable=false, ...): always the newest commit, never a cached one.
+    snapshot = jvm.org.apache.spark.sql.delta.DeltaLog.forTable(
+        spark._jsparkSession, ident).update(False, none, none)
     jdf = jvm.org.apache.spark.sql.delta.commands.cdc.CDCReader.changesToBatchDF(
         snapshot.deltaLog(), first, last, spark._jsparkSession, none,
         jvm.scala.Some(snapshot), False, none)
     return DataFrame(jdf, spark).drop(*CHANGE_FEED_COLUMNS)
+
+
+def table_detail(spark: SparkSession, database: str, table: str) -> dict:
+    """`DESCRIBE DETAIL`: the table's properties, files, size and location."""
+    return spark.sql(f"DESCRIBE DETAIL {qualified(database, table)}").first().asDict()
+
+
+def last_commit_metrics(spark: SparkSession, database: str, table: str) -> dict[str, str]:
+    """The operation metrics of the table's latest commit."""
+    last = spark.sql(f"DESCRIBE HISTORY {qualified(database, table)} LIMIT 1").first()
+    return dict(last["operationMetrics"] or {})
+
+
+def merge_aliases(table: tuple[str, str]) -> tuple[str, str]:
+    """The names a MERGE's conditions use for its target and its source.
+
+    `DataFrame.mergeInto` (the MERGE both classic and Connect sessions run; Delta plans
+    it as its own) names the target by its table name and takes no alias for it, so the
+    source takes a name that differs from the target's.
+    """
+    target = table[1]
+    return target, ("s" if target.lower() != "s" else "src")
+
+
+def create_table(spark: SparkSession, table: tuple[str, str], schema: T.StructType,
+                 properties: dict[str, str]) -> None:
+    """`CREATE TABLE IF NOT EXISTS ... USING DELTA` with `schema` and `properties`."""
+    columns = ", ".join(f"{quote(f.name)} {f.dataType.simpleString()}"
+                        + ("" if f.nullable else " NOT NULL") for f in schema)
+    props = ", ".join(f"{_literal(k)} = {_literal(v)}" for k, v in properties.items())
+    spark.sql(f"CREATE DATABASE IF NOT EXISTS {qualified(table[0])}")
+    spark.sql(f"CREATE TABLE IF NOT EXISTS {qualified(*table)} ({columns}) USING DELTA"
+              + (f" TBLPROPERTIES ({props})" if props else ""))
+
+
+def _literal(text: str) -> str:
+    """`text` as a Spark SQL string literal (backslash escapes, as Spark parses them)."""
+    return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"

@@ -32,6 +32,7 @@ from binlog_assets.lakehouse.columns import (
     free_name,
     key_match,
 )
+from binlog_assets.lakehouse.delta_log import merge_aliases
 from binlog_assets.lakehouse.identifiers import col, qualified
 
 if TYPE_CHECKING:
@@ -57,9 +58,7 @@ def merge_history(
 ) -> None:
     """MERGE the batch's changes (`rows`, as the replica build types them, not reduced)
     into the history table `table`. The caller sets the transaction id."""
-    from delta.tables import DeltaTable
-
-    name = ".".join(table)
+    name = qualified(*table)
     history = spark.table(name)
     stored_truncates = [
         (f"{r['_source_db']}.{r['_source_table']}", tuple(r["_valid_from"]))
@@ -102,20 +101,21 @@ def merge_history(
                    .withColumn("_is_current", F.lit(False)))
     source = chain.unionByName(marker_rows).drop(from_table)
 
-    same_change = key_match(key) & (change_identity(col("_valid_from", "t"))
-                                    == change_identity(col("_valid_from", "s")))
-    moved = (~col("_valid_to", "t").eqNullSafe(col("_valid_to", "s"))
-             | (col("_is_current", "t") != col("_is_current", "s")))
-    merge = (DeltaTable.forName(spark, name).alias("t").merge(source.alias("s"), same_change)
-             .whenMatchedUpdate(condition=moved, set={
-                 "_valid_to": col("_valid_to", "s"), "_is_current": col("_is_current", "s")})
-             .whenNotMatchedInsert(values={qualified(c): col(c, "s") for c in source.columns}))
+    t, s = merge_aliases(table)
+    same_change = key_match(key, t, s) & (change_identity(col("_valid_from", t))
+                                          == change_identity(col("_valid_from", s)))
+    moved = (~col("_valid_to", t).eqNullSafe(col("_valid_to", s))
+             | (col("_is_current", t) != col("_is_current", s)))
+    merge = (source.alias(s).mergeInto(name, same_change)
+             .whenMatched(moved).update({
+                 "_valid_to": col("_valid_to", s), "_is_current": col("_is_current", s)})
+             .whenNotMatched().insert({qualified(c): col(c, s) for c in source.columns}))
     if batch_truncates:
         # Versions of keys this batch does not touch, open across one of its truncates.
         closing = first_truncate_after(list(batch_truncates.items()),
-                                       col("_valid_from", "t"), "t")
-        merge = merge.whenNotMatchedBySourceUpdate(
-            condition=(col("_op", "t") != OP_TRUNCATE) & closing.isNotNull()
-            & (col("_valid_to", "t").isNull() | (closing < col("_valid_to", "t"))),
-            set={"_valid_to": closing, "_is_current": F.lit(False)})
-    merge.execute()
+                                       col("_valid_from", t), t)
+        merge = merge.whenNotMatchedBySource(
+            (col("_op", t) != OP_TRUNCATE) & closing.isNotNull()
+            & (col("_valid_to", t).isNull() | (closing < col("_valid_to", t)))
+        ).update({"_valid_to": closing, "_is_current": F.lit(False)})
+    merge.merge()

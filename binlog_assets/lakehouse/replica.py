@@ -84,7 +84,15 @@ from binlog_assets.lakehouse.columns import (
     split_table,
     working_column,
 )
-from binlog_assets.lakehouse.delta_log import table_exists, table_version, txn_version
+from binlog_assets.lakehouse.delta_log import (
+    create_table,
+    last_commit_metrics,
+    merge_aliases,
+    table_detail,
+    table_exists,
+    table_version,
+    txn_version,
+)
 from binlog_assets.lakehouse.identifiers import check_columns, col, qualified
 from binlog_assets.lakehouse.routing import SOURCE_KEY_COLUMNS, ReplicaRoute, replica_route
 from binlog_assets.lakehouse.schema import (
@@ -94,6 +102,7 @@ from binlog_assets.lakehouse.schema import (
     spark_type,
     widen_all,
 )
+from binlog_assets.lakehouse.spark import new_session
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame, SparkSession
@@ -188,7 +197,7 @@ class ReplicaBuilder:
     def __init__(self, spark: SparkSession, config: PipelineConfig) -> None:
         # A session of our own: the transaction-id settings must not leak into the
         # caller's session (nor the caller's into ours). It shares the catalog.
-        self.spark = spark.newSession()
+        self.spark = new_session(spark, config)
         self.config = config
         self.database = config.lakehouse.database
         self._lock = threading.Lock()
@@ -354,9 +363,7 @@ class ReplicaBuilder:
 
     def _detail(self, table: tuple[str, str]) -> tuple[dict[str, str], int, str]:
         """The table's properties, its number of data files and its location."""
-        from delta.tables import DeltaTable
-
-        detail = DeltaTable.forName(self.spark, ".".join(table)).detail().first()
+        detail = table_detail(self.spark, *table)
         return (dict(detail["properties"] or {}), int(detail["numFiles"] or 0),
                 str(detail["location"]))
 
@@ -397,8 +404,6 @@ class ReplicaBuilder:
 
     def _create(self, target: tuple[str, str], route: ReplicaRoute, source_key: list[str],
                 change: SchemaChange, *, history: bool) -> None:
-        from delta.tables import DeltaTable
-
         from binlog_assets.lakehouse.history import HISTORY_METADATA
 
         columns = change.columns
@@ -408,17 +413,12 @@ class ReplicaBuilder:
             + [T.StructField(c, columns[c]) for c in ordered]
             + [T.StructField(n, t) for n, t in (HISTORY_METADATA if history
                                                  else REPLICA_METADATA)])
-        self.spark.sql(f"CREATE DATABASE IF NOT EXISTS {qualified(target[0])}")
-        builder = (DeltaTable.createIfNotExists(self.spark).tableName(".".join(target))
-                   .addColumns(schema)
-                   .property(KEY_PROPERTY, json.dumps(source_key))
-                   .property(SHARDED_PROPERTY, str(route.sharded).lower()))
+        properties = {KEY_PROPERTY: json.dumps(source_key),
+                      SHARDED_PROPERTY: str(route.sharded).lower()}
         if not history:
             # A new table has no tombstone to purge for a while.
-            builder = builder.property(PURGED_PROPERTY, f"{datetime.now(UTC).timestamp():.3f}")
-        for k, v in _TABLE_PROPERTIES.items():
-            builder = builder.property(k, v)
-        builder.execute()
+            properties[PURGED_PROPERTY] = f"{datetime.now(UTC).timestamp():.3f}"
+        create_table(self.spark, target, schema, {**properties, **_TABLE_PROPERTIES})
 
     def _create_view(self, replica: str) -> None:
         # Spark fixes a view's columns when it is created, so it is re-created whenever
@@ -546,8 +546,6 @@ class ReplicaBuilder:
         `rows` are `_keyed_rows`: the images are parsed after the reduce, for the changes
         that won it only.
         """
-        from delta.tables import DeltaTable
-
         table = self.table_name(route.replica)
         if survey.truncates and props.get(TRUNCATED_PROPERTY) != "true":
             # Set once, before the first marker lands, so that applies of replicas that
@@ -583,17 +581,16 @@ class ReplicaBuilder:
              .option("txnAppId", APP_ID).option("txnVersion", up_to).saveAsTable(name))
             metrics = self._last_metrics(table, before)
             return int(metrics.get("numOutputRows", 0)), 0
-        assignments = {qualified(c): col(c, "s") for c in reduced.columns}
-        merge = (DeltaTable.forName(self.spark, name).alias("t")
-                 .merge(reduced.alias("s"), key_match(key))
-                 .whenMatchedUpdate(condition=col("_position", "s") > col("_position", "t"),
-                                    set=assignments)
-                 .whenNotMatchedInsert(values=assignments))
+        t, s = merge_aliases(table)
+        assignments = {qualified(c): col(c, s) for c in reduced.columns}
+        merge = (reduced.alias(s).mergeInto(qualified(*table), key_match(key, t, s))
+                 .whenMatched(col("_position", s) > col("_position", t)).update(assignments)
+                 .whenNotMatched().insert(assignments))
         if survey.truncates:
-            merge = merge.whenNotMatchedBySourceDelete(
-                condition=_below_truncates(survey.truncates, "t"))
+            merge = (merge.whenNotMatchedBySource(_below_truncates(survey.truncates, t))
+                     .delete())
         with self._txn(up_to):
-            merge.execute()
+            merge.merge()
         metrics = self._last_metrics(table, before)
         written = (int(metrics.get("numTargetRowsInserted", 0))
                    + int(metrics.get("numTargetRowsMatchedUpdated", 0)))
@@ -659,30 +656,23 @@ class ReplicaBuilder:
     def _last_metrics(self, table: tuple[str, str], before: int) -> dict[str, str]:
         """The operation metrics of the commit after version `before`; empty when there
         is none (another apply recorded this changelog version first: Delta skipped ours)."""
-        from delta.tables import DeltaTable
-
         if table_version(self.spark, *table) == before:
             return {}
-        history = DeltaTable.forName(self.spark, ".".join(table)).history(1).first()
-        return dict(history["operationMetrics"] or {})
+        return last_commit_metrics(self.spark, *table)
 
     def _commit_empty(self, target: tuple[str, str], up_to: int) -> None:
-        from delta.tables import DeltaTable
-
-        empty = self.spark.table(".".join(target)).limit(0)
+        empty = self.spark.table(qualified(*target)).limit(0)
         first = empty.columns[0]
-        merge = (DeltaTable.forName(self.spark, ".".join(target)).alias("t")
-                 .merge(empty.alias("s"), col(first, "t") == col(first, "s"))
-                 .whenNotMatchedInsert(values={qualified(first): col(first, "s")}))
+        t, s = merge_aliases(target)
+        merge = (empty.alias(s).mergeInto(qualified(*target), col(first, t) == col(first, s))
+                 .whenNotMatched().insert({qualified(first): col(first, s)}))
         with self._txn(up_to):
-            merge.execute()
+            merge.merge()
 
     def _purge(self, table: tuple[str, str], now: datetime, props: dict[str, str]) -> int:
         """Delete tombstones older than the window, when the last purge is old enough;
         returns how many. Delta prunes files by the `_applied_at` statistics and commits
         nothing when no row matches."""
-        from delta.tables import DeltaTable
-
         if not props:
             return 0  # the table was created by this apply
         window = timedelta(hours=self.config.lakehouse.tombstone_retention_hours)
@@ -690,12 +680,13 @@ class ReplicaBuilder:
         if now.timestamp() - last < (window * PURGE_EVERY).total_seconds():
             return 0
         before = table_version(self.spark, *table)
-        delta = DeltaTable.forName(self.spark, ".".join(table))
-        delta.delete((F.col("_op") == OP_DELETE) & (F.col("_applied_at") < F.lit(now - window)))
+        # The session time zone is UTC (spark_conf), as the literal is read in it.
+        cutoff = (now - window).astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S.%f")
+        self.spark.sql(f"DELETE FROM {qualified(*table)} WHERE _op = '{OP_DELETE}' "
+                       f"AND _applied_at < TIMESTAMP '{cutoff}'")
         purged = 0
         if table_version(self.spark, *table) != before:
-            metrics = delta.history(1).first()["operationMetrics"] or {}
-            purged = int(metrics.get("numDeletedRows", 0))
+            purged = int(last_commit_metrics(self.spark, *table).get("numDeletedRows", 0))
         self.spark.sql(f"ALTER TABLE {qualified(*table)} SET TBLPROPERTIES "
                        f"('{PURGED_PROPERTY}' = '{now.timestamp():.3f}')")
         return purged

@@ -5,10 +5,17 @@ as local `spark.jars`, so a run never downloads anything. The warehouse and a Hi
 catalog (embedded Derby) live under the lakehouse path, which is what lets dbt-spark
 (`method: session`) and the replica builds see the same tables. A user with a cluster
 sets `spark.master` and an `s3a://` lakehouse path; every `spark.conf` key overrides ours.
+
+With `spark.remote` set, every Spark step is a Spark Connect client of that server: the
+server (started with `spark_conf`, which the local stack does for a loopback address)
+holds the JVM, the catalog and Delta, warm across runs, and a run's process only speaks
+gRPC to it.
 """
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from binlog_assets.config import PipelineConfig
@@ -61,6 +68,8 @@ def get_spark(config: PipelineConfig) -> SparkSession:
     """The process's SparkSession for this config (created once, then reused)."""
     from pyspark.sql import SparkSession
 
+    if config.spark.remote:
+        return _remote_session(config.spark.remote)
     conf = spark_conf(config)
     if config.lakehouse.is_local:
         config.lakehouse.resolved_path().mkdir(parents=True, exist_ok=True)
@@ -73,14 +82,53 @@ def get_spark(config: PipelineConfig) -> SparkSession:
     return spark
 
 
+# Spark Connect sessions this process opened (url -> session), released at exit.
+_REMOTE_SESSIONS: dict[str, SparkSession] = {}
+
+
+def _remote_session(url: str) -> SparkSession:
+    import atexit
+
+    # The Connect class itself: `pyspark.sql.SparkSession.builder.remote` refuses to open
+    # one in a process that also runs a classic session (the test suite does).
+    from pyspark.sql.connect.session import SparkSession as RemoteSparkSession
+
+    session = _REMOTE_SESSIONS.get(url)
+    if session is None:
+        # What `builder.remote` does too: `pyspark.sql.functions` then build Connect
+        # columns in this process.
+        os.environ["SPARK_CONNECT_MODE_ENABLED"] = "1"
+        session = RemoteSparkSession.builder.remote(url).getOrCreate()
+        _REMOTE_SESSIONS[url] = session
+        # The server keeps a session's state (temp views, caches) until it is released
+        # or idles out; a run's process releases its own as it ends.
+        atexit.register(session.stop)
+    return session
+
+
+def new_session(spark: SparkSession, config: PipelineConfig) -> SparkSession:
+    """A session of its own beside `spark` (own SQL settings, the same catalog)."""
+    if not config.spark.remote:
+        return spark.newSession()
+    import atexit
+
+    from pyspark.sql.connect.session import SparkSession as RemoteSparkSession
+
+    os.environ["SPARK_CONNECT_MODE_ENABLED"] = "1"
+    session = RemoteSparkSession.builder.remote(config.spark.remote).create()
+    atexit.register(session.stop)
+    return session
+
+
 # Catalog locks this process holds (path -> file descriptor), until it exits.
 _CATALOG_LOCKS: dict[str, int] = {}
 CATALOG_LOCK_TIMEOUT_SECONDS = 3600.0
 
 
 def uses_embedded_catalog(config: PipelineConfig) -> bool:
-    """A local lakehouse whose Hive catalog is binlake's embedded Derby (not overridden)."""
-    return (config.lakehouse.is_local
+    """A local lakehouse whose Hive catalog is binlake's embedded Derby (not overridden),
+    opened by Spark in this process rather than by a Spark Connect server."""
+    return (config.lakehouse.is_local and not config.spark.remote
             and "spark.hadoop.javax.jdo.option.ConnectionURL" not in config.spark.conf)
 
 
@@ -93,20 +141,31 @@ def hold_catalog_lock(config: PipelineConfig,
     Spark (or dbt's Spark) on a local lakehouse takes `<lakehouse>/catalog.lock` first,
     waiting for whoever holds it; the kernel releases it when the process exits, and
     binlake's JVM (a child of the process) goes with it. No-op for a lakehouse on object
-    storage or a configured metastore, and when this process already holds it.
+    storage, a configured metastore or a Spark Connect server, and when this process
+    already holds it.
     """
-    import fcntl
     import os
-    import time
 
     if not uses_embedded_catalog(config):
         return
     lake = config.lakehouse.resolved_path()
-    lake.mkdir(parents=True, exist_ok=True)
     path = str(lake / "catalog.lock")
     if path in _CATALOG_LOCKS:
         return
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    fd = lock_catalog(lake, timeout)
+    os.pwrite(fd, str(os.getpid()).encode(), 0)
+    _CATALOG_LOCKS[path] = fd
+
+
+def lock_catalog(lake: Path, timeout: float = CATALOG_LOCK_TIMEOUT_SECONDS) -> int:
+    """Lock `<lake>/catalog.lock`, waiting up to `timeout` seconds; returns the locked
+    descriptor (the lock lives as long as it, or a child's inherited copy, is open)."""
+    import fcntl
+    import os
+    import time
+
+    lake.mkdir(parents=True, exist_ok=True)
+    fd = os.open(lake / "catalog.lock", os.O_RDWR | os.O_CREAT, 0o644)
     deadline = time.monotonic() + timeout
     while True:
         try:
@@ -122,5 +181,4 @@ def hold_catalog_lock(config: PipelineConfig,
                 ) from None
             time.sleep(0.5)
     os.ftruncate(fd, 0)
-    os.pwrite(fd, str(os.getpid()).encode(), 0)
-    _CATALOG_LOCKS[path] = fd
+    return fd

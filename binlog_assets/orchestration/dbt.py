@@ -6,7 +6,8 @@ Hive catalog and finds the replicas' `<replica>_current` views. The dbt sources 
 `meta.dagster.asset_key` = the replica assets, so the asset graph is one piece, and dbt
 tests show up as asset checks. dbt runs in its own process (the dbt CLI) and the local
 catalog is embedded Derby, one JVM at a time: dbt steps share the `spark` pool with the
-other Spark steps, so they never hold the catalog together.
+other Spark steps, so they never hold the catalog together. With `spark.remote`, dbt's
+session is one more client of that Spark Connect server, and takes no pool slot.
 """
 
 import os
@@ -46,7 +47,10 @@ def write_profiles(config: PipelineConfig, directory: Path | None = None) -> Pat
     """Write profiles.yml for this config; returns its directory."""
     directory = directory or profiles_dir()
     directory.mkdir(parents=True, exist_ok=True)
-    params = spark_conf(config)
+    # Over Spark Connect, dbt's session is a client of the same server (dbt-spark's
+    # builder goes remote when `spark.remote` is among its settings).
+    params = ({"spark.remote": config.spark.remote} if config.spark.remote
+              else spark_conf(config))
     profile = {
         "binlake": {
             "target": "local",
@@ -89,13 +93,17 @@ def prepare_manifest(config: PipelineConfig) -> DbtProject:
 def build_dbt_assets(config: PipelineConfig) -> tuple[dg.AssetsDefinition, DbtCliResource]:
     project = prepare_manifest(config)
 
-    @dbt_assets(manifest=project.manifest_path, pool=SPARK_POOL,
+    # The pool keeps dbt's JVM and a replica build's off the embedded catalog at once; a
+    # Spark Connect server serves both together.
+    @dbt_assets(manifest=project.manifest_path,
+                pool=None if config.spark.remote else SPARK_POOL,
                 dagster_dbt_translator=BinlakeDbtTranslator())
     def binlake_dbt_models(context: dg.AssetExecutionContext, dbt: DbtCliResource,
                            binlake: BinlakeResource):
         """Staging models over the replicas and the marts built on them (dbt build: models
         and their tests, the tests reported as asset checks)."""
-        # dbt's Spark opens the same embedded catalog: the step holds its lock meanwhile.
+        # dbt's Spark opens the same embedded catalog: the step holds its lock meanwhile
+        # (nothing to hold when the catalog is a Spark Connect server's).
         hold_catalog_lock(binlake.pipeline)
         yield from dbt.cli(["build"], context=context).stream()
 

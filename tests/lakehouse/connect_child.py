@@ -1,0 +1,31 @@
+"""Child process of test_spark_connect: one scenario through a Spark Connect session.
+
+PySpark picks classic or Connect columns per process (`SPARK_CONNECT_MODE_ENABLED`), so
+a remote session cannot share the test process with the suite's in-process one.
+Usage: connect_child.py <config.yaml> <rewrite_ratio>; prints the scenario's rows.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+from lake_events import config_for  # noqa: E402
+from test_spark_connect import TABLES, scenario  # noqa: E402
+
+from binlog_assets.config import load_config  # noqa: E402
+from binlog_assets.lakehouse.delta_log import is_remote  # noqa: E402
+from binlog_assets.lakehouse.spark import get_spark  # noqa: E402
+
+
+def main() -> None:
+    config = config_for(load_config(sys.argv[1]), TABLES, rewrite_ratio=float(sys.argv[2]))
+    spark = get_spark(config)
+    assert is_remote(spark), type(spark)
+    print(repr(scenario(spark, config)))
+
+
+if __name__ == "__main__":
+    main()
