@@ -14,7 +14,13 @@ from binlog_assets.orchestration.sensors import (
     kafka_lag_sensor,
     kafka_partition_discovery_sensor,
 )
-from jobs import build_replicas_job, consume_changelog_job, dbt_build_job, dbt_hourly_schedule
+from jobs import (
+    ONE_PROCESS,
+    build_replicas_job,
+    consume_changelog_job,
+    dbt_build_job,
+    dbt_hourly_schedule,
+)
 
 # Validated at load: a bad config fails the code location with the field named.
 PIPELINE_CONFIG = load_config()
@@ -35,4 +41,9 @@ defs = dg.Definitions(
         "binlake": BinlakeResource(),
         "dbt": dbt_resource,
     },
+    # Also for the runs automation and the UI make of an asset selection (`__ASSET_JOB`):
+    # a subprocess per step would load the code location again, 3-7 s of each run. With
+    # Spark in the run's process, a selection of replicas and dbt models keeps a step
+    # per process: dbt's JVM cannot open the embedded catalog while the run's holds it.
+    executor=ONE_PROCESS if PIPELINE_CONFIG.spark.remote else None,
 )

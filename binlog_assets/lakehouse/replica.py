@@ -66,7 +66,7 @@ from pyspark.sql import types as T
 from binlog_assets.config import PipelineConfig
 from binlog_assets.faults import fault_point
 from binlog_assets.formats.event import OP_CREATE, OP_DELETE, OP_READ, OP_TRUNCATE, OP_UPDATE
-from binlog_assets.lakehouse.changelog import to_json
+from binlog_assets.lakehouse.changelog import SURVEY_MAX_COMMITS, to_json
 from binlog_assets.lakehouse.changelog_reader import (
     changelog_version,
     read_changelog,
@@ -252,9 +252,12 @@ class ReplicaBuilder:
         replica_table = self.table_name(route.replica)
         if not survey.tables or (not survey.rows
                                  and not table_exists(spark, *replica_table)):
-            # Nothing for this replica: an empty MERGE moves the applied version, so the
-            # next apply does not read these commits again.
+            # Nothing for this replica. An empty MERGE would move its applied version (a
+            # commit, seconds of Spark jobs); while the commits the next apply surveys
+            # again are few, their metadata answers at once and the commit can wait.
             existing = [t for t in behind if table_exists(spark, *t)]
+            if start is not None and up_to - start < SURVEY_MAX_COMMITS // 2:
+                return ReplicaResult(route.replica, applied_version=up_to if existing else -1)
             for target in existing:
                 self._commit_empty(target, up_to)
             return ReplicaResult(route.replica,

@@ -2,7 +2,7 @@
 
 PySpark picks classic or Connect columns per process (`SPARK_CONNECT_MODE_ENABLED`), so
 a remote session cannot share the test process with the suite's in-process one.
-Usage: connect_child.py <config.yaml> <rewrite_ratio>; prints the scenario's rows.
+Usage: connect_child.py <config.yaml> <rewrite_ratio>...; prints each scenario's rows.
 """
 
 from __future__ import annotations
@@ -21,10 +21,11 @@ from binlog_assets.lakehouse.spark import get_spark  # noqa: E402
 
 
 def main() -> None:
-    config = config_for(load_config(sys.argv[1]), TABLES, rewrite_ratio=float(sys.argv[2]))
-    spark = get_spark(config)
+    base = load_config(sys.argv[1])
+    spark = get_spark(base)
     assert is_remote(spark), type(spark)
-    print(repr(scenario(spark, config)))
+    print(repr([scenario(spark, config_for(base, TABLES, rewrite_ratio=float(ratio)))
+                for ratio in sys.argv[2:]]))
 
 
 if __name__ == "__main__":

@@ -296,3 +296,29 @@ def test_integer_keys_read_off_the_record_key_equal_the_json_parse(spark) -> Non
             .collect()] == [None]
     assert _integer_key("id", T.StringType()) is None
     assert _integer_key("id", T.DecimalType(10, 0)) is None
+
+
+def test_an_apply_with_nothing_for_a_replica_commits_nothing(
+        spark, make_config: MakeConfig) -> None:
+    from binlog_assets.lakehouse.delta_log import table_version
+
+    config = make_config([*ORDERS, {"source": "shop.customers", "replica": "customers"}])
+    db = config.lakehouse.database
+    part, builder = setup(spark, config)
+    orders, customers = Source("shop.orders"), Source("shop.customers")
+    part.write(part.records([[orders.insert(row(1, "1.00", "a"))],
+                             [customers.insert(row(7))]]))
+    builder.apply("orders")
+    before = table_version(spark, db, "orders")
+    # Only customers change: the orders replica is current without a commit of its own.
+    part.write(part.records([[customers.insert(row(8))], [customers.insert(row(9))]]))
+    quiet = builder.apply("orders")
+    assert quiet.applied_version == changelog_version(spark, config)
+    assert (quiet.rows, quiet.written) == (0, 0)
+    assert table_version(spark, db, "orders") == before
+    # The next change of orders applies from where the replica's commits left off.
+    part.write(part.records([orders.update(row(1, "1.00", "a"), row(1, "2.00", "b")),
+                             [orders.insert(row(2))]]))
+    builder.apply("orders")
+    assert live(spark, config) == {1: (Decimal("2.00"), "b"), 2: (Decimal("1.00"), "n")}
+    assert table_version(spark, db, "orders") == before + 1

@@ -66,24 +66,26 @@ def scenario(spark, config: PipelineConfig) -> tuple[list[str], list[str], dict[
     return text(f"{db}.orders"), text(f"{db}.orders_history"), live
 
 
-@pytest.mark.parametrize("ratio", [ALWAYS_MERGE, ALWAYS_REWRITE], ids=["merge", "rewrite"])
 def test_a_remote_build_equals_an_in_process_one(
         spark, pipeline_config: PipelineConfig, remote_config: PipelineConfig,
-        tmp_path: Path, ratio: float) -> None:
+        tmp_path: Path) -> None:
     import yaml
 
     config_file = tmp_path / "binlake.yaml"
     config_file.write_text(yaml.safe_dump(remote_config.model_dump(mode="json",
                                                                    exclude_none=True)))
+    # Both apply paths in one child: MERGE, and the one-pass rewrite.
+    ratios = [ALWAYS_MERGE, ALWAYS_REWRITE]
     child = subprocess.run(
         [sys.executable, str(Path(__file__).with_name("connect_child.py")),
-         str(config_file), str(ratio)],
-        capture_output=True, text=True, timeout=600)
+         str(config_file), *map(str, ratios)],
+        capture_output=True, text=True, timeout=900)
     assert child.returncode == 0, child.stderr[-3000:]
     remote = ast.literal_eval(child.stdout.strip().splitlines()[-1])
-    local = scenario(spark, config_for(pipeline_config, TABLES, rewrite_ratio=ratio))
+    local = [scenario(spark, config_for(pipeline_config, TABLES, rewrite_ratio=r))
+             for r in ratios]
     assert remote == local
-    assert remote[2] == {4: "4.40"}
+    assert [r[2] for r in remote] == [{4: "4.40"}, {4: "4.40"}]
 
 
 def test_the_server_holds_its_lakehouse_catalog(remote_config: PipelineConfig) -> None:
