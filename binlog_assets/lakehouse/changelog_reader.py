@@ -24,7 +24,6 @@ from binlog_assets.lakehouse.delta_log import (
     added_rows,
     delta_rs_uri,
     table_exists,
-    table_version,
 )
 from binlog_assets.lakehouse.identifiers import qualified
 
@@ -65,10 +64,18 @@ def register_changelog(spark: SparkSession, config: PipelineConfig) -> bool:
 
 
 def changelog_version(spark: SparkSession, config: PipelineConfig) -> int:
-    """The changelog's current Delta version; -1 before its first write."""
-    if not register_changelog(spark, config):
-        return -1
-    return table_version(spark, *changelog_name(config))
+    """The changelog's current Delta version; -1 before its first write. Read from its
+    log by delta-rs at the configured location: no catalog round trip."""
+    del spark  # the log alone answers; kept for the callers' symmetry with the readers
+    log = _changelog_log(config)
+    return -1 if log is None else int(log.version())
+
+
+def _changelog_log(config: PipelineConfig):  # noqa: ANN202 - deltalake's DeltaTable
+    from deltalake import DeltaTable
+
+    uri = delta_rs_uri(changelog_uri(config))
+    return DeltaTable(uri) if DeltaTable.is_deltatable(uri) else None
 
 
 def read_changelog(
@@ -112,14 +119,13 @@ def read_survey(spark: SparkSession, config: PipelineConfig, after_version: int 
     first = 0 if after_version is None else after_version + 1
     if up_to - first >= SURVEY_MAX_COMMITS:
         return None
-    register_changelog(spark, config)
-    database, table = changelog_name(config)
-    latest = table_version(spark, database, table)
-    history = (spark.sql(f"DESCRIBE HISTORY {qualified(database, table)} "
-                         f"LIMIT {latest - first + 1}")
-               .select("version", "operation", "userMetadata").collect())
-    found = {r.version: (r.operation, commit_doc(r.userMetadata)) for r in history
-             if first <= r.version <= up_to}
+    # The commits' metadata from the log itself (delta-rs), not a Spark job.
+    log = _changelog_log(config)
+    if log is None:
+        return None
+    history = log.history(log.version() - first + 1)
+    found = {h["version"]: (h.get("operation"), commit_doc(h.get("userMetadata")))
+             for h in history if first <= h.get("version", -1) <= up_to}
     if len(found) != up_to - first + 1:
         return None  # log entries cleaned up
     merged: dict[tuple, list] = {}
