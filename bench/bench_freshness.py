@@ -52,7 +52,11 @@ TARGET_P50, TARGET_P95 = 15.0, 30.0
 TOPIC = "shop.shop.customers"
 TOPICS = [TOPIC, "shop.shop.products", "shop.shop_1.orders", "shop.shop_2.orders"]
 REPLICA_KEY = dg.AssetKey(["replica", "customers"])
+CHANGELOG_KEY = dg.AssetKey(["changelog"])
 POLL = 0.2
+# Where a change's seconds go, in the order it meets them (see `Watcher.stages`).
+STAGES = ("lag_tick", "consume_launch", "consume", "automation_tick", "replica_launch",
+          "apply")
 
 
 def wait_for_topic(bootstrap: str, topic: str, timeout: float = 120.0) -> None:
@@ -92,18 +96,40 @@ class Watcher:
             self.seen_version = table.version()
         return self.found.get((key, op))
 
-    def replica_time_covering(self, version: int) -> float | None:
+    def replica_covering(self, version: int) -> dg.EventLogRecord | None:
         records = self.instance.fetch_materializations(
             dg.AssetRecordsFilter(asset_key=REPLICA_KEY), limit=20).records
-        times = [r.timestamp for r in records
-                 if (v := r.asset_materialization.metadata.get("applied_changelog_version"))
-                 is not None and v.value >= version]
-        return min(times) if times else None
+        covering = [r for r in records
+                    if (v := r.asset_materialization.metadata.get("applied_changelog_version"))
+                    is not None and v.value >= version]
+        return min(covering, key=lambda r: r.timestamp) if covering else None
+
+    def stages(self, committed: float, version: int, replica: dg.EventLogRecord
+               ) -> dict[str, float]:
+        """Seconds of each stage: the lag sensor's tick (commit -> consume run created), its
+        launch (created -> the run's process has loaded the code location), the consume (->
+        the changelog materialized), the automation's tick (-> the replica run created), its
+        launch, and the apply (-> the replica materialized)."""
+        changelog = next((
+            r for r in self.instance.fetch_materializations(
+                dg.AssetRecordsFilter(asset_key=CHANGELOG_KEY), limit=50).records
+            if (v := r.asset_materialization.metadata.get("changelog_version")) is not None
+            and v.value == version), None)
+        if changelog is None:  # older than the last 50 materializations
+            return {}
+        points = [committed]
+        for record in (changelog, replica):
+            run = self.instance.get_run_record_by_id(record.run_id)
+            points += [run.create_timestamp.timestamp(), run.start_time or record.timestamp,
+                       record.timestamp]
+        return {name: round(b - a, 1) for name, a, b in zip(STAGES, points, points[1:],
+                                                            strict=False)}
 
 
 def measure(conn, watcher: Watcher, ident: int, sql: str, args: tuple, op: str,
-            timeout: float) -> tuple[float, float]:
-    """Commit one change; seconds until it is in the changelog, and in the replica."""
+            timeout: float) -> tuple[float, float, dict[str, float]]:
+    """Commit one change; seconds until it is in the changelog, and in the replica, and
+    the stages between."""
     with conn.cursor() as cur:
         cur.execute(sql, args)
     committed = time.time()
@@ -115,9 +141,10 @@ def measure(conn, watcher: Watcher, ident: int, sql: str, args: tuple, op: str,
         if version is not None:
             if to_changelog is None:
                 to_changelog = time.time() - committed
-            visible = watcher.replica_time_covering(version)
-            if visible is not None:
-                return to_changelog, max(visible - committed, to_changelog)
+            replica = watcher.replica_covering(version)
+            if replica is not None:
+                return (to_changelog, max(replica.timestamp - committed, to_changelog),
+                        watcher.stages(committed, version, replica))
         time.sleep(POLL)
     raise TimeoutError(f"change {op} id={ident} not in the replica after {timeout:.0f}s "
                        f"(changelog: {to_changelog})")
@@ -199,6 +226,7 @@ def main() -> int:
                   f"replica {first[1]:.1f}s", flush=True)
             to_changelog: list[float] = []
             to_replica: list[float] = []
+            stages: list[dict[str, float]] = []
             for i in range(args.changes):
                 ident = 100 + i // 3
                 kind = i % 3
@@ -211,11 +239,13 @@ def main() -> int:
                 else:
                     change = ("DELETE FROM shop.customers WHERE id = %s", (ident,), "d")
                 time.sleep(args.pause)
-                c, r = measure(conn, watcher, ident, *change, args.timeout)
+                c, r, st = measure(conn, watcher, ident, *change, args.timeout)
                 to_changelog.append(c)
                 to_replica.append(r)
+                stages.append(st)
                 print(f"change {i + 1:2d} ({change[2]} id={ident}): changelog {c:5.1f}s, "
-                      f"replica {r:5.1f}s; load {os.getloadavg()[0]:.2f}", flush=True)
+                      f"replica {r:5.1f}s; load {os.getloadavg()[0]:.2f}; "
+                      + ", ".join(f"{k} {v}" for k, v in st.items()), flush=True)
     finally:
         if daemon is not None:
             with_children = os.getpgid(daemon.pid)
@@ -238,6 +268,8 @@ def main() -> int:
     print(f"commit -> replica: p50 {p50:.1f}s (target {TARGET_P50:.0f}s, ratio "
           f"{p50 / TARGET_P50:.2f}), p95 {p95:.1f}s (target {TARGET_P95:.0f}s, ratio "
           f"{p95 / TARGET_P95:.2f}): {'met' if met else 'MISSED'}")
+    print("median seconds per stage: " + ", ".join(
+        f"{k} {statistics.median(st[k] for st in stages if k in st):.1f}" for k in STAGES))
     return 0 if met else 1
 
 

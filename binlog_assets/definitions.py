@@ -1,49 +1,36 @@
-"""The one place that builds binlake's `dg.Definitions` (loaded via workspace.yaml)."""
+"""binlake's pipeline code location (workspace.yaml): the changelog, the replicas, their
+checks, jobs and sensors. The dbt models are a location of their own
+(`dbt_definitions.py`), so that no run here imports dbt."""
 
 import dagster as dg
 
 from binlog_assets.config import load_config
 from binlog_assets.orchestration.changelog_asset import changelog
 from binlog_assets.orchestration.checks import changelog_lag_check, checkpoint_agreement_check
-from binlog_assets.orchestration.dbt import build_dbt_assets
 from binlog_assets.orchestration.replica_assets import build_replica_assets
 from binlog_assets.orchestration.resources import BinlakeResource
 from binlog_assets.orchestration.sensors import (
     binlake_automation_sensor,
-    dbt_follow_sensor,
     kafka_lag_sensor,
     kafka_partition_discovery_sensor,
 )
-from jobs import (
-    ONE_PROCESS,
-    build_replicas_job,
-    consume_changelog_job,
-    dbt_build_job,
-    dbt_hourly_schedule,
-)
+from jobs import ONE_PROCESS, build_replicas_job, consume_changelog_job
 
 # Validated at load: a bad config fails the code location with the field named.
 PIPELINE_CONFIG = load_config()
-dbt_models, dbt_resource = build_dbt_assets(PIPELINE_CONFIG)
 
 # A backfill over many topic-partitions runs in batches, as the lag sensor groups them.
 changelog_batched = changelog.with_attributes(backfill_policy=dg.BackfillPolicy.multi_run(
     PIPELINE_CONFIG.dagster.max_partitions_per_run))
 
 defs = dg.Definitions(
-    assets=[changelog_batched, build_replica_assets(PIPELINE_CONFIG), dbt_models],
+    assets=[changelog_batched, build_replica_assets(PIPELINE_CONFIG)],
     asset_checks=[changelog_lag_check, checkpoint_agreement_check],
-    jobs=[consume_changelog_job, build_replicas_job, dbt_build_job],
-    schedules=[dbt_hourly_schedule],
-    sensors=[kafka_partition_discovery_sensor, kafka_lag_sensor, binlake_automation_sensor,
-             dbt_follow_sensor],
-    resources={
-        "binlake": BinlakeResource(),
-        "dbt": dbt_resource,
-    },
+    jobs=[consume_changelog_job, build_replicas_job],
+    sensors=[kafka_partition_discovery_sensor, kafka_lag_sensor, binlake_automation_sensor],
+    resources={"binlake": BinlakeResource()},
     # Also for the runs automation and the UI make of an asset selection (`__ASSET_JOB`):
     # a subprocess per step would load the code location again, 3-7 s of each run. With
-    # Spark in the run's process, a selection of replicas and dbt models keeps a step
-    # per process: dbt's JVM cannot open the embedded catalog while the run's holds it.
+    # Spark in the run's process, a selection of replicas keeps a step per process.
     executor=ONE_PROCESS if PIPELINE_CONFIG.spark.remote else None,
 )

@@ -18,8 +18,8 @@ REPLICAS = dg.AssetSelection.key_prefixes("replica")
 # the code location again (3-7 s). The replica steps share one Spark session; dbt's step
 # only waits on the dbt CLI (whose Spark is its own, or the Spark Connect server's).
 ONE_PROCESS = dg.in_process_executor
-# Everything downstream of the replicas is dbt's.
-DBT_MODELS = REPLICAS.downstream(include_self=False)
+# The dbt models (their own code location: the replicas they read are another's).
+DBT_MODELS = dg.AssetSelection.kind("dbt")
 
 consume_changelog_job = dg.define_asset_job(
     name=CONSUME_JOB_NAME,

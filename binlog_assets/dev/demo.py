@@ -79,12 +79,14 @@ def wait_for_debezium(kafka_conf: dict, topics: list[str], settle: float = 4.0,
         consumer.close()
 
 
-def dagster_job(job: str, partitions: tuple[str, str] | None = None) -> None:
-    """Execute one of the jobs users launch (`jobs/`), through the Dagster CLI; a
-    partitioned job over the range of partitions `partitions` (first, last)."""
+def dagster_job(job: str, partitions: tuple[str, str] | None = None,
+               module: str = "binlog_assets.definitions") -> None:
+    """Execute one of the jobs users launch (`jobs/`) from the code location `module`,
+    through the Dagster CLI; a partitioned job over the range of partitions `partitions`
+    (first, last)."""
     from binlog_assets.orchestration.sensors import RANGE_END_TAG, RANGE_START_TAG
 
-    cmd = [DAGSTER, "job", "execute", "-m", "binlog_assets.definitions", "-j", job]
+    cmd = [DAGSTER, "job", "execute", "-m", module, "-j", job]
     if partitions:
         cmd += ["--tags", json.dumps({RANGE_START_TAG: partitions[0],
                                       RANGE_END_TAG: partitions[1]})]
@@ -137,7 +139,7 @@ def main() -> int:
     consumed = time.monotonic()
     dagster_job("build_replicas_job")
     replicated = time.monotonic()
-    dagster_job("dbt_build_job")
+    dagster_job("dbt_build_job", module="binlog_assets.dbt_definitions")
     pipeline = time.monotonic() - pipeline_began
     print(f"pipeline: {pipeline:.1f}s (consume {consumed - pipeline_began:.1f}s, "
           f"replicas {replicated - consumed:.1f}s, dbt {time.monotonic() - replicated:.1f}s)",
