@@ -170,6 +170,15 @@ class DagsterConfig(_Model):
         50, ge=1, le=10_000,
         description="topic-partitions one consumer run serves at most (lag sensor batches, "
                     "backfill runs)")
+    replica_follow_seconds: float = Field(
+        0, ge=0, le=86_400,
+        description="0: automation builds the replicas after each consumer run; above 0, a "
+                    "follower run (`follow_replicas_job`, kept going by "
+                    "`replica_follower_sensor`) applies each new changelog version as it "
+                    "lands, for this many seconds per run")
+    replica_poll_seconds: float = Field(
+        0.5, gt=0, le=60, description="how often a follower run looks for a new changelog "
+                                      "version (a read of the changelog's log)")
 
 
 class PipelineConfig(_Model):

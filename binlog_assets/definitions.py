@@ -8,6 +8,10 @@ from binlog_assets.config import load_config
 from binlog_assets.orchestration.changelog_asset import changelog
 from binlog_assets.orchestration.checks import changelog_lag_check, checkpoint_agreement_check
 from binlog_assets.orchestration.replica_assets import build_replica_assets
+from binlog_assets.orchestration.replica_follower import (
+    follow_replicas_job,
+    replica_follower_sensor,
+)
 from binlog_assets.orchestration.resources import BinlakeResource
 from binlog_assets.orchestration.sensors import (
     binlake_automation_sensor,
@@ -26,8 +30,9 @@ changelog_batched = changelog.with_attributes(backfill_policy=dg.BackfillPolicy.
 defs = dg.Definitions(
     assets=[changelog_batched, build_replica_assets(PIPELINE_CONFIG)],
     asset_checks=[changelog_lag_check, checkpoint_agreement_check],
-    jobs=[consume_changelog_job, build_replicas_job],
-    sensors=[kafka_partition_discovery_sensor, kafka_lag_sensor, binlake_automation_sensor],
+    jobs=[consume_changelog_job, build_replicas_job, follow_replicas_job],
+    sensors=[kafka_partition_discovery_sensor, kafka_lag_sensor, binlake_automation_sensor,
+             replica_follower_sensor],
     resources={"binlake": BinlakeResource()},
     # Also for the runs automation and the UI make of an asset selection (`__ASSET_JOB`):
     # a subprocess per step would load the code location again, 3-7 s of each run. With

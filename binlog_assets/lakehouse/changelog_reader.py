@@ -23,7 +23,9 @@ from binlog_assets.lakehouse.changelog import (
 from binlog_assets.lakehouse.delta_log import (
     added_rows,
     delta_rs_uri,
+    remember,
     table_exists,
+    table_location,
 )
 from binlog_assets.lakehouse.identifiers import qualified
 
@@ -52,6 +54,7 @@ def register_changelog(spark: SparkSession, config: PipelineConfig) -> bool:
     database, table = changelog_name(config)
     with _REGISTER_LOCK:
         if table_exists(spark, database, table):
+            table_location(spark, database, table)  # remembered: later calls ask no one
             return True
         uri = changelog_uri(config)
         if not DeltaTable.is_deltatable(delta_rs_uri(uri)):
@@ -60,6 +63,7 @@ def register_changelog(spark: SparkSession, config: PipelineConfig) -> bool:
         location = uri.replace("'", "\\'")
         spark.sql(f"CREATE TABLE IF NOT EXISTS {qualified(database, table)} USING delta "
                   f"LOCATION '{location}'")
+        remember(spark, database, table, uri)
         return True
 
 

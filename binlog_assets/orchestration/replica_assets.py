@@ -4,7 +4,8 @@ A multi-asset with one spec per replica name in the config (`replica/<name>`), a
 downstream of the changelog and subsettable, so the UI can build one replica or all.
 Each apply reads the changelog versions the replica has not applied yet; the run config
 `rebuild: true` drops the replica and applies the whole changelog again. Replicas follow
-new changelog data on their own (eager automation), and dbt follows them.
+new changelog data on their own (eager automation, or a follower run: see
+`replica_follower.py`), and dbt follows them.
 
 Each replica carries the asset check `row_count_matches_changelog`, evaluated in the same
 step right after the apply (the Spark session is already up): the rows in
@@ -62,7 +63,9 @@ def build_replica_assets(config: PipelineConfig) -> dg.AssetsDefinition:
             description=(f"Replica `{config.lakehouse.database}.{name}` of source table(s) "
                          f"{', '.join(sources[name])}: equal to the source as of the last "
                          f"applied binlog position; live rows in `{name}_current`."),
-            automation_condition=FOLLOW_UPSTREAM,
+            # A follower run (replica_follower.py) applies changes as they land instead.
+            automation_condition=(None if config.dagster.replica_follow_seconds
+                                  else FOLLOW_UPSTREAM),
         )
         for name in replica_names(config)
     ]
@@ -96,9 +99,10 @@ def build_replica_assets(config: PipelineConfig) -> dg.AssetsDefinition:
     return replicas
 
 
-def replica_metadata(result, live_rows: int) -> dict[str, dg.MetadataValue]:
-    md = {
-        "rows": dg.MetadataValue.int(live_rows),
+def replica_metadata(result, live_rows: int | None) -> dict[str, dg.MetadataValue]:
+    """What an apply did; `rows` (live rows after it) when counted."""
+    md = {} if live_rows is None else {"rows": dg.MetadataValue.int(live_rows)}
+    md |= {
         "changelog_rows_read": dg.MetadataValue.int(result.rows),
         "applied_changelog_version": dg.MetadataValue.int(result.applied_version),
         "upserts": dg.MetadataValue.int(result.upserts),

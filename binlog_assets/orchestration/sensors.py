@@ -37,7 +37,7 @@ RANGE_START_TAG = "dagster/asset_partition_range_start"
 RANGE_END_TAG = "dagster/asset_partition_range_end"
 PARTITION_TAG = "dagster/partition"
 # Runs that hold their partitions: everything not finished.
-_UNFINISHED = [dg.DagsterRunStatus.QUEUED, dg.DagsterRunStatus.NOT_STARTED,
+UNFINISHED = [dg.DagsterRunStatus.QUEUED, dg.DagsterRunStatus.NOT_STARTED,
                dg.DagsterRunStatus.STARTING, dg.DagsterRunStatus.STARTED,
                dg.DagsterRunStatus.CANCELING]
 
@@ -83,7 +83,7 @@ def held_partitions(instance: dg.DagsterInstance, known: Sequence[str]) -> set[s
     index = {key: i for i, key in enumerate(known)}
     held: set[str] = set()
     for run in instance.get_runs(filters=dg.RunsFilter(job_name=CONSUME_JOB_NAME,
-                                                       statuses=_UNFINISHED)):
+                                                       statuses=UNFINISHED)):
         tags = run.tags
         if PARTITION_TAG in tags:
             held.add(tags[PARTITION_TAG])
@@ -245,7 +245,7 @@ def dbt_follow_sensor(
     if latest <= seen:
         return dg.SkipReason("no replica changed since the last dbt build")
     if context.instance.get_runs(filters=dg.RunsFilter(job_name=DBT_JOB_NAME,
-                                                       statuses=_UNFINISHED), limit=1):
+                                                       statuses=UNFINISHED), limit=1):
         return dg.SkipReason("a dbt build is queued or running; the next tick follows up")
     return dg.SensorResult(run_requests=[dg.RunRequest(run_key=f"replicas@{latest}")],
                            cursor=str(latest))

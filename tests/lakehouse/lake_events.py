@@ -94,9 +94,12 @@ ALWAYS_REWRITE = 0.0
 
 def config_for(base: PipelineConfig, tables: list[dict[str, Any]], *,
                retention_hours: float | None = None,
-               rewrite_ratio: float | None = None) -> PipelineConfig:
-    """`base` with a new database and one source whose table configs are `tables`."""
+               rewrite_ratio: float | None = None,
+               dagster: dict[str, Any] | None = None) -> PipelineConfig:
+    """`base` with a new database and one source whose table configs are `tables`
+    (and `dagster` settings on top of the base's)."""
     data = base.model_dump(mode="json", exclude_none=True)
+    data["dagster"] = {**data.get("dagster", {}), **(dagster or {})}
     data["lakehouse"]["database"] = f"lake_{uuid.uuid4().hex[:10]}"
     if retention_hours is not None:
         data["lakehouse"]["tombstone_retention_hours"] = retention_hours

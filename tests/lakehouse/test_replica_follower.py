@@ -1,0 +1,124 @@
+"""The follower run: replicas that apply each changelog version as it lands.
+
+A real `follow_replicas_job` run (in process, the session's Spark) follows a changelog
+that a thread keeps writing to: every commit is applied and reported as a materialization
+of the replica it changed while the run goes on, the untouched replica is not reported,
+and the run ends with the row-count check. The loop, the sensor and the pool hand-over
+are tested on their own below.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import dagster as dg
+import yaml
+from lake_events import Partition, Source, row
+
+from binlog_assets.lakehouse.changelog import ChangelogWriter
+from binlog_assets.orchestration.replica_assets import ROW_COUNT_CHECK, replica_key
+from binlog_assets.orchestration.replica_follower import (
+    FOLLOW_JOB_NAME,
+    follow,
+    follow_replicas_job,
+    pool_wanted,
+    replica_follower_sensor,
+)
+from binlog_assets.orchestration.resources import SPARK_POOL, BinlakeResource
+
+
+def test_a_follower_run_applies_each_commit_as_it_lands(spark, make_config, tmp_path) -> None:
+    config = make_config([{"source": "shop.orders", "replica": "orders"},
+                          {"source": "shop.products", "replica": "products"}],
+                         dagster={"replica_poll_seconds": 0.2})
+    path = tmp_path / "binlake.yaml"
+    path.write_text(yaml.safe_dump(config.model_dump(mode="json", exclude_none=True)))
+    orders, products = Source("shop.orders"), Source("shop.products")
+    part = Partition(ChangelogWriter(config))
+    part.write(part.records([[orders.insert(row(1))], [products.insert(row(7))]]))
+    seen: list[int] = []
+
+    def materialized(instance, name: str) -> int:
+        return len(instance.fetch_materializations(replica_key(name), limit=10).records)
+
+    def writer(instance) -> None:
+        # Each commit waits for the one before to be reported: only a run that reports
+        # while it goes on gets this far. Then a run asks for the pool: the follower ends.
+        deadline = time.monotonic() + 240
+        for i, wanted in ((2, ("products", 1)), (3, ("orders", 2)), (None, ("orders", 3))):
+            while materialized(instance, wanted[0]) < wanted[1]:
+                if time.monotonic() > deadline:
+                    return
+                time.sleep(0.1)
+            seen.append(wanted[1])
+            if i is not None:
+                part.write(part.records([[orders.insert(row(i))]]))
+        instance.event_log_storage.claim_concurrency_slot(SPARK_POOL, "rebuild", "replicas")
+
+    with dg.instance_for_test() as instance:
+        instance.event_log_storage.set_concurrency_slots(SPARK_POOL, 1)
+        thread = threading.Thread(target=writer, args=(instance,))
+        thread.start()
+        result = follow_replicas_job.execute_in_process(
+            instance=instance, resources={"binlake": BinlakeResource(config_path=str(path))},
+            run_config={"ops": {"follow_replicas": {"config": {"seconds": 300}}}})
+        thread.join()
+    assert result.success
+    assert seen == [1, 2, 3]
+
+    mats = [e for e in result.all_events if e.is_step_materialization]
+    by_replica = [(e.asset_key.path[-1], e.step_materialization_data.materialization.metadata)
+                  for e in mats]
+    # The first round builds both; then each commit is one more apply of orders alone.
+    assert [name for name, _ in by_replica] == ["orders", "products", "orders", "orders"]
+    versions = [md["applied_changelog_version"].value for name, md in by_replica
+                if name == "orders"]
+    assert versions == sorted(versions) and len(set(versions)) == 3
+    db = config.lakehouse.database
+    assert {r["id"] for r in spark.table(f"{db}.orders_current").collect()} == {1, 2, 3}
+    checks = {e.asset_key.path[-1]: e for e in result.get_asset_check_evaluations()}
+    assert set(checks) == {"orders", "products"}
+    assert all(c.check_name == ROW_COUNT_CHECK and c.passed for c in checks.values())
+    assert checks["orders"].metadata["replica_rows"].value == 3
+
+
+def test_the_loop_applies_every_replica_once_per_new_version() -> None:
+    versions = iter([3, 3, 5, 5, 5, 8])
+    stops = iter([False] * 5 + [True])
+    applied = list(follow(lambda name, v: (name, v), ["a", "b"], lambda: next(versions),
+                          poll=0, stop=lambda: next(stops)))
+    assert applied == [("a", ("a", 3)), ("b", ("b", 3)), ("a", ("a", 5)), ("b", ("b", 5)),
+                       ("a", ("a", 8)), ("b", ("b", 8))]
+
+
+def test_the_follower_hands_the_spark_pool_over_to_a_waiting_run() -> None:
+    with dg.instance_for_test() as instance:
+        instance.event_log_storage.set_concurrency_slots(SPARK_POOL, 1)
+        storage = instance.event_log_storage
+        assert storage.claim_concurrency_slot(SPARK_POOL, "follower", "follow_replicas"
+                                              ).is_claimed
+        assert not pool_wanted(instance, "follower")
+        # A replica rebuild launched from the UI: its step waits for the slot.
+        assert not storage.claim_concurrency_slot(SPARK_POOL, "rebuild", "replicas"
+                                                  ).is_claimed
+        assert pool_wanted(instance, "follower")
+
+
+def test_the_sensor_keeps_one_follower_going_only_when_configured(make_config, tmp_path
+                                                                   ) -> None:
+    def tick(instance, seconds: float):
+        config = make_config([{"source": "shop.orders", "replica": "orders"}],
+                             dagster={"replica_follow_seconds": seconds})
+        path = tmp_path / f"binlake-{seconds}.yaml"
+        path.write_text(yaml.safe_dump(config.model_dump(mode="json", exclude_none=True)))
+        return replica_follower_sensor(dg.build_sensor_context(
+            instance=instance, resources={"binlake": BinlakeResource(config_path=str(path))}))
+
+    with dg.instance_for_test() as instance:
+        assert isinstance(tick(instance, 0), dg.SkipReason)
+        assert isinstance(tick(instance, 60), dg.RunRequest)
+        instance.create_run_for_job(follow_replicas_job, status=dg.DagsterRunStatus.STARTED)
+        assert instance.get_runs()[0].job_name == FOLLOW_JOB_NAME
+        skip = tick(instance, 60)
+        assert isinstance(skip, dg.SkipReason) and "running" in skip.skip_message
