@@ -24,11 +24,18 @@ DEFAULT_CONFIG_PATH = REPO_ROOT / "binlake.yaml"
 Ordering = Literal["partition", "table", "key"]
 Format = Literal["debezium", "maxwell", "canal", "dts"]
 SchemaEvolution = Literal["evolve", "exception", "ignore"]
+# `merge`: one row per key (the primary key, or `key_columns`), MERGEd by position;
+# `append`: the log of the table's changes, one row per change, no key.
+ReplicaMode = Literal["merge", "append"]
 
 # Matched whole (`fullmatch`): `$` would also match before a trailing newline.
 _IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 # Key slots are small objects, but a DDL barrier visits every one of them.
 _MAX_KEY_SLOTS = 32_768
+
+
+# Settings of a table config that shape its replica table, equal for all its sources.
+REPLICA_SETTINGS = ("key_columns", "replica_mode", "schema_evolution", "history")
 
 
 class ConfigError(ValueError):
@@ -45,9 +52,46 @@ class TableConfig(_Model):
     source: str = Field(description="`db.table`, or a regex fully matching sharded names")
     replica: str = Field(description="replica table name in the lakehouse")
     ordering: Ordering | None = Field(None, description="overrides the source's ordering")
-    key_columns: tuple[str, ...] | None = Field(None, description="primary key override")
+    key_columns: tuple[str, ...] | None = Field(
+        None, description="the replica's key instead of the primary key the changes carry "
+                          "(for a table without one: columns unique and never null)")
+    replica_mode: ReplicaMode = Field(
+        "merge", description="`merge`: a row per key; `append`: a row per change. A table "
+                             "whose changes carry no key and that sets no key_columns is "
+                             "replicated as `append` either way, with a warning")
     schema_evolution: SchemaEvolution = "evolve"
     history: bool = Field(False, description="also keep an SCD type 2 history table")
+
+    @field_validator("key_columns")
+    @classmethod
+    def _key_columns_named(cls, v: tuple[str, ...] | None) -> tuple[str, ...] | None:
+        if v is None:
+            return v
+        if not v:
+            raise ValueError("must name at least one column; leave it out to key the "
+                             "replica by the primary key its changes carry")
+        from binlog_assets.lakehouse.identifiers import UnsafeIdentifierError, check_columns
+
+        try:
+            check_columns(v, "key_columns")
+        except UnsafeIdentifierError as e:
+            raise ValueError(str(e)) from None
+        dup = sorted({c for c in v if v.count(c) > 1})
+        if dup:
+            raise ValueError(f"names {dup} more than once")
+        return v
+
+    @model_validator(mode="after")
+    def _mode_fits(self) -> TableConfig:
+        # An append-only replica has no key to MERGE on and no versions per key to keep.
+        if self.replica_mode == "append" and self.key_columns is not None:
+            raise ValueError("key_columns is set, but replica_mode: append keeps every change "
+                             "and has no key: remove one of the two")
+        if self.replica_mode == "append" and self.history:
+            raise ValueError("history: true needs a key, but replica_mode: append has none "
+                             "(the append-only replica already holds every change): remove "
+                             "one of the two")
+        return self
 
     @field_validator("source")
     @classmethod
@@ -215,6 +259,23 @@ class PipelineConfig(_Model):
         dup = {t for t in topics if topics.count(t) > 1}
         if dup:
             raise ValueError(f"sources: topic(s) {sorted(dup)} belong to more than one source")
+        return self
+
+    @model_validator(mode="after")
+    def _one_setting_per_replica(self) -> PipelineConfig:
+        # Table configs naming one replica build one table: they must agree on its shape,
+        # here at load rather than in the first replica build.
+        first: dict[str, tuple[str, TableConfig]] = {}
+        for i, source in enumerate(self.sources):
+            for j, table in enumerate(source.tables):
+                path = f"sources[{i}].tables[{j}]"
+                seen = first.setdefault(table.replica, (path, table))
+                for setting in REPLICA_SETTINGS:
+                    if getattr(table, setting) != getattr(seen[1], setting):
+                        raise ValueError(
+                            f"{path}.{setting}: {getattr(table, setting)!r} differs from "
+                            f"{seen[0]}.{setting} ({getattr(seen[1], setting)!r}), and both "
+                            f"build replica {table.replica!r}: one replica has one setting")
         return self
 
     @property

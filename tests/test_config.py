@@ -41,6 +41,18 @@ def test_repository_default_config_is_valid() -> None:
         ({"lakehouse": {"database": "binlake\n"}}, "lakehouse.database"),
         ({"sources": [{"name": "shop\n", "topics": ["t"]}]}, "sources[0].name"),
         ({"spark": {"remote": "localhost:15002"}}, "spark.remote"),
+        *[({"sources": [{"name": "s", "topics": ["t"],
+                         "tables": [{"source": "a.b", "replica": "r", **table}]}]},
+           f"sources[0].tables[0].{field}")
+          for table, field in [
+              ({"key_columns": []}, "key_columns"),
+              ({"key_columns": "id"}, "key_columns"),
+              ({"key_columns": ["id", "id"]}, "key_columns"),
+              ({"key_columns": [""]}, "key_columns"),
+              ({"key_columns": ["_op"]}, "key_columns"),
+              ({"key_columns": [1]}, "key_columns[0]"),
+              ({"replica_mode": "upsert"}, "replica_mode"),
+          ]],
         ({"spark": {"remote": "sc://localhost:15002\n"}}, "spark.remote"),
     ],
 )
@@ -48,6 +60,29 @@ def test_bad_config_names_the_field(data: dict, field: str) -> None:
     with pytest.raises(ConfigError) as err:
         parse_config(data)
     assert f"{field}:" in str(err.value)
+
+
+def _table(**settings: object) -> dict:
+    return {"sources": [{"name": "s", "topics": ["t"],
+                         "tables": [{"source": "a.b", "replica": "r", **settings}]}]}
+
+
+@pytest.mark.parametrize(("settings", "says"), [
+    ({"replica_mode": "append", "key_columns": ["id"]},
+     "key_columns is set, but replica_mode: append"),
+    ({"replica_mode": "append", "history": True}, "history: true needs a key"),
+])
+def test_conflicting_replica_settings_fail_at_load_naming_both(settings: dict, says: str
+                                                                ) -> None:
+    with pytest.raises(ConfigError, match=rf"sources\[0\]\.tables\[0\]: .*{says}"):
+        parse_config(_table(**settings))
+
+
+def test_keyless_table_rules_load() -> None:
+    keyed = parse_config(_table(key_columns=["code", "site"])).sources[0].tables[0]
+    assert (keyed.key_columns, keyed.replica_mode) == (("code", "site"), "merge")
+    log = parse_config(_table(replica_mode="append")).sources[0].tables[0]
+    assert (log.key_columns, log.replica_mode) == (None, "append")
 
 
 def test_duplicate_topics_across_sources_rejected() -> None:

@@ -32,8 +32,11 @@ SCHEMA = [
       for s in SHARDS),
 ]
 
-# replica -> (source tables, columns compared)
-REPLICAS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
+# (source tables, columns compared)
+Spec = tuple[tuple[str, ...], tuple[str, ...]]
+
+# replica -> its spec
+REPLICAS: dict[str, Spec] = {
     "customers": (("shop.customers",), ("id", "name", "email", "tier")),
     "products": (("shop.products",), ("id", "name", "price", "weight")),
     "orders": (tuple(f"{s}.orders" for s in SHARDS),
@@ -187,10 +190,11 @@ def _norm(value: Any) -> Any:
     return value
 
 
-def source_rows(conn, replica: str) -> set[tuple]:
+def source_rows(conn, replica: str, spec: Spec | None = None) -> set[tuple]:
     """The replica's source tables as (shard db or None, compared columns...) rows; a
-    column the table does not have (yet) reads as NULL, as in the replica."""
-    tables, columns = REPLICAS[replica]
+    column the table does not have (yet) reads as NULL, as in the replica. `spec` (source
+    tables, compared columns) describes a replica that is not one of the shop's."""
+    tables, columns = spec or REPLICAS[replica]
     out: set[tuple] = set()
     with conn.cursor() as cur:
         for table in tables:
@@ -205,10 +209,12 @@ def source_rows(conn, replica: str) -> set[tuple]:
     return out
 
 
-def replica_rows(spark, database: str, replica: str, frame=None) -> set[tuple]:
+def replica_rows(spark, database: str, replica: str, frame=None, spec: Spec | None = None
+                 ) -> set[tuple]:
     """The replica's live rows; `frame` instead of the catalog's `<replica>_current` view
-    when given (say, the live rows of a replica read by path from another lakehouse)."""
-    tables, columns = REPLICAS[replica]
+    when given (say, the live rows of a replica read by path from another lakehouse);
+    `spec` as for `source_rows`."""
+    tables, columns = spec or REPLICAS[replica]
     df = frame if frame is not None else spark.table(f"`{database}`.`{replica}_current`")
     present = set(df.columns)
     sharded = len(tables) > 1

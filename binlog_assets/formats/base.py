@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
@@ -33,6 +34,8 @@ Headers = list[tuple[str, bytes]]
 # Binlog files rotate, so the name cache only grows slowly; the bound guards a
 # pathological stream of distinct names.
 _MAX_CACHED_FILES = 10_000
+# A table config's `source` that is a plain `db.table` (as `lakehouse.routing` reads it).
+_EXACT_NAME = re.compile(r"[\w$]+\.[\w$]+")
 
 # orjson parses a JSON number with a fraction or an exponent, or an integer outside the
 # 64-bit ranges, into a double. One of at most 15 digits comes back from the double as
@@ -102,14 +105,34 @@ class ChangeDecoder:
     name: ClassVar[str] = ""
 
     def __init__(self, key_columns: Mapping[str, Sequence[str]] | None = None) -> None:
-        """`key_columns` maps "db.table" to its primary-key columns, overriding the record's."""
+        """`key_columns` maps a table to its key columns, overriding the record's: by its
+        `db.table` name, or by a regex fully matching the names (a table config's
+        `source`, read as the replica routing reads it)."""
         self.skipped: Counter[str] = Counter()
-        self._key_overrides: dict[str, tuple[str, ...]] = {}
+        # Exact names, then table -> the first matching pattern's columns (None: no
+        # match), filled as tables appear.
+        self._key_overrides: dict[str, tuple[str, ...] | None] = {}
+        self._key_patterns: list[tuple[re.Pattern[str], tuple[str, ...]]] = []
         for table, columns in (key_columns or {}).items():
             if isinstance(columns, str):
                 raise ValueError(f"key_columns[{table!r}] must be a list of column names")
-            self._key_overrides[table] = tuple(columns)
+            if _EXACT_NAME.fullmatch(table):
+                self._key_overrides[table] = tuple(columns)
+            else:
+                self._key_patterns.append((re.compile(table), tuple(columns)))
         self._binlog_files: dict[str, int] = {}
+
+    def _key_override(self, table: str) -> tuple[str, ...] | None:
+        """The configured key columns of `table`, None when the record's own decide."""
+        try:
+            return self._key_overrides[table]
+        except KeyError:
+            pass
+        columns = next((c for p, c in self._key_patterns if p.fullmatch(table)), None)
+        # Tables are few and long-lived; the bound guards a stream of distinct names.
+        if len(self._key_overrides) < _MAX_CACHED_FILES:
+            self._key_overrides[table] = columns
+        return columns
 
     def decode(
         self,

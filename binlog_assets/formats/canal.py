@@ -64,7 +64,7 @@ class CanalDecoder(ChangeDecoder):
             raise self._fail("field 'old' must be null or a list aligned with 'data'")
         types = self._column_types(doc.get("mysqlType"))
         column_types = {column: t.canonical for column, t in types.items() if t.canonical}
-        columns = self._key_overrides.get(table)
+        columns = self._key_override(table)
         if columns is None:
             columns = self._declared_key_columns(doc.get("pkNames"), "pkNames")
 

@@ -310,7 +310,7 @@ class DebeziumDecoder(ChangeDecoder):
             # Shared by every event of this schema: consumers treat it as read-only.
             column_types = plan.column_types or None
 
-        columns = self._key_overrides.get(table)
+        columns = self._key_override(table)
         if columns is None:
             columns = self._key_columns_of(table, key) if key is not None else ()
         row_key = self._row_key(image, columns, image_name) if columns else ()

@@ -350,7 +350,7 @@ class DtsDecoder(ChangeDecoder):
         return row
 
     def _key_columns(self, table: str, tags: Any) -> tuple[str, ...]:
-        columns = self._key_overrides.get(table)
+        columns = self._key_override(table)
         if columns is not None:
             return columns
         info = tags.get("pk_uk_info") if type(tags) is dict else None

@@ -133,7 +133,7 @@ class MaxwellDecoder(ChangeDecoder):
         return Position(phase)
 
     def _key_columns(self, table: str, doc: dict[str, Any], key: bytes | None) -> tuple:
-        columns = self._key_overrides.get(table)
+        columns = self._key_override(table)
         if columns is not None:
             return columns
         declared = doc.get("primary_key_columns")

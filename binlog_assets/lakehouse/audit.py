@@ -5,7 +5,8 @@ version the replica has applied, without any of `ReplicaBuilder`'s machinery (no
 no MERGE): per key, the change with the highest position wins; the key is live when that
 change is an insert, update or snapshot read and no truncate of its source table came
 after it. The replica's `_current` view must hold exactly that many rows; the replica
-asset's row-count check compares the two.
+asset's row-count check compares the two. An append-only replica must hold one row per
+distinct change (`expected_log_rows`).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from pyspark.sql import functions as F
 from binlog_assets.config import PipelineConfig
 from binlog_assets.formats.event import OP_CREATE, OP_DELETE, OP_READ, OP_TRUNCATE, OP_UPDATE
 from binlog_assets.lakehouse.changelog_reader import read_changelog
-from binlog_assets.lakehouse.columns import changelog_position
+from binlog_assets.lakehouse.columns import change_identity, changelog_position
 from binlog_assets.lakehouse.routing import replica_route
 
 if TYPE_CHECKING:
@@ -57,3 +58,18 @@ def expected_live_rows(spark: SparkSession, config: PipelineConfig, replica: str
     live = (last.where(F.col("op").isin(*_LIVE)).join(truncates, "table", "left")
             .where(F.col("_truncated").isNull() | (F.col("_pos") > F.col("_truncated"))))
     return live.count()
+
+
+def expected_log_rows(spark: SparkSession, config: PipelineConfig, replica: str,
+                      applied_version: int) -> int:
+    """Distinct row changes and truncates of `replica`'s source tables per the changelog
+    as of `applied_version`: the rows of its append-only replica (0 before any)."""
+    if applied_version < 0:
+        return 0
+    route = replica_route(config, replica)
+    rows = read_changelog(spark, config, None, applied_version)
+    tables = route.select(r["table"] for r in rows.select("table").distinct().collect())
+    if not tables:
+        return 0
+    changes = rows.where(F.col("table").isin(tables) & F.col("op").isin(*_ROW, OP_TRUNCATE))
+    return changes.select("table", change_identity(changelog_position())).distinct().count()

@@ -36,6 +36,11 @@ outcome (DESIGN.md invariants 3 and 5):
 - Primary-key change. Decoders split it into delete (old key) + create (new key); when
   the replica's key is a `key_columns` override the decoder may not know about, an
   update whose before-image holds another key also deletes the old key here.
+- Key rule. A replica is keyed by its table config's `key_columns`, else by the primary
+  key its changes carry; one configured `replica_mode: append`, or one whose changes
+  carry no key and that sets neither, is instead the append-only log of its changes
+  (`append_replica.py`), with a warning naming the settings. The rule is recorded on the
+  table and reported in every result (`key_rule`); changing it takes a rebuild.
 - Applied version. Each MERGE commits with Delta's idempotent-DML transaction id
   (`binlake.replica`, version = the changelog version applied), atomically with the data;
   the replica's applied version is that transaction's version, and a retried commit of
@@ -133,6 +138,7 @@ _WM_DB, _WM_TABLE, _WM = (working_column(n) for n in ("wm_db", "wm_table", "wm")
 
 # Table properties recording what a replica was built with; a batch that disagrees fails.
 KEY_PROPERTY = "binlake.key_columns"
+RULE_PROPERTY = "binlake.key_rule"
 SHARDED_PROPERTY = "binlake.sharded"
 TRUNCATED_PROPERTY = "binlake.truncated"
 PURGED_PROPERTY = "binlake.tombstones_purged_at"  # epoch seconds of the last purge
@@ -156,6 +162,12 @@ _TXN_APP_ID = "spark.databricks.delta.write.txnAppId"
 _TXN_VERSION = "spark.databricks.delta.write.txnVersion"
 
 
+# How a replica's rows are keyed, as its asset's metadata reports it.
+PRIMARY_KEY = "primary_key"  # by the primary key the changes carry
+KEY_COLUMNS = "key_columns"  # by the table config's key_columns
+APPEND_ONLY = "append_only"  # no key: a row per change (replica_mode: append, or keyless)
+
+
 class ReplicaError(RuntimeError):
     """A replica that cannot be built from its changelog as configured; says why."""
 
@@ -176,6 +188,22 @@ class ReplicaResult:
     tombstones: int = 0  # tombstones purged, past lakehouse.tombstone_retention_hours
     schema_changes: tuple[str, ...] = field(default_factory=tuple)
     skipped: bool = False  # nothing new: the replica was already at applied_version
+    key_rule: str | None = None  # PRIMARY_KEY, KEY_COLUMNS, APPEND_ONLY; None: no table yet
+    warning: str | None = None  # what to set for the replica the config may have meant
+
+
+@dataclass(frozen=True)
+class _Rule:
+    """The replica's key rule for one apply: its name, its key (source ids first when
+    sharded; empty when append-only) and a warning for the asset's metadata."""
+
+    name: str
+    key: list[str]
+    warning: str | None = None
+
+    @property
+    def append(self) -> bool:
+        return self.name == APPEND_ONLY
 
 
 @dataclass
@@ -240,42 +268,62 @@ class ReplicaBuilder:
     def _apply(self, route: ReplicaRoute, up_to_version: int | None) -> ReplicaResult:
         spark = self.spark
         up_to = changelog_version(spark, self.config) if up_to_version is None else up_to_version
-        targets = [self.table_name(route.replica)]
-        if route.history:
+        replica_table = self.table_name(route.replica)
+        props, files, location = (self._detail(replica_table)
+                                  if table_exists(spark, *replica_table) else ({}, 0, ""))
+        stored_rule = _stored_rule(route, props)
+        targets = [replica_table]
+        if route.history and stored_rule != APPEND_ONLY:
             targets.append(self.history_name(route.replica))
         applied = {t: txn_version(spark, *t, APP_ID) for t in targets}
         behind = [t for t in targets if applied[t] is None or applied[t] < up_to]
         if up_to < 0 or not behind:
             done = applied[targets[0]]
             return ReplicaResult(route.replica, applied_version=-1 if done is None else done,
-                                 skipped=True)
+                                 skipped=True, key_rule=stored_rule,
+                                 warning=_fallback_warning(route, stored_rule))
         starts = [applied[t] for t in behind]
         start = None if None in starts else min(starts)
 
         batch = read_changelog(spark, self.config, start, up_to)
         survey = self._survey(batch, route, start, up_to)
-        replica_table = self.table_name(route.replica)
-        if not survey.tables or (not survey.rows
-                                 and not table_exists(spark, *replica_table)):
-            # Nothing for this replica. An empty MERGE would move its applied version (a
-            # commit, seconds of Spark jobs); while the commits the next apply surveys
-            # again are few, their metadata answers at once and the commit can wait.
+        rule = self._rule(route, survey, props) if survey.tables else None
+        if rule is None or (not survey.rows and not props):
+            # Nothing for this replica (or only truncates of a table whose key is not
+            # known yet, which leave nothing to build). An empty MERGE would move its
+            # applied version (a commit, seconds of Spark jobs); while the commits the
+            # next apply surveys again are few, their metadata answers at once and the
+            # commit can wait.
             existing = [t for t in behind if table_exists(spark, *t)]
+            done = ReplicaResult(route.replica, applied_version=up_to if existing else -1,
+                                 key_rule=stored_rule,
+                                 warning=_fallback_warning(route, stored_rule))
             if start is not None and up_to - start < SURVEY_MAX_COMMITS // 2:
-                return ReplicaResult(route.replica, applied_version=up_to if existing else -1)
+                return done
             for target in existing:
                 self._commit_empty(target, up_to)
-            return ReplicaResult(route.replica,
-                                 applied_version=up_to if existing else -1)
+            return done
 
         now = datetime.now(UTC)
-        props, files, location = (self._detail(replica_table)
-                                  if table_exists(spark, *replica_table) else ({}, 0, ""))
-        key = self._key(route, survey, props)
-        changes = self._prepare_tables(route, survey, key)
+        key = rule.key
+        changes = self._prepare_tables(route, survey, rule)
         columns = self._source_columns(replica_table)
-        rows = self._keyed_rows(batch, route, survey, key, columns)
+        if rule.append:
+            from binlog_assets.lakehouse.append_replica import append_changes
 
+            rows = self._keyed(batch.where(F.col("table").isin(survey.tables)
+                                           & F.col("op").isin(*MERGED_OPS)),
+                               route, survey, [], columns, _row_image(), F.col("op"),
+                               image_first=False)
+            stored_columns = self.spark.table(".".join(replica_table)).columns
+            fault_point("during_replica_merge")
+            written = append_changes(
+                spark, replica_table, rows,
+                lambda frame: self._typed(frame, survey, [], columns, stored_columns),
+                up_to, now, lambda: self._txn(up_to), empty=files == 0)
+            return self._result(route, survey, up_to, rule, changes, written=written)
+
+        rows = self._keyed_rows(batch, route, survey, key, columns)
         if route.history:
             from binlog_assets.lakehouse.history import merge_history
 
@@ -296,6 +344,12 @@ class ReplicaBuilder:
         finally:
             if route.history:
                 rows.unpersist()
+        return self._result(route, survey, up_to, rule, changes, written=written,
+                            truncated=truncated,
+                            tombstones=self._purge(replica_table, now, props))
+
+    def _result(self, route: ReplicaRoute, survey: _Survey, up_to: int, rule: _Rule,
+                changes: list[str], **counts: int) -> ReplicaResult:
         return ReplicaResult(
             route.replica,
             rows=survey.rows,
@@ -303,10 +357,10 @@ class ReplicaBuilder:
             last_position=survey.last_position,
             upserts=survey.upserts,
             deletes=survey.deletes,
-            written=written,
-            truncated=truncated,
-            tombstones=self._purge(replica_table, now, props),
             schema_changes=tuple(changes),
+            key_rule=rule.name,
+            warning=rule.warning,
+            **counts,
         )
 
     def _survey(self, batch: DataFrame, route: ReplicaRoute, start: int | None, up_to: int
@@ -344,30 +398,60 @@ class ReplicaBuilder:
                     widen_all(target, {c: spark_type(t) for c, t in json.loads(types).items()})
         return survey
 
-    def _key(self, route: ReplicaRoute, survey: _Survey, props: dict[str, str]) -> list[str]:
-        """The replica's key: source ids when sharded, then the source's key columns."""
+    def _rule(self, route: ReplicaRoute, survey: _Survey, props: dict[str, str]
+              ) -> _Rule | None:
+        """The replica's key rule: `replica_mode: append`, else `key_columns`, else the
+        primary key the changes carry, else (a table without one) append-only with a
+        warning saying what to set; None while neither the batch nor the table knows.
+
+        A replica keeps the rule it was built with. A config that asks for another fails
+        with the way out (a rebuild); a source that gains or loses its primary key does
+        not fail the build.
+        """
         stored = json.loads(props.get(KEY_PROPERTY, "null"))
+        stored_rule = _stored_rule(route, props)
+        if route.replica_mode == "append":
+            if stored_rule not in (None, APPEND_ONLY):
+                raise ReplicaError(
+                    f"replica {route.replica!r} is keyed on {stored}, and its config now says "
+                    "replica_mode: append: rebuild it (build_replicas_job with "
+                    "ops.replicas.config.rebuild: true) to make it the log of changes")
+            return _Rule(APPEND_ONLY, [])
         if route.key_columns:
-            source_key = tuple(route.key_columns)
+            name, source_key = KEY_COLUMNS, tuple(route.key_columns)
         elif len(survey.key_columns) == 1:
-            (source_key,) = survey.key_columns
+            name, (source_key,) = PRIMARY_KEY, survey.key_columns
         elif len(survey.key_columns) > 1:
             raise ReplicaError(
                 f"replica {route.replica!r}: its source tables disagree on the primary key "
                 f"({sorted(survey.key_columns)}); set key_columns in the table config")
-        elif stored is not None:
-            source_key = tuple(stored)  # a batch of DDL and truncates only
+        elif stored_rule == APPEND_ONLY:
+            return _Rule(APPEND_ONLY, [], _fallback_warning(route, APPEND_ONLY))
+        elif stored_rule is not None:
+            name, source_key = stored_rule, tuple(stored)  # no key in this batch
+        elif survey.upserts or survey.deletes:
+            return _Rule(APPEND_ONLY, [], _fallback_warning(route, APPEND_ONLY))
         else:
-            raise ReplicaError(
-                f"replica {route.replica!r}: the changes of {survey.tables[:5]} carry no "
-                "primary key; set key_columns in the table config")
+            return None  # truncates only, of a table not built yet
+        if stored_rule == APPEND_ONLY:
+            if name == KEY_COLUMNS:
+                raise ReplicaError(
+                    f"replica {route.replica!r} was built append-only (its changes carried "
+                    f"no key), and its config now sets key_columns {list(source_key)}: "
+                    "rebuild it (build_replicas_job with ops.replicas.config.rebuild: true) "
+                    "to key it by them")
+            # The source gained a primary key: the log goes on; a rebuild would key it.
+            return _Rule(APPEND_ONLY, [], (
+                f"{_fallback_warning(route, APPEND_ONLY)}. Its changes now carry the primary "
+                f"key {list(source_key)}: rebuild the replica to key it by that"))
         check_columns(source_key, route.replica)
         if stored is not None and tuple(stored) != source_key:
             raise ReplicaError(
                 f"replica {route.replica!r} is keyed on {stored}, its changes now on "
                 f"{list(source_key)}: rebuild it (ReplicaBuilder.rebuild) after the "
                 "source's primary key change")
-        return [*SOURCE_KEY_COLUMNS, *source_key] if route.sharded else list(source_key)
+        key = [*SOURCE_KEY_COLUMNS, *source_key] if route.sharded else list(source_key)
+        return _Rule(name, key)
 
     def _detail(self, table: tuple[str, str]) -> tuple[dict[str, str], int, str]:
         """The table's properties, its number of data files and its location."""
@@ -375,14 +459,16 @@ class ReplicaBuilder:
         return (dict(detail["properties"] or {}), int(detail["numFiles"] or 0),
                 str(detail["location"]))
 
-    def _prepare_tables(self, route: ReplicaRoute, survey: _Survey, key: list[str]
+    def _prepare_tables(self, route: ReplicaRoute, survey: _Survey, rule: _Rule
                         ) -> list[str]:
         """Create or evolve the replica (and history) for the batch's columns.
 
         Returns a description of each change made. Schema changes commit before the MERGE;
-        they are idempotent, so a crash in between is harmless.
+        they are idempotent, so a crash in between is harmless. An append-only replica has
+        neither a history (it is one) nor a view of live rows (without a key there are
+        none to tell apart).
         """
-        source_key = [k for k in key if k not in SOURCE_KEY_COLUMNS]
+        source_key = [k for k in rule.key if k not in SOURCE_KEY_COLUMNS]
         missing = [k for k in source_key if k not in survey.declared
                    and k not in survey.inferred]
         table = self.table_name(route.replica)
@@ -399,19 +485,20 @@ class ReplicaBuilder:
         described += [f"widen {n} {o.simpleString()} -> {t.simpleString()}"
                       for n, o, t in change.retype]
         targets = [table]
-        if route.history:
+        if route.history and not rule.append:
             targets.append(self.history_name(route.replica))
         for target in targets:
             if not table_exists(self.spark, *target):
-                self._create(target, route, source_key, change, history=target != table)
+                self._create(target, route, source_key, change, rule.name,
+                             history=target != table)
             elif change:
                 apply_changes(self.spark, target, change)
-        if change or not exists:
+        if (change or not exists) and not rule.append:
             self._create_view(route.replica)
         return described
 
     def _create(self, target: tuple[str, str], route: ReplicaRoute, source_key: list[str],
-                change: SchemaChange, *, history: bool) -> None:
+                change: SchemaChange, rule: str, *, history: bool) -> None:
         from binlog_assets.lakehouse.history import HISTORY_METADATA
 
         columns = change.columns
@@ -421,7 +508,7 @@ class ReplicaBuilder:
             + [T.StructField(c, columns[c]) for c in ordered]
             + [T.StructField(n, t) for n, t in (HISTORY_METADATA if history
                                                  else REPLICA_METADATA)])
-        properties = {KEY_PROPERTY: json.dumps(source_key),
+        properties = {KEY_PROPERTY: json.dumps(source_key), RULE_PROPERTY: rule,
                       SHARDED_PROPERTY: str(route.sharded).lower()}
         if not history:
             # A new table has no tombstone to purge for a while.
@@ -455,8 +542,7 @@ class ReplicaBuilder:
         the old one (`_key_change_deletes`).
         """
         b = batch.where(F.col("table").isin(survey.tables) & F.col("op").isin(*MERGED_OPS))
-        image = F.when(F.col("op") == OP_DELETE, F.col("before")).otherwise(F.col("after"))
-        keyed = self._keyed(b, route, survey, key, columns, image, F.col("op"),
+        keyed = self._keyed(b, route, survey, key, columns, _row_image(), F.col("op"),
                             image_first=bool(route.key_columns))
         if route.key_columns:
             keyed = keyed.unionByName(self._key_change_deletes(b, route, survey, key, columns))
@@ -723,6 +809,30 @@ class _Txn:
     def __exit__(self, *exc: Any) -> None:
         self.spark.conf.unset(_TXN_APP_ID)
         self.spark.conf.unset(_TXN_VERSION)
+
+
+def _stored_rule(route: ReplicaRoute, props: dict[str, str]) -> str | None:
+    """The key rule the replica was built with (from its table properties); None when
+    there is no table yet. Replicas built before the rule was recorded are keyed."""
+    if not props:
+        return None
+    return props.get(RULE_PROPERTY) or (KEY_COLUMNS if route.key_columns else PRIMARY_KEY)
+
+
+def _fallback_warning(route: ReplicaRoute, rule: str | None) -> str | None:
+    """What to set when a replica is append-only only because its changes carry no key."""
+    if rule != APPEND_ONLY or route.replica_mode == "append":
+        return None
+    return (f"replica {route.replica!r}: the changes of its source table(s) carry no primary "
+            "key, so the replica is the append-only log of their changes (a row per change). "
+            "For a row per source row set key_columns: [<unique, never-null columns>] in the "
+            "table config and rebuild the replica; to keep the log and silence this, set "
+            "replica_mode: append")
+
+
+def _row_image() -> Column:
+    """A change's row values: the after-image, the before-image of a delete."""
+    return F.when(F.col("op") == OP_DELETE, F.col("before")).otherwise(F.col("after"))
 
 
 def _below_truncates(truncates: dict[str, tuple[int, ...]], alias: str | None = None

@@ -6,7 +6,9 @@ a regular expression matched against the whole `db.table` (`shop_\\d+\\.orders_\
 Several table configs may name one replica. When a replica gathers more than one source
 table (a regex, or several configs), `_source_db` and `_source_table` join its key, so
 shards holding equal ids stay separate rows; a replica of one exact table keys on the
-source's key alone (both columns are still stored, for lineage).
+source's key alone (both columns are still stored, for lineage). The table configs of
+one replica agree on its settings (`config.REPLICA_SETTINGS`, checked at load), so the
+first one speaks for all.
 """
 
 from __future__ import annotations
@@ -15,15 +17,11 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from binlog_assets.config import PipelineConfig, SchemaEvolution, TableConfig
+from binlog_assets.config import PipelineConfig, ReplicaMode, SchemaEvolution, TableConfig
 
 _EXACT_NAME = re.compile(r"[\w$]+\.[\w$]+")
 
 SOURCE_KEY_COLUMNS = ("_source_db", "_source_table")
-
-
-class RoutingError(ValueError):
-    """Table configs that cannot describe one replica; the message names the replica."""
 
 
 @dataclass(frozen=True)
@@ -33,6 +31,7 @@ class ReplicaRoute:
     replica: str
     tables: tuple[TableConfig, ...]
     key_columns: tuple[str, ...] | None
+    replica_mode: ReplicaMode
     schema_evolution: SchemaEvolution
     history: bool
     sharded: bool
@@ -49,7 +48,7 @@ class ReplicaRoute:
 
 
 def replica_routes(config: PipelineConfig) -> dict[str, ReplicaRoute]:
-    """Every configured replica and its route; conflicting table configs raise RoutingError."""
+    """Every configured replica and its route."""
     by_replica: dict[str, list[TableConfig]] = {}
     for source in config.sources:
         for table in source.tables:
@@ -66,12 +65,6 @@ def replica_route(config: PipelineConfig, replica: str) -> ReplicaRoute:
 
 
 def _route(replica: str, tables: list[TableConfig]) -> ReplicaRoute:
-    for setting in ("key_columns", "schema_evolution", "history"):
-        values = {getattr(t, setting) for t in tables}
-        if len(values) > 1:
-            raise RoutingError(
-                f"replica {replica!r}: its table configs disagree on {setting} "
-                f"({sorted(map(str, values))}); one replica has one setting")
     exact = frozenset(t.source for t in tables if _EXACT_NAME.fullmatch(t.source))
     patterns = tuple(re.compile(t.source) for t in tables if t.source not in exact)
     first = tables[0]
@@ -79,6 +72,7 @@ def _route(replica: str, tables: list[TableConfig]) -> ReplicaRoute:
         replica=replica,
         tables=tuple(tables),
         key_columns=first.key_columns,
+        replica_mode=first.replica_mode,
         schema_evolution=first.schema_evolution,
         history=first.history,
         sharded=bool(patterns) or len(tables) > 1,

@@ -10,7 +10,13 @@ new changelog data on their own (eager automation, or a follower run: see
 Each replica carries the asset check `row_count_matches_changelog`, evaluated in the same
 step right after the apply (the Spark session is already up): the rows in
 `<replica>_current` against the live keys counted independently from the changelog
-(`lakehouse.audit.expected_live_rows`) at the applied changelog version.
+(`lakehouse.audit.expected_live_rows`) at the applied changelog version; for an
+append-only replica, its rows against the distinct changes there
+(`lakehouse.audit.expected_log_rows`).
+
+The metadata says by which rule the replica is keyed (`key_rule`: `primary_key`,
+`key_columns` or `append_only`) and, for a table whose changes carry no key and whose
+config says nothing, a `warning` naming the settings that choose a rule.
 """
 
 import dagster as dg
@@ -79,21 +85,28 @@ def build_replica_assets(config: PipelineConfig) -> dg.AssetsDefinition:
                     name="replicas")
     def replicas(context: dg.AssetExecutionContext, config: ReplicaRunConfig,
                  binlake: BinlakeResource):
-        from binlog_assets.lakehouse.audit import expected_live_rows
-        from binlog_assets.lakehouse.replica import ReplicaBuilder
+        from binlog_assets.lakehouse.audit import expected_live_rows, expected_log_rows
+        from binlog_assets.lakehouse.identifiers import qualified
+        from binlog_assets.lakehouse.replica import APPEND_ONLY, ReplicaBuilder
 
         builder = ReplicaBuilder(binlake.spark(), binlake.pipeline)
         for key in sorted(context.selected_asset_keys, key=lambda k: k.path):
             name = key.path[-1]
             result = builder.rebuild(name) if config.rebuild else builder.apply(name)
-            db, view = builder.current_view_name(name)
-            live = binlake.spark().table(f"`{db}`.`{view}`").count()
-            context.log.info(f"replica {name}: {live} live rows; {result}")
+            append = result.key_rule == APPEND_ONLY
+            # An append-only replica has no live rows to tell apart: all its rows count.
+            table = builder.table_name(name) if append else builder.current_view_name(name)
+            live = (binlake.spark().table(qualified(*table)).count()
+                    if result.key_rule is not None else 0)
+            context.log.info(f"replica {name}: {live} {'changes' if append else 'live rows'}; "
+                             f"{result}")
+            if result.warning:
+                context.log.warning(result.warning)
             yield dg.MaterializeResult(asset_key=key, metadata=replica_metadata(result, live))
             check = dg.AssetCheckKey(key, ROW_COUNT_CHECK)
             if check in context.selected_asset_check_keys:
-                expected = expected_live_rows(binlake.spark(), binlake.pipeline, name,
-                                              result.applied_version)
+                expected = (expected_log_rows if append else expected_live_rows)(
+                    binlake.spark(), binlake.pipeline, name, result.applied_version)
                 yield row_count_check_result(key, live, expected, result.applied_version)
 
     return replicas
@@ -112,4 +125,8 @@ def replica_metadata(result, live_rows: int | None) -> dict[str, dg.MetadataValu
     }
     if result.last_position is not None:
         md["last_position"] = dg.MetadataValue.text(str(result.last_position))
+    if result.key_rule is not None:
+        md["key_rule"] = dg.MetadataValue.text(result.key_rule)
+    if result.warning:
+        md["warning"] = dg.MetadataValue.text(result.warning)
     return md

@@ -512,6 +512,32 @@ def test_ordering_is_per_key_across_many_keys_and_lanes() -> None:
     assert sum(map(len, seen.values())) == 5000
 
 
+def test_a_keyless_tables_events_keep_their_order_on_its_table_lane() -> None:
+    # A table without a primary key: its changes carry no key (or a configured key column
+    # whose value is null), and must neither fail routing nor overtake one another.
+    seen: dict[str, list[int]] = defaultdict(list)
+    registry = HandlerRegistry()
+    registry.register(r"db\..*", lambda ev: seen[ev.table].append(ev.offset))
+    events = []
+    for o in range(3000):
+        if o % 3 == 0:
+            events.append(event(o, "db.logs", ()))
+        elif o % 3 == 1:
+            events.append(event(o, "db.nulls", (None,)))
+        else:
+            events.append(event(o, "db.t", (o % 41,)))
+    with LaneDispatcher(registry, lanes=64, workers=8) as dispatcher:
+        for start in range(0, len(events), 250):
+            dispatcher.submit_many(events[start : start + 250])
+        assert dispatcher.drain(timeout=30)
+        assert dispatcher.failure is None
+        lanes = {dispatcher.lane_of(ev) for ev in events if ev.table == "db.logs"}
+    assert len(lanes) == 1
+    assert seen["db.logs"] == list(range(0, 3000, 3))
+    assert seen["db.nulls"] == list(range(1, 3000, 3))
+    assert len(seen["db.t"]) == 1000
+
+
 def test_invariants_hold_when_lanes_take_turns_after_every_event() -> None:
     """With a zero time slice a lane gives its worker up after each event whenever another
     lane waits, so lanes are requeued mid-batch all the time: invariants 1 and 2 and the

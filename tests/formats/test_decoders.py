@@ -249,3 +249,48 @@ def test_corrupted_records_decode_or_raise_decode_error(name, data):
 @given(value=st.binary(max_size=64))
 def test_arbitrary_bytes_decode_or_raise_decode_error(name, value):
     _decode_is_total(name, value)
+
+
+def _keyless_insert() -> dict[str, bytes]:
+    """An insert into `shop_1.logs`, a table without a primary key, as each format sends
+    it: no key fields, and (Debezium, Maxwell) a null Kafka record key."""
+    row = {"level": "info", "msg": "start"}
+    return {
+        "debezium": orjson.dumps({
+            "before": None, "after": row, "op": "c",
+            "source": {"db": "shop_1", "table": "logs", "file": "mysql-bin.000001",
+                       "pos": 4, "row": 0}}),
+        "maxwell": orjson.dumps({"database": "shop_1", "table": "logs", "type": "insert",
+                                 "data": row}),
+        "canal": orjson.dumps({
+            "data": [row], "database": "shop_1", "table": "logs", "isDdl": False,
+            "mysqlType": {"level": "varchar(10)", "msg": "varchar(100)"}, "pkNames": None,
+            "type": "INSERT"}),
+        "dts": orjson.dumps({
+            "version": 0, "id": 1, "sourceTimestamp": 1, "sourcePosition": "4@1",
+            "source": {"sourceType": "MySQL", "version": "8.0"}, "operation": "INSERT",
+            "objectName": "shop_1.logs", "tags": {}, "beforeImages": None,
+            "fields": [{"name": "level", "dataTypeNumber": 253},
+                       {"name": "msg", "dataTypeNumber": 253}],
+            "afterImages": [{"Character": {"charset": "utf8", "value": "info"}},
+                            {"Character": {"charset": "utf8", "value": "start"}}]}),
+    }
+
+
+@pytest.mark.parametrize("name", sorted(DECODERS))
+def test_a_change_of_a_keyless_table_has_no_key_and_orders_by_its_table(name):
+    value = _keyless_insert()[name]
+    [event] = make_decoder(name).decode(value, key=None)
+    assert (event.table, event.key, event.key_columns) == ("shop_1.logs", (), ())
+    # The lanes keep a keyless table's events in order on its table's lane.
+    truncate = ChangeEvent("shop_1.logs", "t", (), (), None, None, event.position, None)
+    assert _DISPATCHER.lane_of(event) == _DISPATCHER.lane_of(truncate)
+
+
+@pytest.mark.parametrize("name", sorted(DECODERS))
+@pytest.mark.parametrize("table", ["shop_1.logs", r"shop_\d+\.logs"])
+def test_key_columns_from_the_config_key_a_keyless_table(name, table):
+    # A table config's source may be a regex over sharded tables: the key applies to each.
+    [event] = make_decoder(name, key_columns={table: ["msg"]}).decode(
+        _keyless_insert()[name], key=None)
+    assert (event.key, event.key_columns) == (("start",), ("msg",))

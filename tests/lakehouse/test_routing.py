@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from binlog_assets.config import parse_config
-from binlog_assets.lakehouse.routing import RoutingError, replica_route, replica_routes
+from binlog_assets.config import ConfigError, parse_config
+from binlog_assets.lakehouse.routing import replica_route, replica_routes
 
 
 def _config(*tables: dict) -> object:
@@ -37,12 +37,16 @@ def test_several_configs_into_one_replica_are_sharded() -> None:
         "eu.orders", "us.orders"]
 
 
-def test_disagreeing_settings_for_one_replica_fail_naming_it() -> None:
-    config = _config({"source": "eu.orders", "replica": "orders"},
-                     {"source": "us.orders", "replica": "orders",
-                      "schema_evolution": "exception"})
-    with pytest.raises(RoutingError, match="'orders'.*schema_evolution"):
-        replica_routes(config)
+@pytest.mark.parametrize("setting", [{"schema_evolution": "exception"},
+                                     {"key_columns": ["id"]}, {"replica_mode": "append"},
+                                     {"history": True}])
+def test_disagreeing_settings_for_one_replica_fail_at_load_naming_them(setting: dict) -> None:
+    # Checked when the config loads, not in the replica build that would use them.
+    (name,) = setting
+    with pytest.raises(ConfigError, match=rf"sources\[0\]\.tables\[1\]\.{name}: .*differs "
+                                          rf"from sources\[0\]\.tables\[0\]\.{name}.*'orders'"):
+        _config({"source": "eu.orders", "replica": "orders"},
+                {"source": "us.orders", "replica": "orders", **setting})
 
 
 def test_unknown_replica_names_the_configured_ones() -> None:

@@ -1,0 +1,70 @@
+"""Append-only replicas: the log of a table's changes, one row per change, no key.
+
+The rule for a table without a primary key (and without `key_columns`), or for any table
+configured with `replica_mode: append`: without a key there is no row to MERGE a change
+into, so every row change and truncate is a row of its own, with the replica's usual
+columns (`_source_db`, `_source_table`, the source columns as the change left the row,
+the before-image for a delete and nulls for a truncate, then `_position`, `_op`,
+`_source_ts`, `_applied_at`). Order the rows by `_position` to replay them.
+
+Each change lands exactly once. The write carries the changelog version as its Delta
+transaction id (`ReplicaBuilder`'s `binlake.replica`), so a retried apply adds nothing;
+and a change is known by its binlog coordinates (`columns.change_identity`), so a copy
+delivered again at another Kafka offset, or recorded in the changelog by a second
+consumer group, is dropped within the batch and against the rows already stored.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+from datetime import datetime
+from typing import TYPE_CHECKING
+
+from pyspark.sql import functions as F
+
+from binlog_assets.lakehouse.columns import change_identity, first_per_group, free_name
+from binlog_assets.lakehouse.delta_log import last_commit_metrics, merge_aliases, table_version
+from binlog_assets.lakehouse.identifiers import col, qualified
+from binlog_assets.lakehouse.replica import APP_ID
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+
+
+def append_changes(spark: SparkSession, table: tuple[str, str], rows: DataFrame,
+                   typed: Callable[[DataFrame], DataFrame], version: int, now: datetime,
+                   txn: Callable[[], AbstractContextManager[None]], *, empty: bool) -> int:
+    """Append the batch's changes `rows` (`_source_db`, `_source_table`, `_position`,
+    `_op`, `_source_ts` and the image, as `ReplicaBuilder._keyed` frames them) to the
+    append-only replica `table`; `typed` turns them into the table's columns, and `txn()`
+    records changelog `version` on a MERGE. Returns the rows written."""
+    change = free_name("_change", rows.columns)
+    source = [F.col("_source_db"), F.col("_source_table")]
+    # One row per change of the batch: the first delivery, by Kafka offset.
+    once = first_per_group(rows.withColumn(change, change_identity(F.col("_position"))),
+                           [*source, col(change)], [F.col("_position").asc()]).drop(change)
+    once = typed(once.withColumn("_applied_at", F.lit(now)))
+    name = ".".join(table)
+    before = table_version(spark, *table)
+    if empty:
+        (once.write.format("delta").mode("append")
+         .option("txnAppId", APP_ID).option("txnVersion", version)
+         .saveAsTable(name))
+        return _written(spark, table, before, "numOutputRows")
+    t, s = merge_aliases(table)
+    same = ((col("_source_db", t) == col("_source_db", s))
+            & (col("_source_table", t) == col("_source_table", s))
+            & (change_identity(col("_position", t)) == change_identity(col("_position", s))))
+    merge = (once.alias(s).mergeInto(qualified(*table), same)
+             .whenNotMatched().insert({qualified(c): col(c, s) for c in once.columns}))
+    with txn():
+        merge.merge()
+    return _written(spark, table, before, "numTargetRowsInserted")
+
+
+def _written(spark: SparkSession, table: tuple[str, str], before: int, metric: str) -> int:
+    # No new commit: an earlier apply recorded this changelog version and Delta skipped it.
+    if table_version(spark, *table) == before:
+        return 0
+    return int(last_commit_metrics(spark, *table).get(metric, 0))
