@@ -192,6 +192,9 @@ class SparkConfig(_Model):
     # for all runs instead of one started per run. Unset: Spark in each run's process.
     remote: str | None = Field(None, pattern=r"^sc://[^\s/:]+:[0-9]+(/[^\s]*)?$")
     conf: dict[str, str | int | float | bool] = Field(default_factory=dict)
+    parallel_replicas: int = Field(
+        2, ge=1, le=64, description="replicas one build applies at once, each in a Spark "
+                                    "session of its own")
 
     @property
     def remote_port(self) -> int | None:

@@ -85,31 +85,65 @@ def build_replica_assets(config: PipelineConfig) -> dg.AssetsDefinition:
                     name="replicas")
     def replicas(context: dg.AssetExecutionContext, config: ReplicaRunConfig,
                  binlake: BinlakeResource):
-        from binlog_assets.lakehouse.audit import expected_live_rows, expected_log_rows
-        from binlog_assets.lakehouse.identifiers import qualified
+        from concurrent.futures import ThreadPoolExecutor
+
         from binlog_assets.lakehouse.replica import APPEND_ONLY, ReplicaBuilder
 
-        builder = ReplicaBuilder(binlake.spark(), binlake.pipeline)
-        for key in sorted(context.selected_asset_keys, key=lambda k: k.path):
+        spark, pipeline = binlake.spark(), binlake.pipeline
+        selected = sorted(context.selected_asset_keys, key=lambda k: k.path)
+        checked = context.selected_asset_check_keys
+
+        def build(key: dg.AssetKey):
+            # A builder (a Spark session) per replica: their applies overlap, one's Spark
+            # jobs running while another's driver plans, commits or talks to the catalog.
+            builder = ReplicaBuilder(spark, pipeline)
             name = key.path[-1]
             result = builder.rebuild(name) if config.rebuild else builder.apply(name)
-            append = result.key_rule == APPEND_ONLY
-            # An append-only replica has no live rows to tell apart: all its rows count.
-            table = builder.table_name(name) if append else builder.current_view_name(name)
-            live = (binlake.spark().table(qualified(*table)).count()
-                    if result.key_rule is not None else 0)
-            context.log.info(f"replica {name}: {live} {'changes' if append else 'live rows'}; "
-                             f"{result}")
-            if result.warning:
-                context.log.warning(result.warning)
-            yield dg.MaterializeResult(asset_key=key, metadata=replica_metadata(result, live))
-            check = dg.AssetCheckKey(key, ROW_COUNT_CHECK)
-            if check in context.selected_asset_check_keys:
-                expected = (expected_log_rows if append else expected_live_rows)(
-                    binlake.spark(), binlake.pipeline, name, result.applied_version)
-                yield row_count_check_result(key, live, expected, result.applied_version)
+            live = counted_rows(builder, name, result.key_rule)
+            check = (row_count_check(builder, name, result.key_rule, live,
+                                     result.applied_version)
+                     if dg.AssetCheckKey(key, ROW_COUNT_CHECK) in checked else None)
+            return result, live, check
+
+        workers = max(1, min(len(selected), pipeline.spark.parallel_replicas))
+        with ThreadPoolExecutor(workers, thread_name_prefix="replica") as pool:
+            for key, future in [(key, pool.submit(build, key)) for key in selected]:
+                result, live, check = future.result()
+                append = result.key_rule == APPEND_ONLY
+                context.log.info(f"replica {key.path[-1]}: {live} "
+                                 f"{'changes' if append else 'live rows'}; {result}")
+                if result.warning:
+                    context.log.warning(result.warning)
+                yield dg.MaterializeResult(asset_key=key,
+                                           metadata=replica_metadata(result, live))
+                if check is not None:
+                    yield check
 
     return replicas
+
+
+def counted_rows(builder, name: str, key_rule: str | None) -> int:
+    """The replica's live rows (`_current`); an append-only replica has no live rows to
+    tell apart, so all its rows count; 0 before it has a table."""
+    from binlog_assets.lakehouse.identifiers import qualified
+    from binlog_assets.lakehouse.replica import APPEND_ONLY
+
+    if key_rule is None:
+        return 0
+    table = (builder.table_name(name) if key_rule == APPEND_ONLY
+             else builder.current_view_name(name))
+    return builder.spark.table(qualified(*table)).count()
+
+
+def row_count_check(builder, name: str, key_rule: str | None, live: int, version: int
+                    ) -> dg.AssetCheckResult:
+    """`row_count_matches_changelog` for `live` rows counted at changelog `version`."""
+    from binlog_assets.lakehouse.audit import expected_live_rows, expected_log_rows
+    from binlog_assets.lakehouse.replica import APPEND_ONLY
+
+    expected = (expected_log_rows if key_rule == APPEND_ONLY else expected_live_rows)(
+        builder.spark, builder.config, name, version)
+    return row_count_check_result(replica_key(name), live, expected, version)
 
 
 def replica_metadata(result, live_rows: int | None) -> dict[str, dg.MetadataValue]:

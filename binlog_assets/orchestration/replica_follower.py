@@ -20,10 +20,11 @@ import dagster as dg
 from pydantic import Field
 
 from binlog_assets.orchestration.replica_assets import (
+    counted_rows,
     replica_key,
     replica_metadata,
     replica_names,
-    row_count_check_result,
+    row_count_check,
 )
 from binlog_assets.orchestration.resources import SPARK_POOL, BinlakeResource
 from binlog_assets.orchestration.sensors import UNFINISHED
@@ -75,7 +76,6 @@ def pool_wanted(instance: dg.DagsterInstance, own_run_id: str) -> bool:
        description="Apply each new changelog version to the replicas as it lands.")
 def follow_replicas(context: dg.OpExecutionContext, config: FollowConfig,
                     binlake: BinlakeResource) -> Iterator:
-    from binlog_assets.lakehouse.audit import expected_live_rows
     from binlog_assets.lakehouse.changelog_reader import changelog_version
     from binlog_assets.lakehouse.replica import ReplicaBuilder
 
@@ -83,7 +83,7 @@ def follow_replicas(context: dg.OpExecutionContext, config: FollowConfig,
     seconds = config.seconds or pipeline.dagster.replica_follow_seconds or 300.0
     builder = ReplicaBuilder(binlake.spark(), pipeline)
     deadline = time.monotonic() + seconds
-    applied: dict[str, int] = {}
+    applied: dict[str, tuple[str | None, int]] = {}  # replica -> (key rule, version)
 
     def stop() -> bool:
         if time.monotonic() >= deadline:
@@ -98,16 +98,16 @@ def follow_replicas(context: dg.OpExecutionContext, config: FollowConfig,
                                lambda: changelog_version(builder.spark, pipeline),
                                poll=pipeline.dagster.replica_poll_seconds, stop=stop):
         if changed(result):
-            applied[name] = result.applied_version
+            applied[name] = (result.key_rule, result.applied_version)
             context.log.info(f"replica {name}: {result}")
+            if result.warning:
+                context.log.warning(result.warning)
             yield dg.AssetMaterialization(asset_key=replica_key(name),
                                           metadata=replica_metadata(result, None))
     # Once per run and per changed replica: a check reads the whole changelog.
-    for name, version in sorted(applied.items()):
-        db, view = builder.current_view_name(name)
-        live = builder.spark.table(f"`{db}`.`{view}`").count()
-        expected = expected_live_rows(builder.spark, pipeline, name, version)
-        result = row_count_check_result(replica_key(name), live, expected, version)
+    for name, (rule, version) in sorted(applied.items()):
+        result = row_count_check(builder, name, rule, counted_rows(builder, name, rule),
+                                 version)
         yield dg.AssetCheckEvaluation(
             asset_key=result.asset_key, check_name=result.check_name, passed=result.passed,
             metadata=result.metadata, description=result.description)
