@@ -12,6 +12,8 @@ kill from any other death. Unset, a call costs one comparison with None.
 
 Boundaries (in the order a run meets them):
   after_fetch             a batch came back from Kafka, nothing of it handled yet
+  after_dead_letter_send  a lane handed a dead letter to the producer (`produce()`); the
+                          broker has not acknowledged it (no delivery callback, no flush)
   after_handlers          a commit point: handlers finished, changelog not yet written
   after_changelog_commit  the changelog's Delta commit is in, Kafka's commit not yet
   after_kafka_commit      Kafka's commit is in, the run's Dagster metadata not yet
@@ -34,6 +36,7 @@ MARKER = "binlake-fault: SIGKILL at"
 
 POINTS = (
     "after_fetch",
+    "after_dead_letter_send",
     "after_handlers",
     "after_changelog_commit",
     "after_kafka_commit",

@@ -14,6 +14,8 @@ from dataclasses import dataclass
 
 from confluent_kafka import KafkaError, Message, Producer
 
+from binlog_assets.faults import fault_point
+
 HEADER_PREFIX = "binlake."
 MAX_ERROR_BYTES = 2000
 
@@ -64,6 +66,8 @@ class DeadLetterPublisher:
             self.topic, key=dl.key, value=dl.value,
             headers=list(dl.headers) + coordinate_headers(dl), on_delivery=delivered,
         )
+        # Queued, not acknowledged: a crash here must find the event not committed past.
+        fault_point("after_dead_letter_send")
         self._producer.poll(0)
 
     def flush(self, timeout: float = 60.0) -> None:

@@ -12,6 +12,7 @@ import threading
 import time
 
 from binlog_assets.consume import run as run_module
+from binlog_assets.consume.deadletter import DeadLetter
 from binlog_assets.consume.handlers import HandlerRegistry
 from binlog_assets.consume.offsets import OffsetTracker
 from binlog_assets.consume.run import BoundedRun, RunSettings
@@ -137,3 +138,93 @@ def test_lanes_dead_lettering_at_once_share_one_publisher(monkeypatch) -> None:
         t.join()
     assert len(made) == 1
     assert {id(p) for p in got} == {id(made[0])}
+
+
+class HoldingProducer:
+    """A Producer whose broker acknowledges a dead letter only at `flush`; `during_flush`
+    plays a lane that dead-letters (and so finishes) an event while a flush is running."""
+
+    def __init__(self, conf: dict) -> None:
+        self.unacknowledged: dict[int, object] = {}
+        self.during_flush = None
+
+    def produce(self, topic, key, value, headers, on_delivery) -> None:  # noqa: ANN001
+        offset = int(dict(headers)["binlake.offset"])
+        self.unacknowledged[offset] = on_delivery
+
+    def poll(self, timeout: float) -> int:
+        return 0
+
+    def flush(self, timeout: float) -> int:
+        acked, self.unacknowledged = self.unacknowledged, {}
+        if self.during_flush is not None:
+            action, self.during_flush = self.during_flush, None
+            action()
+        for on_delivery in acked.values():
+            on_delivery(None, None)
+        return 0
+
+
+class LaneAfterCommitConsumer(RecordingConsumer):
+    """A lane dead-letters (and finishes) an event just after Kafka takes a commit."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.after_commit = None
+
+    def commit(self, offsets, asynchronous: bool) -> None:  # noqa: ANN001
+        super().commit(offsets, asynchronous)
+        if self.after_commit is not None:
+            action, self.after_commit = self.after_commit, None
+            action()
+
+
+def test_a_kill_after_a_dead_letter_send_loses_no_dead_letter_the_commit_passed(
+        monkeypatch) -> None:
+    """A SIGKILL at `after_dead_letter_send` loses every dead letter the broker has not
+    acknowledged yet; the rerun redoes only events at or past the committed offset. So
+    at each such moment no unacknowledged dead letter may sit below the commit. Lanes
+    dead-letter at every step of the commit (while it flushes, just after it commits):
+    flushing before reading the offset, or committing before flushing, breaks this."""
+    from binlog_assets.consume import deadletter
+
+    monkeypatch.setattr(deadletter, "Producer", HoldingProducer)
+    run, consumer = _run(), LaneAfterCommitConsumer()
+    tracker = OffsetTracker(0)
+    tracker.received_many(list(range(6)))
+    producer: HoldingProducer | None = None
+    kills: list[tuple[int, int, set[int]]] = []  # (sending, committed, unacknowledged)
+    sending: list[int] = []
+
+    def at_fault_point(name: str) -> None:
+        if name == "after_dead_letter_send":
+            committed = consumer.commits[-1][0] if consumer.commits else 0
+            kills.append((sending[-1], committed, set(producer.unacknowledged)))
+
+    monkeypatch.setattr(deadletter, "fault_point", at_fault_point)
+
+    def lane_dead_letters(offset: int) -> None:
+        nonlocal producer
+        sending.append(offset)
+        dlq = run._dead_letters()
+        producer = dlq._producer
+        dlq.publish(DeadLetter("t", 0, offset, None, b"{}", (), "handler", "boom", 4))
+        tracker.done(offset)
+
+    lane_dead_letters(0)
+    producer.during_flush = lambda: lane_dead_letters(1)
+    consumer.after_commit = lambda: lane_dead_letters(2)
+    run._commit(consumer, tracker, None)
+    lane_dead_letters(3)
+    run._commit(consumer, tracker, None)
+    lane_dead_letters(4)
+
+    assert sorted(k[0] for k in kills) == [0, 1, 2, 3, 4]
+    # The point is between the send and its acknowledgement: the letter being sent is
+    # queued and not yet acknowledged.
+    assert all(offset in unacked for offset, _committed, unacked in kills), kills
+    lost = [(offset, committed, sorted(u for u in unacked if u < committed))
+            for offset, committed, unacked in kills if any(u < committed for u in unacked)]
+    assert lost == [], f"a kill here loses dead letters the commit passed: {lost}"
+    # And the commits did move: the check above was not vacuous.
+    assert consumer.commits[-1][0] >= 3, consumer.commits

@@ -45,7 +45,7 @@ def main() -> None:
             md = result.asset_materializations_for_node("changelog")[0].metadata
             out["runs"][key] = {name: md[name].value for name in
                                 ("start_offset", "checkpoint_source", "committed_offset",
-                                 "records", "events") if name in md}
+                                 "records", "events", "dead_lettered") if name in md}
             fault_point("after_metadata_write")
     builder = ReplicaBuilder(get_spark(cfg), cfg)
     for name in replicas:

@@ -13,6 +13,7 @@ import random
 import time
 import uuid
 from collections import Counter
+from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -23,6 +24,7 @@ from binlog_assets.config import PipelineConfig, parse_config
 from binlog_assets.dev import shop
 from binlog_assets.dev.demo import wait_for_debezium
 from binlog_assets.formats.debezium import DebeziumDecoder
+from binlog_assets.formats.event import ChangeEvent
 from binlog_assets.orchestration.partitions import partition_key
 
 PREFIX = "shop"
@@ -92,10 +94,16 @@ def wait_published(kafka_conf: dict, settle: float = 2.0) -> dict[str, int]:
 def kafka_model(kafka_conf: dict, ends: dict[str, int]) -> Counter:
     """What the changelog must hold: (topic, partition, offset, row_index) of every event
     the decoder makes of the topics' records below `ends` (Counter: each exactly once)."""
+    return Counter((e.topic, e.partition, e.offset, e.row_index)
+                   for e in kafka_events(kafka_conf, ends))
+
+
+def kafka_events(kafka_conf: dict, ends: dict[str, int]) -> Iterator[ChangeEvent]:
+    """Every event the decoder makes of the topics' records below `ends`."""
     consumer = Consumer({**kafka_conf, "group.id": f"model-{uuid.uuid4().hex[:6]}",
                          "enable.auto.commit": False, "enable.partition.eof": True})
     decoder = DebeziumDecoder()
-    out: Counter = Counter()
+    decoded = 0
     try:
         for key, end in ends.items():
             topic, partition = key.rsplit(":", 1)
@@ -112,8 +120,36 @@ def kafka_model(kafka_conf: dict, ends: dict[str, int]) -> Counter:
                     for e in decoder.decode(m.value(), topic=m.topic(), partition=m.partition(),
                                             offset=m.offset(), key=m.key(),
                                             headers=m.headers()):
-                        out[(e.topic, e.partition, e.offset, e.row_index)] += 1
-            assert last >= end - 1 or not out, f"{key}: read up to {last}, end {end}"
+                        decoded += 1
+                        yield e
+            assert last >= end - 1 or not decoded, f"{key}: read up to {last}, end {end}"
+    finally:
+        consumer.close()
+
+
+def dead_letter_coordinates(kafka_conf: dict, topic: str) -> Counter:
+    """(topic, partition, offset) of every record in the dead-letter topic `topic`, from
+    its `binlake.*` headers -> records (a record dead-lettered twice counts 2)."""
+    consumer = Consumer({**kafka_conf, "group.id": f"dlq-{uuid.uuid4().hex[:6]}",
+                         "enable.auto.commit": False})
+    out: Counter = Counter()
+    try:
+        tp = TopicPartition(topic, 0, 0)
+        _low, high = consumer.get_watermark_offsets(tp, timeout=30, cached=False)
+        if high <= 0:
+            return out
+        consumer.assign([tp])
+        deadline = time.monotonic() + 120
+        last = -1
+        while last < high - 1 and time.monotonic() < deadline:
+            for m in consumer.consume(500, timeout=1.0):
+                if m.error() is not None:
+                    continue
+                last = max(last, m.offset())
+                h = {k: v.decode() for k, v in m.headers() or () if k.startswith("binlake.")}
+                out[(h["binlake.topic"], int(h["binlake.partition"]),
+                     int(h["binlake.offset"]))] += 1
+        assert last >= high - 1, f"{topic}: read up to {last}, end {high}"
     finally:
         consumer.close()
     return out
