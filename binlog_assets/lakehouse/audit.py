@@ -17,7 +17,7 @@ from pyspark.sql import functions as F
 
 from binlog_assets.config import PipelineConfig
 from binlog_assets.formats.event import OP_CREATE, OP_DELETE, OP_READ, OP_TRUNCATE, OP_UPDATE
-from binlog_assets.lakehouse.changelog_reader import read_changelog
+from binlog_assets.lakehouse.changelog_reader import read_changelog, read_survey
 from binlog_assets.lakehouse.columns import change_identity, changelog_position
 from binlog_assets.lakehouse.routing import replica_route
 
@@ -35,7 +35,7 @@ def expected_live_rows(spark: SparkSession, config: PipelineConfig, replica: str
         return 0
     route = replica_route(config, replica)
     rows = read_changelog(spark, config, None, applied_version)
-    tables = route.select(r["table"] for r in rows.select("table").distinct().collect())
+    tables = _source_tables(spark, config, route, rows, applied_version)
     if not tables:
         return 0
     rows = rows.where(F.col("table").isin(tables)).withColumn("_pos", changelog_position())
@@ -68,8 +68,18 @@ def expected_log_rows(spark: SparkSession, config: PipelineConfig, replica: str,
         return 0
     route = replica_route(config, replica)
     rows = read_changelog(spark, config, None, applied_version)
-    tables = route.select(r["table"] for r in rows.select("table").distinct().collect())
+    tables = _source_tables(spark, config, route, rows, applied_version)
     if not tables:
         return 0
     changes = rows.where(F.col("table").isin(tables) & F.col("op").isin(*_ROW, OP_TRUNCATE))
     return changes.select("table", change_identity(changelog_position())).distinct().count()
+
+
+def _source_tables(spark: SparkSession, config: PipelineConfig, route, rows,
+                   applied_version: int) -> list[str]:
+    """The replica's source tables among the changelog's: from the commits' surveys in
+    the log while the changelog is short, else a scan of the rows (a Spark job)."""
+    groups = read_survey(spark, config, None, applied_version)
+    names = ({g[0] for g in groups} if groups is not None
+             else {r["table"] for r in rows.select("table").distinct().collect()})
+    return route.select(names)

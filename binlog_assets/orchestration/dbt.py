@@ -60,6 +60,9 @@ def write_profiles(config: PipelineConfig, directory: Path | None = None) -> Pat
                     "method": "session",
                     "host": "NA",  # unused by the session method, required by the schema
                     "schema": f"{config.lakehouse.database}_marts",
+                    # Models and tests that do not depend on each other run together:
+                    # each is a few small Spark jobs and driver round trips.
+                    "threads": 4,
                     "server_side_parameters": params,
                 }
             },
