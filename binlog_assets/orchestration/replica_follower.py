@@ -27,7 +27,7 @@ from binlog_assets.orchestration.replica_assets import (
     row_count_check,
 )
 from binlog_assets.orchestration.resources import SPARK_POOL, BinlakeResource
-from binlog_assets.orchestration.sensors import UNFINISHED
+from binlog_assets.orchestration.sensors import EVERY_DAEMON_PASS, UNFINISHED
 
 FOLLOW_JOB_NAME = "follow_replicas_job"
 
@@ -122,7 +122,7 @@ def follow_replicas_job() -> None:
 @dg.sensor(
     name="replica_follower_sensor",
     job=follow_replicas_job,
-    minimum_interval_seconds=5,
+    minimum_interval_seconds=EVERY_DAEMON_PASS,
     default_status=dg.DefaultSensorStatus.RUNNING,
     description="Keeps one follower run going when dagster.replica_follow_seconds > 0.",
 )

@@ -206,3 +206,16 @@ def test_dbt_follows_replica_changes_in_one_run_at_a_time(topic_config) -> None:
             instance.report_run_canceled(run)
         (again,) = tick(first.cursor).run_requests
         assert again.run_key != request.run_key
+
+
+def test_sensors_that_launch_fresh_work_tick_on_every_daemon_pass() -> None:
+    # An interval equal to the daemon's loop made the lag sensor tick 5 or 10 s apart.
+    from dagster._daemon.asset_daemon import MIN_INTERVAL_LOOP_SECONDS
+    from dagster._daemon.sensor import MIN_INTERVAL_LOOP_TIME
+
+    from binlog_assets.orchestration.replica_follower import replica_follower_sensor
+    from binlog_assets.orchestration.sensors import binlake_automation_sensor, kafka_lag_sensor
+
+    for sensor in (kafka_lag_sensor, replica_follower_sensor, binlake_automation_sensor):
+        assert sensor.minimum_interval_seconds < min(MIN_INTERVAL_LOOP_TIME,
+                                                     MIN_INTERVAL_LOOP_SECONDS), sensor.name
