@@ -31,14 +31,11 @@ _ROW = (*_LIVE, OP_DELETE)
 def expected_live_rows(spark: SparkSession, config: PipelineConfig, replica: str,
                        applied_version: int) -> int:
     """Live keys of `replica` per the changelog as of `applied_version` (0 before any)."""
-    if applied_version < 0:
-        return 0
     route = replica_route(config, replica)
-    rows = read_changelog(spark, config, None, applied_version)
-    tables = _source_tables(spark, config, route, rows, applied_version)
-    if not tables:
+    rows = _routed_rows(spark, config, route, applied_version)
+    if rows is None:
         return 0
-    rows = rows.where(F.col("table").isin(tables)).withColumn("_pos", changelog_position())
+    rows = rows.withColumn("_pos", changelog_position())
     if route.key_columns:
         image = F.coalesce(F.col("after"), F.col("before"))
         key = F.to_json(F.struct(*[F.get_json_object(image, f"$['{c}']").alias(c)
@@ -64,22 +61,22 @@ def expected_log_rows(spark: SparkSession, config: PipelineConfig, replica: str,
                       applied_version: int) -> int:
     """Distinct row changes and truncates of `replica`'s source tables per the changelog
     as of `applied_version`: the rows of its append-only replica (0 before any)."""
-    if applied_version < 0:
+    rows = _routed_rows(spark, config, replica_route(config, replica), applied_version)
+    if rows is None:
         return 0
-    route = replica_route(config, replica)
-    rows = read_changelog(spark, config, None, applied_version)
-    tables = _source_tables(spark, config, route, rows, applied_version)
-    if not tables:
-        return 0
-    changes = rows.where(F.col("table").isin(tables) & F.col("op").isin(*_ROW, OP_TRUNCATE))
+    changes = rows.where(F.col("op").isin(*_ROW, OP_TRUNCATE))
     return changes.select("table", change_identity(changelog_position())).distinct().count()
 
 
-def _source_tables(spark: SparkSession, config: PipelineConfig, route, rows,
-                   applied_version: int) -> list[str]:
-    """The replica's source tables among the changelog's: from the commits' surveys in
-    the log while the changelog is short, else a scan of the rows (a Spark job)."""
+def _routed_rows(spark: SparkSession, config: PipelineConfig, route, applied_version: int):
+    """The changelog's rows of the replica's source tables up to `applied_version`; None
+    when there are none. The tables come from the commits' surveys in the log while the
+    changelog is short, else from a scan of the rows (a Spark job)."""
+    if applied_version < 0:
+        return None
+    rows = read_changelog(spark, config, None, applied_version)
     groups = read_survey(spark, config, None, applied_version)
     names = ({g[0] for g in groups} if groups is not None
              else {r["table"] for r in rows.select("table").distinct().collect()})
-    return route.select(names)
+    tables = route.select(names)
+    return rows.where(F.col("table").isin(tables)) if tables else None
