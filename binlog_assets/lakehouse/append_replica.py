@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING
 from pyspark.sql import functions as F
 
 from binlog_assets.lakehouse.columns import change_identity, first_per_group, free_name
-from binlog_assets.lakehouse.delta_log import last_commit_metrics, merge_aliases, table_version
+from binlog_assets.lakehouse.delta_log import merge_aliases, metrics_since, table_version
 from binlog_assets.lakehouse.identifiers import col, qualified
 from binlog_assets.lakehouse.replica import APP_ID
 
@@ -51,7 +51,7 @@ def append_changes(spark: SparkSession, table: tuple[str, str], rows: DataFrame,
         (once.write.format("delta").mode("append")
          .option("txnAppId", APP_ID).option("txnVersion", version)
          .saveAsTable(name))
-        return _written(spark, table, before, "numOutputRows")
+        return int(metrics_since(spark, *table, before).get("numOutputRows", 0))
     t, s = merge_aliases(table)
     same = ((col("_source_db", t) == col("_source_db", s))
             & (col("_source_table", t) == col("_source_table", s))
@@ -60,11 +60,5 @@ def append_changes(spark: SparkSession, table: tuple[str, str], rows: DataFrame,
              .whenNotMatched().insert({qualified(c): col(c, s) for c in once.columns}))
     with txn():
         merge.merge()
-    return _written(spark, table, before, "numTargetRowsInserted")
+    return int(metrics_since(spark, *table, before).get("numTargetRowsInserted", 0))
 
-
-def _written(spark: SparkSession, table: tuple[str, str], before: int, metric: str) -> int:
-    # No new commit: an earlier apply recorded this changelog version and Delta skipped it.
-    if table_version(spark, *table) == before:
-        return 0
-    return int(last_commit_metrics(spark, *table).get(metric, 0))

@@ -144,10 +144,10 @@ def added_rows(spark: SparkSession, database: str, table: str, first: int, last:
 def table_detail(spark: SparkSession, database: str, table: str) -> dict:
     """The table's properties, number of data files and location, as `DESCRIBE DETAIL`
     names them; read from the log by delta-rs (10 ms, where the Spark job took 2 s)."""
-    location = table_location(spark, database, table)
-    log = _open(location)
+    log = _log(spark, database, table)
     return {"properties": dict(log.metadata().configuration),
-            "numFiles": len(log.file_uris()), "location": location}
+            "numFiles": len(log.file_uris()),
+            "location": table_location(spark, database, table)}
 
 
 def stored_rows(spark: SparkSession, database: str, table: str) -> int | None:
@@ -158,6 +158,15 @@ def stored_rows(spark: SparkSession, database: str, table: str) -> int | None:
     counts = pa.table(_log(spark, database, table).get_add_actions(flatten=True)
                       ).column("num_records")
     return None if counts.null_count else sum(counts.to_pylist())
+
+
+def metrics_since(spark: SparkSession, database: str, table: str, before: int
+                  ) -> dict[str, str]:
+    """The operation metrics of the commit after version `before`; empty when there is
+    none (another apply recorded this changelog version first: Delta skipped ours)."""
+    if table_version(spark, database, table) == before:
+        return {}
+    return last_commit_metrics(spark, database, table)
 
 
 def last_commit_metrics(spark: SparkSession, database: str, table: str) -> dict[str, str]:

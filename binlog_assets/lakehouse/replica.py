@@ -92,8 +92,8 @@ from binlog_assets.lakehouse.columns import (
 from binlog_assets.lakehouse.delta_log import (
     create_table,
     forget,
-    last_commit_metrics,
     merge_aliases,
+    metrics_since,
     stored_rows,
     table_detail,
     table_exists,
@@ -673,7 +673,7 @@ class ReplicaBuilder:
             # same transaction id (an initial build or a rebuild, without MERGE's joins).
             (reduced.write.format("delta").mode("append")
              .option("txnAppId", APP_ID).option("txnVersion", up_to).saveAsTable(name))
-            metrics = self._last_metrics(table, before)
+            metrics = metrics_since(self.spark, *table, before)
             return int(metrics.get("numOutputRows", 0)), 0
         t, s = merge_aliases(table)
         assignments = {qualified(c): col(c, s) for c in reduced.columns}
@@ -685,7 +685,7 @@ class ReplicaBuilder:
                      .delete())
         with self._txn(up_to):
             merge.merge()
-        metrics = self._last_metrics(table, before)
+        metrics = metrics_since(self.spark, *table, before)
         written = (int(metrics.get("numTargetRowsInserted", 0))
                    + int(metrics.get("numTargetRowsMatchedUpdated", 0)))
         return written, int(metrics.get("numTargetRowsNotMatchedBySourceDeleted", 0))
@@ -752,13 +752,6 @@ class ReplicaBuilder:
         got = counts.get
         return int(got.get("written") or 0), int(got.get("truncated") or 0)
 
-    def _last_metrics(self, table: tuple[str, str], before: int) -> dict[str, str]:
-        """The operation metrics of the commit after version `before`; empty when there
-        is none (another apply recorded this changelog version first: Delta skipped ours)."""
-        if table_version(self.spark, *table) == before:
-            return {}
-        return last_commit_metrics(self.spark, *table)
-
     def _commit_empty(self, target: tuple[str, str], up_to: int) -> None:
         empty = self.spark.table(qualified(*target)).limit(0)
         first = empty.columns[0]
@@ -783,9 +776,7 @@ class ReplicaBuilder:
         cutoff = (now - window).astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S.%f")
         self.spark.sql(f"DELETE FROM {qualified(*table)} WHERE _op = '{OP_DELETE}' "
                        f"AND _applied_at < TIMESTAMP '{cutoff}'")
-        purged = 0
-        if table_version(self.spark, *table) != before:
-            purged = int(last_commit_metrics(self.spark, *table).get("numDeletedRows", 0))
+        purged = int(metrics_since(self.spark, *table, before).get("numDeletedRows", 0))
         self.spark.sql(f"ALTER TABLE {qualified(*table)} SET TBLPROPERTIES "
                        f"('{PURGED_PROPERTY}' = '{now.timestamp():.3f}')")
         return purged

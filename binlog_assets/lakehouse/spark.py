@@ -87,22 +87,9 @@ _REMOTE_SESSIONS: dict[str, SparkSession] = {}
 
 
 def _remote_session(url: str) -> SparkSession:
-    import atexit
-
-    # The Connect class itself: `pyspark.sql.SparkSession.builder.remote` refuses to open
-    # one in a process that also runs a classic session (the test suite does).
-    from pyspark.sql.connect.session import SparkSession as RemoteSparkSession
-
     session = _REMOTE_SESSIONS.get(url)
     if session is None:
-        # What `builder.remote` does too: `pyspark.sql.functions` then build Connect
-        # columns in this process.
-        os.environ["SPARK_CONNECT_MODE_ENABLED"] = "1"
-        session = RemoteSparkSession.builder.remote(url).getOrCreate()
-        _REMOTE_SESSIONS[url] = session
-        # The server keeps a session's state (temp views, caches) until it is released
-        # or idles out; a run's process releases its own as it ends.
-        atexit.register(session.stop)
+        session = _REMOTE_SESSIONS[url] = _connect(url, new=False)
     return session
 
 
@@ -110,12 +97,24 @@ def new_session(spark: SparkSession, config: PipelineConfig) -> SparkSession:
     """A session of its own beside `spark` (own SQL settings, the same catalog)."""
     if not config.spark.remote:
         return spark.newSession()
+    return _connect(config.spark.remote, new=True)
+
+
+def _connect(url: str, *, new: bool) -> SparkSession:
+    """A Spark Connect session to `url`, released when this process exits."""
     import atexit
 
+    # The Connect class itself: `pyspark.sql.SparkSession.builder.remote` refuses to open
+    # one in a process that also runs a classic session (the test suite does).
     from pyspark.sql.connect.session import SparkSession as RemoteSparkSession
 
+    # What `builder.remote` does too: `pyspark.sql.functions` then build Connect columns
+    # in this process.
     os.environ["SPARK_CONNECT_MODE_ENABLED"] = "1"
-    session = RemoteSparkSession.builder.remote(config.spark.remote).create()
+    builder = RemoteSparkSession.builder.remote(url)
+    session = builder.create() if new else builder.getOrCreate()
+    # The server keeps a session's state (temp views, caches) until it is released or
+    # idles out; a run's process releases its own as it ends.
     atexit.register(session.stop)
     return session
 
