@@ -71,7 +71,8 @@ source-status:
 
 ## The Dagster UI over workspace.yaml (starts the local broker first).
 dev: stack-up
-	$(VENV)/bin/dagster dev -w workspace.yaml
+	REDIS_URL="$${REDIS_URL:-$$($(PY) -m binlog_assets.dev.stack redis-url)}" \
+		$(VENV)/bin/dagster dev -w workspace.yaml
 
 lint: setup
 	$(VENV)/bin/ruff check .

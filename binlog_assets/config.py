@@ -14,7 +14,15 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from binlog_assets.dev.paths import REPO_ROOT
 
@@ -130,6 +138,10 @@ class SourceConfig(_Model):
     strict: bool = Field(False, description="fail the run on a bad message instead of DLQ")
     dead_letter_topic: str | None = None
     tables: tuple[TableConfig, ...] = ()
+    # After `tables`: its check reads them.
+    handlers: str | None = Field(
+        None, description="`package.module:attribute` naming the HandlerRegistry whose "
+                          "handlers this source's events go through")
 
     @field_validator("name")
     @classmethod
@@ -146,6 +158,26 @@ class SourceConfig(_Model):
                 f"{self.lanes} * {self.key_slots_per_lane}"
             )
         return self
+
+    @field_validator("handlers")
+    @classmethod
+    def _handlers_fit(cls, v: str | None, info: ValidationInfo) -> str | None:
+        from binlog_assets.consume.handlers import load_registry, pattern_covers
+
+        sources = [t.source for t in info.data.get("tables", ())]
+        for pattern in load_registry(v).patterns:
+            if not any(pattern_covers(pattern, s) for s in sources):
+                raise ValueError(
+                    f"{v!r} registers a handler for {pattern!r}, which matches none of "
+                    f"this source's tables {sources} (a regex must be spelled as the "
+                    f"table's source regex)")
+        return v
+
+    def handler_registry(self):  # noqa: ANN201 - a HandlerRegistry, imported lazily
+        """The registry `handlers` names (empty when unset); Python caches the import."""
+        from binlog_assets.consume.handlers import load_registry
+
+        return load_registry(self.handlers)
 
     @property
     def dlq_topic(self) -> str:

@@ -2,7 +2,7 @@
 # System packages the stack needs, installed from Debian's archive only when missing:
 # a JDK 17+ (Kafka 4 and Spark 4), Maven (resolves the jars from Maven Central), and
 # MariaDB server + client (the binlog source; binlake runs its own mariadbd, not the
-# packaged service).
+# packaged service), and Redis (the handler example's cache; its own redis-server too).
 set -euo pipefail
 need=()
 command -v java >/dev/null 2>&1 || need+=(openjdk-17-jre-headless)
@@ -10,6 +10,7 @@ command -v mvn >/dev/null 2>&1 || need+=(maven)
 # mariadbd is in /usr/sbin, outside a non-root PATH.
 PATH="$PATH:/usr/sbin" command -v mariadbd >/dev/null 2>&1 || need+=(mariadb-server)
 command -v mariadb >/dev/null 2>&1 || need+=(mariadb-client)
+command -v redis-server >/dev/null 2>&1 || need+=(redis-server)
 python3 -c 'import venv, ensurepip' >/dev/null 2>&1 || need+=(python3-venv)
 if [ ${#need[@]} -gt 0 ]; then
   SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"

@@ -27,6 +27,7 @@ from binlog_assets.config import (
 from binlog_assets.dev.connect import DebeziumConnector, KafkaConnect
 from binlog_assets.dev.kafka import KafkaBroker
 from binlog_assets.dev.mariadb import MariaDBServer
+from binlog_assets.dev.redis import REDIS_URL_ENV, RedisServer
 from binlog_assets.dev.stack import source_skip_reason
 
 
@@ -111,6 +112,20 @@ def mariadb(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MariaDBServer]
 
 
 @pytest.fixture(scope="session")
+def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
+    server = RedisServer(tmp_path_factory.mktemp("redis"))
+    yield from _serve(server, lambda: f"redis 127.0.0.1:{server.port}")
+
+
+@pytest.fixture
+def redis_url(redis_server: RedisServer, monkeypatch: pytest.MonkeyPatch) -> str:
+    """The session's Redis, empty, named by `REDIS_URL` as handlers read it."""
+    redis_server.client().flushall()
+    monkeypatch.setenv(REDIS_URL_ENV, redis_server.url)
+    return redis_server.url
+
+
+@pytest.fixture(scope="session")
 def debezium_connect(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[KafkaConnect]:
@@ -134,7 +149,7 @@ def debezium_connect(
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     # Anything that asks for the real stack is an integration test, marked as such.
     real = {"kafka_broker", "spark", "pipeline_config", "config_file", "binlake_env",
-            "mariadb", "debezium_connect"}
+            "mariadb", "debezium_connect", "redis_server", "redis_url"}
     for item in items:
         if real & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.integration)

@@ -54,6 +54,13 @@ def test_repository_default_config_is_valid() -> None:
               ({"replica_mode": "upsert"}, "replica_mode"),
           ]],
         ({"spark": {"remote": "sc://localhost:15002\n"}}, "spark.remote"),
+        *[({"sources": [{"name": "s", "topics": ["t"], "handlers": spec,
+                         "tables": [{"source": "shop.products", "replica": "r"}]}]},
+           "sources[0].handlers")
+          for spec in ["no_such_module_xyz:registry", "binlog_assets.config:missing",
+                       "binlog_assets.config:PipelineConfig", "binlog_assets.config",
+                       # registers `shop.customers`, which no table of this source names
+                       "binlog_assets.examples.customer_cache:registry"]],
     ],
 )
 def test_bad_config_names_the_field(data: dict, field: str) -> None:

@@ -11,12 +11,16 @@
 3. Runs the pipeline through Dagster as a user would from the UI: the discovery sensor
    adds the topic-partitions, one bounded consumer run over them writes the
    changelog, Spark applies it to the replicas, dbt builds its models and tests.
-4. Prints, per table, source rows, replica rows and whether the content matches.
+   The example handler (`binlog_assets.examples.customer_cache`, named by binlake.yaml)
+   keeps a Redis cache of `shop.customers` in step during the consumer run.
+4. Prints, per table, source rows, replica rows and whether the content matches; the
+   same for the Redis cache.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import sys
 import time
@@ -28,13 +32,16 @@ from binlog_assets.config import PipelineConfig, load_config
 from binlog_assets.consume.checkpoint import retry_retriable
 from binlog_assets.dev import shop, stack
 from binlog_assets.dev.paths import var_dir
+from binlog_assets.dev.redis import REDIS_URL_ENV
+from binlog_assets.examples.customer_cache import HANDLERS_SPEC
+from binlog_assets.examples.customer_cache import customers as customers_cache
 
 
 def reset_local_state(config: PipelineConfig) -> None:
     """Stop the local stack and remove its data, the lakehouse and the instance's
     partitions, so a topic recreated with the same name never resumes at an old offset."""
     stack.down(config)
-    for name in ("kafka", "mariadb", "connect", "spark-connect", "dbt"):
+    for name in ("kafka", "mariadb", "connect", "spark-connect", "dbt", "redis"):
         shutil.rmtree(var_dir() / name, ignore_errors=True)
     shutil.rmtree(config.lakehouse.resolved_path(), ignore_errors=True)
     with dg.DagsterInstance.get() as instance:
@@ -125,7 +132,8 @@ def main() -> int:
         return 2
     reset_local_state(config)
     print(stack.source_up(config), flush=True)
-    print(stack.up(config), flush=True)  # the broker again (reused) and Spark Connect
+    print(stack.up(config), flush=True)  # the broker again (reused), Spark Connect, Redis
+    os.environ[REDIS_URL_ENV] = stack.redis_url(config)  # read by the handler example
     conn = stack.local_mariadb().connect()
     shop.create_schema(conn)
     statements = shop.demo_workload(conn)
@@ -155,10 +163,17 @@ def main() -> int:
     for r in results:
         print(f"{r.replica:<12}{r.source_rows:>12}{r.replica_rows:>14}  "
               f"{'matches' if r.matches else f'DIFFERS ({r.mismatched} rows)'}")
+    checked = [*results]
+    if any(s.handlers == HANDLERS_SPEC for s in config.sources):
+        cache = shop.compare_cache(conn, customers_cache.rows_at(os.environ[REDIS_URL_ENV]))
+        checked.append(cache)
+        print(f"{'cache':<12}{cache.source_rows:>12}{cache.replica_rows:>14}  "
+              f"{'matches' if cache.matches else f'DIFFERS ({cache.mismatched} rows)'}"
+              "  (Redis, kept by the customer_cache handler)")
     mart = f"`{config.lakehouse.database}_marts`.`customer_revenue`"
     print(f"\ndbt mart {mart}: {spark.table(mart).count()} rows")
     print(f"lakehouse: {config.lakehouse.resolved_path()} ({time.monotonic() - began:.0f}s)")
-    return 0 if all(r.matches for r in results) else 1
+    return 0 if all(r.matches for r in checked) else 1
 
 
 if __name__ == "__main__":

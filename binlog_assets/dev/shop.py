@@ -235,3 +235,17 @@ def compare(conn, spark, database: str, read=None) -> list[TableComparison]:
         rep = replica_rows(spark, database, replica, None if read is None else read(replica))
         results.append(TableComparison(replica, len(src), len(rep), len(src ^ rep)))
     return results
+
+
+def compare_cache(conn, cached: dict[str, dict[str, str]]) -> TableComparison:
+    """`shop.customers` against the handler example's Redis rows (key -> column -> text,
+    NULL columns absent), value for value."""
+    from binlog_assets.examples.customer_cache import cell_text
+
+    with conn.cursor() as cur:
+        cur.execute("SELECT * FROM shop.customers")
+        names = [d[0] for d in cur.description]
+        source = {str(row[0]): {c: cell_text(v) for c, v in zip(names, row, strict=True)
+                                if v is not None} for row in cur.fetchall()}
+    mismatched = sum(source.get(k) != cached.get(k) for k in source.keys() | cached.keys())
+    return TableComparison("customers cache", len(source), len(cached), mismatched)

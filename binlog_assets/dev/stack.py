@@ -3,6 +3,8 @@
 Only what the config leaves local is started: with `kafka.bootstrap.servers` set, the
 user's cluster is used and no broker starts here; with `spark.remote` naming a port on
 this machine, a Spark Connect server is started there (any other address is the user's).
+The handler example's Redis (`binlog_assets.examples.customer_cache`) starts with `up`
+when a source names that example and `REDIS_URL` does not point elsewhere.
 `source-up` adds the binlog source in front of the embedded broker (MariaDB with a ROW
 binlog, and Debezium in a Kafka Connect standalone worker); it too is skipped when the
 user's own Kafka is configured, since it exists only to feed the embedded broker. State
@@ -12,6 +14,7 @@ lives under `var/`.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from binlog_assets.config import PipelineConfig, load_config
@@ -19,6 +22,7 @@ from binlog_assets.dev.connect import DebeziumConnector, KafkaConnect
 from binlog_assets.dev.kafka import KafkaBroker
 from binlog_assets.dev.mariadb import MariaDBServer
 from binlog_assets.dev.paths import var_dir
+from binlog_assets.dev.redis import REDIS_URL_ENV, RedisServer
 from binlog_assets.dev.spark_connect import SparkConnectServer
 
 
@@ -42,6 +46,24 @@ def local_spark(config: PipelineConfig) -> SparkConnectServer | None:
     if config.spark.remote_port is None:
         return None
     return SparkConnectServer.for_config(config, var_dir() / "spark-connect")
+
+
+def local_redis(config: PipelineConfig) -> RedisServer | None:
+    """The Redis the stack runs for the handler example, None when nothing needs it."""
+    from binlog_assets.examples.customer_cache import HANDLERS_SPEC
+
+    if os.environ.get(REDIS_URL_ENV) or not any(
+            s.handlers == HANDLERS_SPEC for s in config.sources):
+        return None
+    return RedisServer(var_dir() / "redis")
+
+
+def redis_url(config: PipelineConfig) -> str:
+    """`REDIS_URL` for the handlers of this config: the user's, or the local server's."""
+    if (redis := local_redis(config)) is None:
+        return os.environ.get(REDIS_URL_ENV, "")
+    redis.start()
+    return redis.url
 
 
 def source_skip_reason(config: PipelineConfig) -> str | None:
@@ -80,6 +102,10 @@ def up(config: PipelineConfig) -> str:
     if (spark := local_spark(config)) is not None:
         seconds = spark.start()
         lines.append(f"{spark.status()} (ready in {seconds:.1f}s)")
+    if (redis := local_redis(config)) is not None:
+        seconds = redis.start()
+        lines.append(f"{redis.status()} (ready in {seconds:.1f}s; {REDIS_URL_ENV} for "
+                     f"handlers: make dev sets it, or `stack redis-url`)")
     return "\n".join(lines)
 
 
@@ -89,6 +115,7 @@ def down(config: PipelineConfig) -> str:
     spark = local_spark(config)
     if spark is not None:
         spark.stop()
+    RedisServer(var_dir() / "redis").stop()
     if config.bootstrap_servers:
         return "kafka: configured cluster, nothing local to stop"
     source = source_down(config)
@@ -100,7 +127,9 @@ def status(config: PipelineConfig) -> str:
     spark = local_spark(config)
     kafka = (f"kafka: configured bootstrap.servers={config.bootstrap_servers}"
              if config.bootstrap_servers else local_broker().status())
-    return "\n".join([kafka, *([spark.status()] if spark else [])])
+    redis = local_redis(config)
+    return "\n".join([kafka, *([spark.status()] if spark else []),
+                      *([redis.status()] if redis else [])])
 
 
 def source_up(config: PipelineConfig) -> str:
@@ -144,6 +173,7 @@ _ACTIONS = {
     "source-up": source_up,
     "source-down": source_down,
     "source-status": source_status,
+    "redis-url": redis_url,
 }
 
 

@@ -22,7 +22,7 @@ one-run-per-partition limit (dagster.yaml) are the lines there.
 import fcntl
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -43,7 +43,7 @@ from binlog_assets.orchestration.partitions import (
     parse_partition_key,
     partition_key,
 )
-from binlog_assets.orchestration.resources import BinlakeResource, load_handlers
+from binlog_assets.orchestration.resources import BinlakeResource
 from binlog_assets.orchestration.sensors import group_id
 
 # Partitions of one run consumed at the same time, each by its own consumer and lanes:
@@ -182,16 +182,19 @@ def consume_partition(
     kafka_conf: dict,
     key: str,
     run_config: ChangelogRunConfig,
-    handlers: HandlerRegistry,
+    handlers: HandlerRegistry | None = None,
     *,
     group: str,
     metadata_checkpoint: Callable[[], Checkpoint | None] = lambda: None,
     writer: ChangelogWriter | None = None,
 ) -> tuple[RunSummary, FencedChangelogSink]:
     """One bounded consumer run of `key` into the changelog: what the asset does for each
-    of its partitions, without Dagster around it."""
+    of its partitions, without Dagster around it. `handlers` defaults to the registry
+    the partition's source names in the config."""
     topic, partition = parse_partition_key(key)
     source = cfg.source_for_topic(topic)
+    if handlers is None:
+        handlers = source.handler_registry()
     writer = writer or ChangelogWriter(cfg)
 
     def changelog_cp() -> int | None:
@@ -227,7 +230,8 @@ def consume_partition(
         key_columns={t.source: list(t.key_columns) for t in source.tables if t.key_columns}
         or None,
     )
-    summary = BoundedRun(topic, partition, handlers, settings, sink=sink).run()
+    with handlers.opened():
+        summary = BoundedRun(topic, partition, handlers, settings, sink=sink).run()
     return summary, sink
 
 
@@ -246,15 +250,15 @@ def consume_partitions(
     kafka_conf: dict,
     keys: Sequence[str],
     run_config: ChangelogRunConfig,
-    handlers: HandlerRegistry,
+    handlers: HandlerRegistry | None = None,
     *,
     group: str,
     metadata_checkpoint: Callable[[str], Checkpoint | None] = lambda key: None,
     parallel: int = PARTITIONS_IN_PARALLEL,
 ) -> list[PartitionOutcome]:
     """Bounded runs of every partition in `keys`, `parallel` at a time, sharing one
-    changelog writer. A partition that fails does not stop the others: its outcome
-    carries the error."""
+    changelog writer and the handlers' clients (opened once for the run). A partition
+    that fails does not stop the others: its outcome carries the error."""
     writer = ChangelogWriter(cfg)
 
     def one(key: str) -> PartitionOutcome:
@@ -266,11 +270,23 @@ def consume_partitions(
         except Exception as exc:  # reported per partition by the caller
             return PartitionOutcome(key, error=exc)
 
-    if len(keys) == 1:
-        return [one(keys[0])]
-    with ThreadPoolExecutor(max_workers=max(1, min(parallel, len(keys))),
-                            thread_name_prefix="binlake-partition") as pool:
-        return list(pool.map(one, keys))
+    with ExitStack() as opened:
+        for registry in _registries(cfg, keys, handlers):
+            opened.enter_context(registry.opened())
+        if len(keys) == 1:
+            return [one(keys[0])]
+        with ThreadPoolExecutor(max_workers=max(1, min(parallel, len(keys))),
+                                thread_name_prefix="binlake-partition") as pool:
+            return list(pool.map(one, keys))
+
+
+def _registries(cfg: PipelineConfig, keys: Sequence[str],
+                handlers: HandlerRegistry | None) -> list[HandlerRegistry]:
+    """The distinct registries the partitions' sources name (or just `handlers`)."""
+    if handlers is not None:
+        return [handlers]
+    found = (cfg.source_for_topic(parse_partition_key(k)[0]).handler_registry() for k in keys)
+    return list({id(r): r for r in found}.values())
 
 
 def _lags(kafka_conf: dict, group: str, keys: Sequence[str]) -> dict[str, int]:
@@ -298,8 +314,7 @@ def changelog(
     group = group_id(binlake)
     kafka_conf = binlake.kafka_conf()
     outcomes = consume_partitions(
-        binlake.pipeline, kafka_conf, keys, config, load_handlers(binlake.handlers),
-        group=group,
+        binlake.pipeline, kafka_conf, keys, config, group=group,
         metadata_checkpoint=lambda key: latest_metadata_checkpoint(context.instance, key),
     )
     lags = _lags(kafka_conf, group, keys)

@@ -12,7 +12,6 @@ from functools import cached_property
 import dagster as dg
 
 from binlog_assets.config import PipelineConfig, load_config
-from binlog_assets.consume.handlers import HandlerRegistry
 from binlog_assets.dev.stack import kafka_client_config
 
 # Every step that starts Spark takes a slot of this pool. The local catalog is embedded
@@ -34,7 +33,6 @@ class BinlakeResource(dg.ConfigurableResource):
     """The validated pipeline config and Kafka settings, for assets and sensors."""
 
     config_path: str | None = None
-    handlers: str | None = None  # `package.module:registry` of per-table handlers
 
     @cached_property
     def pipeline(self) -> PipelineConfig:
@@ -50,19 +48,3 @@ class BinlakeResource(dg.ConfigurableResource):
         from binlog_assets.lakehouse.spark import get_spark
 
         return get_spark(self.pipeline)
-
-
-def load_handlers(spec: str | None) -> HandlerRegistry:
-    """The user's per-table handlers: `package.module:attribute` naming a HandlerRegistry
-    (or None for none: the changelog alone). A bad spec fails naming it."""
-    import importlib
-
-    if not spec:
-        return HandlerRegistry()
-    module_name, sep, attr = spec.partition(":")
-    if not sep or not attr:
-        raise ValueError(f"handlers {spec!r}: expected 'package.module:attribute'")
-    registry = getattr(importlib.import_module(module_name), attr, None)
-    if not isinstance(registry, HandlerRegistry):
-        raise ValueError(f"handlers {spec!r} is not a HandlerRegistry")
-    return registry

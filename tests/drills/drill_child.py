@@ -36,8 +36,7 @@ def main() -> None:
         known = set(instance.get_dynamic_partitions(KAFKA_PARTITIONS_NAME))
         instance.add_dynamic_partitions(KAFKA_PARTITIONS_NAME, [k for k in keys if k not in known])
         resources = {
-            "binlake": BinlakeResource(config_path=config_path,
-                                       handlers="drill_handlers:registry"),
+            "binlake": BinlakeResource(config_path=config_path),
         }
         for key in keys:
             result = dg.materialize([changelog], partition_key=key, instance=instance,

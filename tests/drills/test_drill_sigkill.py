@@ -103,7 +103,7 @@ def _sigkill_drill(trials: int, name: str, keys: tuple[str, ...], replicas: tupl
     # written to the same broker, must not count here.
     dlq = f"drills.dlq.{name}-{uuid.uuid4().hex[:6]}"
     cfg = shop_config(pipeline_config, "drills", lakehouse=lake, lanes=8,
-                      dead_letter_topic=dlq)
+                      dead_letter_topic=dlq, handlers="drill_handlers:registry")
     config_path = tmp_path / "binlake.yaml"
     config_path.write_text(yaml.safe_dump(cfg.model_dump(mode="json", exclude_none=True)))
     kafka_conf = dict(cfg.kafka)

@@ -1,0 +1,1 @@
+"""Handlers a user would write, shipped as working examples (README "Write your handlers")."""
