@@ -73,7 +73,9 @@ class RedisServer(LocalDaemon):
         return [program, "--port", str(self.port), "--bind", "127.0.0.1",
                 "--dir", str(self.data_dir), "--requirepass", self.password,
                 "--save", "", "--appendonly", "no", "--daemonize", "no",
-                "--logfile", str(self.log_file)]
+                "--logfile", str(self.log_file),
+                # Keep the command line (Redis rewrites it by default): the marker is there.
+                "--set-proc-title", "no"]
 
     def _wait_ready(self, began: float, timeout: float,
                     proc: subprocess.Popen[bytes] | None = None) -> None:
