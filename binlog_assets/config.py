@@ -135,6 +135,9 @@ class SourceConfig(_Model):
     )
     max_in_flight: int = Field(10_000, ge=1)
     max_retries: int = Field(3, ge=0)
+    handler_timeout_seconds: float | None = Field(
+        60.0, gt=0, description="a handler call running longer is named in the run's log "
+                                "and counted in its metadata (`timeouts`); null: never")
     strict: bool = Field(False, description="fail the run on a bad message instead of DLQ")
     dead_letter_topic: str | None = None
     tables: tuple[TableConfig, ...] = ()

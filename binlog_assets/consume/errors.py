@@ -130,3 +130,16 @@ def _require_int(field: str, value: object, *, minimum: int) -> None:
 def _require_seconds(field: str, value: object) -> None:
     if not isinstance(value, int | float) or isinstance(value, bool) or value < 0:
         raise ValueError(f"ErrorPolicy.{field} must be a number of seconds >= 0, got {value!r}")
+
+
+_FAILED_HANDLERS = "binlake_failed_handlers"
+
+
+def mark_failed_handlers(error: BaseException, names: list[str]) -> None:
+    """Name the handlers that failed on an event, for its dead letter's headers."""
+    setattr(error, _FAILED_HANDLERS, tuple(names))
+
+
+def failed_handlers(error: BaseException) -> tuple[str, ...]:
+    """The handlers `mark_failed_handlers` named on `error` (none for other errors)."""
+    return getattr(error, _FAILED_HANDLERS, ())

@@ -33,34 +33,24 @@ from __future__ import annotations
 import logging
 import threading
 import zlib
-from collections import Counter, deque
+from collections import deque
 from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from heapq import heapify, heappop, heappush
-from operator import attrgetter
 from queue import Empty
-from time import monotonic
+from time import monotonic, perf_counter
 from types import TracebackType
 
-from binlog_assets.consume.errors import (
-    BreakerOpenError,
-    DeadLetter,
-    DispatcherStopped,
-    ErrorPolicy,
-    KeyBreaker,
-    dead_letter_reason,
+from binlog_assets.consume.errors import DeadLetter, DispatcherStopped, ErrorPolicy, KeyBreaker
+from binlog_assets.consume.handlers import HandlerRegistry
+from binlog_assets.consume.invoke import (
+    BATCH_MAX_EVENTS,
+    HandlerMetrics,
+    Invoker,
+    Stopping,
+    WorkerState,
+    merge_metrics,
 )
-from binlog_assets.consume.handlers import Handler, HandlerRegistry
 from binlog_assets.formats.event import OP_DDL, OP_TRUNCATE, ChangeEvent
-
-try:
-    from collections import _count_elements  # Counter.update's C loop, without its checks
-except ImportError:  # pragma: no cover - other interpreters
-
-    def _count_elements(mapping, iterable):  # type: ignore[no-redef]
-        for element in iterable:
-            mapping[element] = mapping.get(element, 0) + 1
 
 log = logging.getLogger(__name__)
 
@@ -77,8 +67,6 @@ MAX_DEFAULT_WORKERS = 64
 # million-key backlog; a miss costs about 0.3 us (single-integer keys) to 0.8 us. Keyed by
 # equality, so 1 and 1.0 would share a lane; a decoder gives a column one type anyway.
 _KEY_LANE_CACHE = 4096
-
-_TABLE_OP = attrgetter("table", "op")
 
 # A worker reports finished events when it has nothing else to run, or after this many
 # events or seconds, whichever comes first: the in-flight count and the commit point lag
@@ -134,20 +122,6 @@ def ordering_key_bytes(event: ChangeEvent, mode: str) -> bytes:
     raise ValueError(f"ordering must be one of {ORDERING_MODES}, got {mode!r}")
 
 
-@dataclass(frozen=True)
-class DispatchStats:
-    """Counters for the run's metadata; numbers stay numbers so the UI can chart them."""
-
-    handled: int  # events whose handlers all succeeded
-    skipped: int  # events of tables without handlers
-    retried: int  # handler retries (attempts after the first)
-    dead_lettered: int
-    dead_lettered_by_table: dict[str, int]
-    dead_lettered_by_reason: dict[str, int]
-    events_by_table_op: dict[str, dict[str, int]]  # table -> op -> events done
-    breakers_open: int  # keys whose later events are dead-lettered without retries
-
-
 class LaneDispatcher:
     """Runs each event's handlers on its lane; see the module docstring.
 
@@ -171,6 +145,7 @@ class LaneDispatcher:
         policy: ErrorPolicy | None = None,
         dead_letter: DeadLetter | None = None,
         handler_threads: int | None = None,
+        handler_timeout_seconds: float | None = None,
     ) -> None:
         _require_count("lanes", lanes)
         workers = min(lanes, MAX_DEFAULT_WORKERS) if workers is None else workers
@@ -194,8 +169,6 @@ class LaneDispatcher:
         self._max_in_flight = max_in_flight
         self._low_water = low_water
         self._policy = policy if policy is not None else ErrorPolicy()
-        self._dead_letter = dead_letter
-        self._handler_threads = handler_threads or workers
 
         self._lock = threading.Lock()
         self._changed = threading.Condition(self._lock)  # in-flight transitions, halts
@@ -215,13 +188,15 @@ class LaneDispatcher:
         # Moving average of a lane's handling time per event; None until the first lane
         # run is measured (the handlers count as waiting until then).
         self._event_seconds: float | None = None
-        self._pool: ThreadPoolExecutor | None = None
-        self._stats = [_WorkerStats() for _ in range(workers)]
+        self._invoker = Invoker(
+            policy=self._policy, dead_letter=dead_letter, stop=self._stop, halt=self._halt,
+            handler_threads=handler_threads or workers, timeout_seconds=handler_timeout_seconds)
+        self._workers = [WorkerState() for _ in range(workers)]
         self._threads = [
             threading.Thread(
-                target=self._work, args=(stats,), name=f"binlake-lane-worker-{i}", daemon=True
+                target=self._work, args=(state,), name=f"binlake-lane-worker-{i}", daemon=True
             )
-            for i, stats in enumerate(self._stats)
+            for i, state in enumerate(self._workers)
         ]
         for thread in self._threads:
             thread.start()
@@ -362,8 +337,7 @@ class LaneDispatcher:
         self.stop()
         for thread in (*self._threads, self._patrol):
             thread.join(timeout)
-        if self._pool is not None:
-            self._pool.shutdown(wait=False, cancel_futures=True)
+        self._invoker.close()
 
     def __enter__(self) -> LaneDispatcher:
         return self
@@ -383,31 +357,22 @@ class LaneDispatcher:
 
     @property
     def dead_lettered(self) -> int:
-        return sum(sum(s.dead_lettered.values()) for s in self._stats)
+        return sum(w.dead_lettered for w in self._workers)
 
-    def stats(self) -> DispatchStats:
-        by_table_op: dict[str, dict[str, int]] = {}
-        dead_by_table: Counter[str] = Counter()
-        dead_by_reason: Counter[str] = Counter()
-        for s in self._stats:
-            # dict() copies in one C call, so a worker's concurrent update cannot break it.
-            for (table, op), n in dict(s.by_table_op).items():
-                ops = by_table_op.setdefault(table, {})
-                ops[op] = ops.get(op, 0) + n
-            dead_by_table.update(dict(s.dead_lettered))
-            dead_by_reason.update(dict(s.dead_letter_reasons))
-        return DispatchStats(
-            handled=sum(s.handled for s in self._stats),
-            skipped=sum(s.skipped for s in self._stats),
-            retried=sum(s.retried for s in self._stats),
-            dead_lettered=sum(dead_by_table.values()),
-            dead_lettered_by_table=dict(dead_by_table),
-            dead_lettered_by_reason=dict(dead_by_reason),
-            events_by_table_op=by_table_op,
-            breakers_open=sum(
-                len(lane.breaker.open_keys()) for lane in self._lanes if lane.breaker is not None
-            ),
-        )
+    @property
+    def skipped(self) -> int:
+        """Events of tables that no handler is registered for."""
+        return sum(w.skipped for w in self._workers)
+
+    @property
+    def breakers_open(self) -> int:
+        """Keys whose later events are dead-lettered without retries."""
+        return sum(len(lane.breaker.open_keys()) for lane in self._lanes
+                   if lane.breaker is not None)
+
+    def handler_metrics(self) -> dict[str, HandlerMetrics]:
+        """Per handler name: events, errors, retries, dead letters, timeouts, latency."""
+        return merge_metrics(self._workers)
 
     def lane_of(self, event: ChangeEvent) -> int:
         """The lane `event` runs on: crc32(ordering_key_bytes(event, mode)) % lanes.
@@ -513,9 +478,10 @@ class LaneDispatcher:
         no worker takes (see `_ReadyQueue.patrol`)."""
         while not self._stop.wait(_PATROL_SECONDS):
             self._ready.patrol()
+            self._invoker.watch(self._workers)
 
     # -- the workers' side ------------------------------------------------------------
-    def _work(self, stats: _WorkerStats) -> None:
+    def _work(self, worker: WorkerState) -> None:
         wake = threading.Lock()
         wake.acquire()  # held while this worker waits; `_ReadyQueue.put` releases it
         get, get_nowait = self._ready.get, self._ready.get_nowait
@@ -545,7 +511,7 @@ class LaneDispatcher:
                 if lane is None:
                     break
                 try:
-                    self._run_lane(lane, stats, done)
+                    self._run_lane(lane, worker, done)
                 except BaseException as exc:
                     # A dispatcher bug: stop rather than hang. Once stopping, an interrupted
                     # fan-out (its pool futures cancelled by close) is expected, not a
@@ -556,7 +522,7 @@ class LaneDispatcher:
             if done:
                 self._report(done)
 
-    def _run_lane(self, lane: _Lane, stats: _WorkerStats, done: list[int]) -> None:
+    def _run_lane(self, lane: _Lane, worker: WorkerState, done: list[int]) -> None:
         with self._lock:
             entries, lane.entries = lane.entries, []
         parked = False
@@ -571,14 +537,14 @@ class LaneDispatcher:
                 if self._halted:
                     break
                 if type(entry) is list:
-                    stopped = self._run_batch(lane, entry, done, stats, deadline)
+                    stopped = self._run_batch(lane, entry, done, worker, deadline)
                     if stopped is not None:
                         rest = [entry[stopped:], *entries[i + 1 :]]
                         break
                 elif self._control(lane, entry, entries, i):
                     parked = True
                     break
-        except _Stopping:
+        except Stopping:
             pass
         finally:
             finished = len(done) - finished
@@ -606,21 +572,26 @@ class LaneDispatcher:
         lane: _Lane,
         batch: list[ChangeEvent],
         done: list[int],
-        stats: _WorkerStats,
+        worker: WorkerState,
         deadline: float,
     ) -> int | None:
         """Run `batch` in order. Returns None when it ran to its end (or the dispatcher
         stopped), else the index of the first event not run: the time slice is over and
         other lanes are waiting for a worker."""
         handlers_for = self._registry.handlers_for
+        invoker = self._invoker
         waiting = self._ready.qsize
         append = done.append
-        first = len(done)  # events finished here are the ones appended past it
+        current = worker.current
         fast = 0
         stopped = None
-        table = handlers = fn = None
+        table = handlers = fn = tally = name = None
+        batched = False
+        resume = 0  # events before it were handled by a batch call
         try:
             for index, event in enumerate(batch):
+                if index < resume:
+                    continue
                 if self._halted:
                     break
                 if monotonic() >= deadline and index and waiting():
@@ -629,24 +600,44 @@ class LaneDispatcher:
                 if event.table != table:
                     table = event.table
                     handlers = handlers_for(table)
-                    fn = handlers[0].fn if len(handlers) == 1 else None
+                    single = handlers[0] if len(handlers) == 1 and not handlers[0].batch else None
+                    fn = single.fn if single is not None else None
+                    if single is not None:
+                        name, tally = single.name, worker.tally(single)
+                    batched = any(h.batch for h in handlers)
                 if fn is not None and lane.breaker is None:
                     # The common case: one handler, no failure, no breaker to consult.
+                    current[0], current[1] = name, event
+                    began = current[2] = perf_counter()
                     try:
                         fn(event)
                     except BaseException as exc:
-                        if not self._handle(lane, event, handlers, exc, stats):
+                        current[2] = 0.0
+                        tally.timed(perf_counter() - began)
+                        if not invoker.handle(lane, event, handlers, exc, worker):
                             break
                     else:
+                        current[2] = 0.0
+                        tally.timed(perf_counter() - began)
                         fast += 1
-                elif not self._handle(lane, event, handlers, None, stats):
+                elif batched and lane.breaker is None:
+                    resume = _same_table_end(batch, index, table)
+                    run = batch[index:resume]
+                    if not invoker.handle_many(run, handlers, worker):
+                        # Replayed one at a time: only the events that fail dead-letter.
+                        for one in run:
+                            if not invoker.handle(lane, one, handlers, None, worker):
+                                return None
+                            append(one.offset)
+                        continue
+                    done.extend([e.offset for e in run])
+                    continue
+                elif not invoker.handle(lane, event, handlers, None, worker):
                     break
                 append(event.offset)
         finally:
-            stats.handled += fast
-            count = len(done) - first
-            finished = batch if count == len(batch) else batch[:count]
-            _count_elements(stats.by_table_op, map(_TABLE_OP, finished))
+            if fast:
+                tally.events += fast
         return stopped
 
     def _control(self, lane: _Lane, entry: _Control, entries: list, i: int) -> bool:
@@ -711,144 +702,6 @@ class LaneDispatcher:
                 del multi[offset]
                 settled.append(offset)
         return settled
-
-    def _handle(
-        self,
-        lane: _Lane,
-        event: ChangeEvent,
-        handlers: tuple[Handler, ...],
-        first_error: BaseException | None,
-        stats: _WorkerStats,
-    ) -> bool:
-        """The general path: breaker, several handlers, retries, dead letters, strict stop.
-
-        Returns False when the dispatcher stopped and the event is not done.
-        """
-        key = (event.table, event.key)
-        breaker = lane.breaker
-        if breaker is not None and breaker.is_open(key):
-            error = BreakerOpenError(event.table, event.key, breaker.threshold)
-            return self._dead_letter_event(event, error, 0, stats)
-        if not handlers:
-            stats.skipped += 1
-            return True
-        if first_error is not None:
-            outcomes = [self._retry(handlers[0], event, first_error)]
-        elif len(handlers) == 1:
-            outcomes = [self._call(handlers[0], event)]
-        else:
-            outcomes = self._fan_out(handlers, event)
-        stats.retried += sum(attempts - 1 for _, attempts in outcomes)
-        failed = [
-            (handler, error, attempts)
-            for handler, (error, attempts) in zip(handlers, outcomes, strict=False)
-            if error is not None
-        ]
-        if not failed:
-            stats.handled += 1
-            if breaker is not None:
-                breaker.record_success(key)
-            return True
-        for handler, error, attempts in failed:
-            error.add_note(
-                f"binlake: handler {handler.name!r} failed on {event.table} "
-                f"{event.topic}[{event.partition}]@{event.offset} after {attempts} attempt(s)"
-            )
-        if len(failed) == 1:
-            error = failed[0][1]
-        else:
-            error = BaseExceptionGroup(
-                f"{len(failed)} handlers failed on {event.table}@{event.offset}",
-                [error for _, error, _ in failed],
-            )
-        attempts = max(attempts for _, _, attempts in failed)
-        if self._policy.strict or not isinstance(error, Exception):
-            self._halt(error)
-            return False
-        if not self._dead_letter_event(event, error, attempts, stats):
-            return False
-        if self._policy.breaker_threshold:
-            if lane.breaker is None:
-                lane.breaker = KeyBreaker(self._policy.breaker_threshold)
-            if lane.breaker.record_dead_letter(key):
-                log.warning(
-                    "breaker opened for %s key %r: later events of this key are "
-                    "dead-lettered without retries",
-                    event.table,
-                    event.key,
-                )
-        return True
-
-    def _call(self, handler: Handler, event: ChangeEvent) -> tuple[BaseException | None, int]:
-        try:
-            handler.fn(event)
-        except BaseException as exc:
-            return self._retry(handler, event, exc)
-        return None, 1
-
-    def _retry(
-        self, handler: Handler, event: ChangeEvent, error: BaseException
-    ) -> tuple[BaseException | None, int]:
-        """Retry after `error` with backoff: (last error or None, attempts made)."""
-        attempts = 1
-        # Only ordinary exceptions are retried: SystemExit and friends mean stop.
-        while isinstance(error, Exception) and attempts <= self._policy.max_retries:
-            if self._stop.wait(self._policy.backoff(attempts)):
-                raise _Stopping
-            attempts += 1
-            try:
-                handler.fn(event)
-            except BaseException as exc:
-                error = exc
-            else:
-                return None, attempts
-        return error, attempts
-
-    def _fan_out(
-        self, handlers: tuple[Handler, ...], event: ChangeEvent
-    ) -> list[tuple[BaseException | None, int]]:
-        """Run several handlers concurrently: the first inline, the rest on the pool."""
-        pool = self._handler_pool()
-        futures = [pool.submit(self._call, handler, event) for handler in handlers[1:]]
-        first = self._call(handlers[0], event)
-        return [first, *(future.result() for future in futures)]
-
-    def _handler_pool(self) -> ThreadPoolExecutor:
-        if self._pool is None:
-            with self._lock:
-                if self._pool is None:
-                    self._pool = ThreadPoolExecutor(
-                        self._handler_threads, thread_name_prefix="binlake-handler"
-                    )
-        return self._pool
-
-    def _dead_letter_event(
-        self, event: ChangeEvent, error: BaseException, attempts: int, stats: _WorkerStats
-    ) -> bool:
-        try:
-            if self._dead_letter is None:
-                log.error(
-                    "dead letter (no dead_letter callback) %s %s[%d]@%d after %d attempt(s)",
-                    event.table,
-                    event.topic,
-                    event.partition,
-                    event.offset,
-                    attempts,
-                    exc_info=error,
-                )
-            else:
-                self._dead_letter(event, error, attempts)
-        except BaseException as exc:
-            # Neither handled nor dead-lettered: it must not count as done.
-            exc.add_note(
-                f"binlake: dead_letter failed for {event.table} "
-                f"{event.topic}[{event.partition}]@{event.offset}"
-            )
-            self._halt(exc)
-            return False
-        stats.dead_lettered[event.table] += 1
-        stats.dead_letter_reasons[dead_letter_reason(error)] += 1
-        return True
 
 
 class _ReadyQueue:
@@ -1024,29 +877,14 @@ class _Control:
         self.barrier = barrier
 
 
-class _WorkerStats:
-    """Counters owned by one worker thread, summed by `LaneDispatcher.stats()`."""
-
-    __slots__ = (
-        "by_table_op",
-        "dead_letter_reasons",
-        "dead_lettered",
-        "handled",
-        "retried",
-        "skipped",
-    )
-
-    def __init__(self) -> None:
-        self.handled = 0
-        self.skipped = 0
-        self.retried = 0
-        self.dead_lettered: Counter[str] = Counter()
-        self.dead_letter_reasons: Counter[str] = Counter()
-        self.by_table_op: Counter[tuple[str, str]] = Counter()
-
-
-class _Stopping(Exception):
-    """Raised out of a retry backoff when the dispatcher stops."""
+def _same_table_end(batch: list[ChangeEvent], index: int, table: str) -> int:
+    """Where the run of `table`'s events starting at `index` ends (BATCH_MAX_EVENTS at
+    most): what one batch handler call receives."""
+    end = min(len(batch), index + BATCH_MAX_EVENTS)
+    for i in range(index + 1, end):
+        if batch[i].table != table:
+            return i
+    return end
 
 
 def _table_bytes(table: str) -> bytes:

@@ -34,8 +34,9 @@ from binlog_assets.consume.checkpoint import (
     retry_retriable,
 )
 from binlog_assets.consume.deadletter import DeadLetter, DeadLetterPublisher
-from binlog_assets.consume.errors import ErrorPolicy
+from binlog_assets.consume.errors import ErrorPolicy, failed_handlers
 from binlog_assets.consume.handlers import HandlerRegistry
+from binlog_assets.consume.invoke import HandlerMetrics
 from binlog_assets.consume.lanes import MAX_DEFAULT_WORKERS, LaneDispatcher
 from binlog_assets.consume.offsets import OffsetTracker
 from binlog_assets.faults import fault_point
@@ -84,6 +85,7 @@ class RunSettings:
     key_slots_per_lane: int = 8
     max_in_flight: int = 10_000
     error_policy: ErrorPolicy = field(default_factory=ErrorPolicy)
+    handler_timeout_seconds: float | None = 60.0  # a call running longer is named
     dead_letter_topic: str | None = None
     max_records: int | None = None
     max_seconds: float | None = None
@@ -112,6 +114,7 @@ class RunSummary:
     seconds: float = 0.0
     stop_reason: str = STOP_END
     checkpoint_candidates: tuple[Checkpoint, ...] = ()
+    handlers: dict[str, HandlerMetrics] = field(default_factory=dict)  # by handler name
 
     @property
     def throughput(self) -> float:
@@ -228,6 +231,7 @@ class BoundedRun:
                 max_in_flight=s.max_in_flight,
                 policy=s.error_policy,
                 dead_letter=self._handler_dead_letter,
+                handler_timeout_seconds=s.handler_timeout_seconds,
             ))
             consumer = self._consumer()
             watermarks = _Started(
@@ -259,6 +263,7 @@ class BoundedRun:
                 dispatcher.stop()  # idle: its threads exit while the commit is in flight
             self._commit(consumer, tracker, summary)
             summary.dead_lettered = summary.decode_dead_lettered + dispatcher.dead_lettered
+            summary.handlers = dispatcher.handler_metrics()
             summary.skipped = Counter(self.decoder.skipped)
             summary.seconds = time.monotonic() - began
             return summary
@@ -464,7 +469,8 @@ class BoundedRun:
                              attempts: int) -> None:
         self._dead_letters().publish(DeadLetter(
             event.topic, event.partition, event.offset, None,
-            _event_bytes(event), (("binlake.table", event.table.encode()),),
+            _event_bytes(event), (("binlake.table", event.table.encode()),
+                                  ("binlake.handler", ",".join(failed_handlers(error)).encode())),
             "handler", f"{type(error).__name__}: {error}", attempts,
         ))
 

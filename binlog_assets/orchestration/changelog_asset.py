@@ -170,6 +170,12 @@ def summary_metadata(summary: RunSummary, lag_at_end: int | None,
     }
     for op, n in summary.per_op().items():
         md[f"events_{op}"] = dg.MetadataValue.int(n)
+    for name, m in summary.handlers.items():
+        # One number per key, so the UI plots each handler's series over runs.
+        for field in ("events", "errors", "retries", "dead_lettered", "timeouts"):
+            md[f"handler.{name}.{field}"] = dg.MetadataValue.int(getattr(m, field))
+        md[f"handler.{name}.p50_ms"] = dg.MetadataValue.float(m.p50_ms)
+        md[f"handler.{name}.p99_ms"] = dg.MetadataValue.float(m.p99_ms)
     if lag_at_end is not None:
         md["lag_at_end"] = dg.MetadataValue.int(lag_at_end)
     if version is not None:
@@ -219,6 +225,7 @@ def consume_partition(
         key_slots_per_lane=source.key_slots_per_lane,
         max_in_flight=source.max_in_flight,
         error_policy=ErrorPolicy(max_retries=source.max_retries, strict=source.strict),
+        handler_timeout_seconds=source.handler_timeout_seconds,
         dead_letter_topic=source.dlq_topic,
         max_records=run_config.max_records or cfg.dagster.max_records_per_run,
         max_seconds=run_config.max_seconds or cfg.dagster.max_seconds_per_run,
@@ -282,10 +289,12 @@ def consume_partitions(
 
 def _registries(cfg: PipelineConfig, keys: Sequence[str],
                 handlers: HandlerRegistry | None) -> list[HandlerRegistry]:
-    """The distinct registries the partitions' sources name (or just `handlers`)."""
+    """The distinct registries the partitions' sources name (or just `handlers`). A
+    partition of no configured source fails on its own, in `consume_partition`."""
     if handlers is not None:
         return [handlers]
-    found = (cfg.source_for_topic(parse_partition_key(k)[0]).handler_registry() for k in keys)
+    topics = {parse_partition_key(k)[0] for k in keys}
+    found = (s.handler_registry() for s in cfg.sources if topics.intersection(s.topics))
     return list({id(r): r for r in found}.values())
 
 

@@ -17,6 +17,7 @@ from binlog_assets.consume.errors import (
     ErrorPolicy,
     KeyBreaker,
     dead_letter_reason,
+    failed_handlers,
 )
 from binlog_assets.consume.handlers import HandlerRegistry
 from binlog_assets.consume.lanes import LaneDispatcher
@@ -110,10 +111,11 @@ def test_transient_failure_is_retried_then_handled() -> None:
     with LaneDispatcher(registry, lanes=2, policy=policy, dead_letter=letters) as dispatcher:
         dispatcher.submit(event(0))
         assert dispatcher.drain(timeout=5)
-        stats = dispatcher.stats()
+        [metrics] = dispatcher.handler_metrics().values()
+        assert dispatcher.dead_lettered == 0
     assert calls[0] == 3
     assert letters.got == []
-    assert (stats.handled, stats.retried, stats.dead_lettered) == (1, 2, 0)
+    assert (metrics.events, metrics.errors, metrics.retries, metrics.calls) == (1, 2, 2, 3)
 
 
 def test_exhausted_retries_dead_letter_the_event_and_it_counts_as_done() -> None:
@@ -135,16 +137,17 @@ def test_exhausted_retries_dead_letter_the_event_and_it_counts_as_done() -> None
         tracker.received_many([0, 1, 2])
         dispatcher.submit_many([event(0), event(1), event(2)])
         assert dispatcher.drain(timeout=5)
-        stats = dispatcher.stats()
+        metrics = dispatcher.handler_metrics()["apply"]
+        assert dispatcher.dead_lettered == 1
     assert calls[1] == 3  # the first attempt and two retries
     [(offset, error, attempts)] = letters.got
     assert (offset, attempts) == (1, 3)
     assert isinstance(error, ValueError)
     assert any("handler 'apply' failed on db.t binlog[2]@1" in note for note in error.__notes__)
     assert tracker.committable() == 3  # dead-lettered = done
-    assert stats.dead_lettered_by_table == {"db.t": 1}
-    assert stats.dead_lettered_by_reason == {REASON_RETRIES_EXHAUSTED: 1}
-    assert (stats.handled, stats.retried) == (2, 2)
+    assert failed_handlers(error) == ("apply",)  # the dead letter's binlake.handler header
+    assert dead_letter_reason(error) == REASON_RETRIES_EXHAUSTED
+    assert (metrics.events, metrics.retries, metrics.errors, metrics.dead_lettered) == (2, 2, 3, 1)
 
 
 def test_one_of_several_handlers_failing_dead_letters_once_and_reruns_only_itself() -> None:
@@ -187,14 +190,15 @@ def test_open_breaker_dead_letters_a_poison_key_without_retries_while_others_flo
     with LaneDispatcher(registry, lanes=1, policy=policy, dead_letter=letters) as dispatcher:
         dispatcher.submit_many(events)
         assert dispatcher.drain(timeout=5)
-        stats = dispatcher.stats()
+        breakers_open = dispatcher.breakers_open
     assert [o for o, _, _ in letters.got] == [1, 3, 5, 7, 9, 11]
     assert [a for _, _, a in letters.got] == [3, 3, 0, 0, 0, 0]
     assert all(isinstance(e, BreakerOpenError) for _, e, _ in letters.got[2:])
     assert calls[("poison",)] == 6  # two events x three attempts, then no more calls
     assert calls[("fine",)] == 6
-    assert stats.dead_lettered_by_reason == {REASON_RETRIES_EXHAUSTED: 2, REASON_BREAKER_OPEN: 4}
-    assert stats.breakers_open == 1
+    assert [dead_letter_reason(e) for _, e, _ in letters.got] == (
+        [REASON_RETRIES_EXHAUSTED] * 2 + [REASON_BREAKER_OPEN] * 4)
+    assert breakers_open == 1
 
 
 def test_strict_mode_stops_and_the_commit_stays_before_the_failed_offset() -> None:

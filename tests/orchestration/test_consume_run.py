@@ -137,3 +137,71 @@ def test_a_failing_partition_fails_the_run_and_the_others_keep_their_metadata(
         assert not instance.fetch_materializations(
             dg.AssetRecordsFilter(asset_key=dg.AssetKey("changelog"),
                                   asset_partitions=[keys[1]]), limit=5).records
+
+
+def test_the_sources_handlers_run_once_opened_with_metrics_and_named_dead_letters(
+        pipeline_config: PipelineConfig, tmp_path: Path) -> None:
+    from confluent_kafka import Consumer
+    from run_handlers import BAD_ID, Counting
+
+    from binlog_assets.dev.kafka import create_topics
+    from binlog_assets.orchestration.changelog_asset import changelog
+    from binlog_assets.orchestration.resources import BinlakeResource
+    from binlog_assets.orchestration.sensors import RANGE_END_TAG, RANGE_START_TAG
+
+    bootstrap = pipeline_config.bootstrap_servers
+    topic = create_topic(bootstrap, "handled", partitions=3)
+    dlq = f"dlq-{uuid.uuid4().hex[:6]}"
+    create_topics(bootstrap, [dlq])
+    _produce(bootstrap, topic)
+    data = pipeline_config.model_dump(mode="json", exclude_none=True)
+    data["kafka"]["group.id"] = f"g-{uuid.uuid4().hex[:6]}"
+    data["lakehouse"]["database"] = f"handled_{uuid.uuid4().hex[:6]}"
+    data["sources"] = [{"name": "handled", "topics": [topic], "format": "debezium",
+                        "handlers": "run_handlers:registry", "max_retries": 1,
+                        "dead_letter_topic": dlq,
+                        "tables": [{"source": "shop.t", "replica": "t"}]}]
+    config_path = tmp_path / "binlake.yaml"
+    config_path.write_text(yaml.safe_dump(data))
+    keys = [partition_key(topic, p) for p in PER_PARTITION]
+    Counting.opened = Counting.closed = 0
+    Counting.seen.clear()
+    with dg.instance_for_test() as instance:
+        instance.add_dynamic_partitions(KAFKA_PARTITIONS_NAME, keys)
+        result = dg.materialize(
+            [changelog], instance=instance,
+            resources={"binlake": BinlakeResource(config_path=str(config_path))},
+            tags={RANGE_START_TAG: keys[0], RANGE_END_TAG: keys[-1]})
+        assert result.success
+        mds = {m.partition: m.metadata
+               for m in result.asset_materializations_for_node("changelog")}
+    # Three partitions, one run: the handler objects opened once and closed once.
+    assert (Counting.opened, Counting.closed) == (1, 1)
+    # Every row once, and the refused row twice: its batch failed (on `picky`) and was
+    # replayed one event at a time, through every handler of the table.
+    assert sorted(Counting.seen) == sorted([BAD_ID] + [p * 100 + i for p, n in
+                                                       PER_PARTITION.items() for i in range(n)])
+    md = mds[keys[0]]
+    assert md["handler.counting.events"].value == PER_PARTITION[0]
+    assert md["handler.picky.events"].value == PER_PARTITION[0] - 1
+    assert md["handler.picky.dead_lettered"].value == 1
+    assert md["handler.picky.retries"].value == 1
+    assert md["handler.picky.p99_ms"].value >= md["handler.picky.p50_ms"].value >= 0
+    assert md["dead_lettered"].value == 1
+    assert "handler.picky.events" not in mds[keys[1]]  # an idle partition calls nothing
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"r-{uuid.uuid4().hex}",
+                         "auto.offset.reset": "earliest"})
+    try:
+        consumer.subscribe([dlq])
+        msg = None
+        for _ in range(30):
+            msg = consumer.poll(1)
+            if msg is not None and not msg.error():
+                break
+        assert msg is not None and not msg.error()
+        headers = {k: v.decode() for k, v in msg.headers()}
+    finally:
+        consumer.close()
+    assert headers["binlake.handler"] == "picky"
+    assert headers["binlake.offset"] == str(BAD_ID)
+    assert headers["binlake.stage"] == "handler"
