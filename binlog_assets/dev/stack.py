@@ -115,12 +115,14 @@ def down(config: PipelineConfig) -> str:
     spark = local_spark(config)
     if spark is not None:
         spark.stop()
-    RedisServer(var_dir() / "redis").stop()
+    redis = RedisServer(var_dir() / "redis")
+    redis.stop()
     if config.bootstrap_servers:
         return "kafka: configured cluster, nothing local to stop"
     source = source_down(config)
     local_broker().stop()
-    return "\n".join([source, local_broker().status(), *([spark.status()] if spark else [])])
+    return "\n".join([source, local_broker().status(), *([spark.status()] if spark else []),
+                      redis.status()])
 
 
 def status(config: PipelineConfig) -> str:
