@@ -42,9 +42,9 @@ from binlog_assets.dev import shop
 from binlog_assets.dev.connect import DebeziumConnector, KafkaConnect
 from binlog_assets.dev.kafka import KafkaBroker
 from binlog_assets.dev.mariadb import MariaDBServer
-from binlog_assets.dev.paths import REPO_ROOT
 from binlog_assets.dev.process import free_port
 from binlog_assets.dev.spark_connect import SparkConnectServer
+from binlog_assets.environment import REPO_ROOT
 from binlog_assets.lakehouse.changelog import changelog_uri
 from binlog_assets.orchestration.partitions import KAFKA_PARTITIONS_NAME, partition_key
 

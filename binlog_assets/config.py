@@ -24,7 +24,7 @@ from pydantic import (
     model_validator,
 )
 
-from binlog_assets.dev.paths import REPO_ROOT
+from binlog_assets.environment import REPO_ROOT
 
 CONFIG_ENV = "BINLAKE_CONFIG"
 DEFAULT_CONFIG_PATH = REPO_ROOT / "binlake.yaml"

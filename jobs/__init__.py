@@ -11,7 +11,7 @@
 
 import dagster as dg
 
-from binlog_assets.orchestration.sensors import CONSUME_JOB_NAME, DBT_JOB_NAME
+from binlog_assets.orchestration.shared import CONSUME_JOB_NAME, DBT_JOB_NAME
 
 REPLICAS = dg.AssetSelection.key_prefixes("replica")
 # Every job runs its steps in the run's own process: a subprocess per step would load

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from binlog_assets.config import ConfigError, load_config, parse_config
-from binlog_assets.dev.paths import REPO_ROOT
+from binlog_assets.environment import REPO_ROOT
 
 
 def test_repository_default_config_is_valid() -> None:

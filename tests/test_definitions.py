@@ -8,7 +8,7 @@ from pathlib import Path
 
 import dagster as dg
 
-from binlog_assets.dev.paths import REPO_ROOT
+from binlog_assets.environment import REPO_ROOT
 
 
 def test_definitions_load_and_jobs_resolve(binlake_env: Path) -> None:
@@ -30,15 +30,29 @@ def test_definitions_load_and_jobs_resolve(binlake_env: Path) -> None:
         "replica_follower_sensor"}
 
 
+def _imported_with_definitions() -> list[str]:
+    """The modules that importing the pipeline's code location loads, in a fresh
+    interpreter."""
+    proc = subprocess.run([sys.executable, "-c", "import sys, binlog_assets.definitions; "
+                           "print(' '.join(sorted(sys.modules)))"],
+                          cwd=REPO_ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return proc.stdout.strip().splitlines()[-1].split()
+
+
+def test_the_code_location_imports_no_dev_stack() -> None:
+    # The product never depends on the dev stack (broker, MariaDB, Connect launchers).
+    modules = _imported_with_definitions()
+    assert "binlog_assets.environment" in modules
+    assert [m for m in modules if m.startswith("binlog_assets.dev")] == []
+
+
 def test_dbt_models_are_a_location_of_their_own_over_the_replicas(binlake_env: Path) -> None:
     import binlog_assets.definitions
     from binlog_assets import dbt_definitions
 
     # The pipeline's runs never import dbt (1.6 s of every run's start).
-    proc = subprocess.run([sys.executable, "-c", "import sys, binlog_assets.definitions; "
-                           "print(sorted(m for m in sys.modules if 'dbt' in m))"],
-                          cwd=REPO_ROOT, capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 0 and proc.stdout.strip() == "[]", proc.stdout + proc.stderr
+    assert [m for m in _imported_with_definitions() if "dbt" in m] == []
     defs = dbt_definitions.defs
     job = defs.resolve_job_def("dbt_build_job")
     assert {k.to_user_string() for k in job.asset_layer.selected_asset_keys} == {

@@ -26,8 +26,8 @@ from typing import Any, ClassVar
 import orjson
 
 from binlog_assets.dev.mariadb import MariaDBServer
-from binlog_assets.dev.paths import jars_dir
 from binlog_assets.dev.process import LocalDaemon, free_port
+from binlog_assets.environment import jars_dir
 
 _CONNECT_MAIN = "org.apache.kafka.connect.cli.ConnectStandalone"
 _JSON_CONVERTER = "org.apache.kafka.connect.json.JsonConverter"

@@ -31,8 +31,8 @@ from confluent_kafka import Consumer, TopicPartition
 from binlog_assets.config import PipelineConfig, load_config
 from binlog_assets.consume.checkpoint import retry_retriable
 from binlog_assets.dev import shop, stack
-from binlog_assets.dev.paths import var_dir
 from binlog_assets.dev.redis import REDIS_URL_ENV
+from binlog_assets.environment import kafka_client_config, var_dir
 from binlog_assets.examples.customer_cache import HANDLERS_SPEC
 from binlog_assets.examples.customer_cache import customers as customers_cache
 
@@ -90,7 +90,7 @@ def dagster_job(job: str, partitions: tuple[str, str] | None = None,
     for each job (3-10 s each). A partitioned job runs over the range `partitions`."""
     import importlib
 
-    from binlog_assets.orchestration.sensors import RANGE_END_TAG, RANGE_START_TAG
+    from binlog_assets.orchestration.shared import RANGE_END_TAG, RANGE_START_TAG
 
     tags = {RANGE_START_TAG: partitions[0], RANGE_END_TAG: partitions[1]} if partitions else {}
     print(f"run {job} (as `dagster job execute -m {module} -j {job}"
@@ -139,7 +139,7 @@ def main() -> int:
     statements = shop.demo_workload(conn)
     print(f"ran {statements} statements against MariaDB", flush=True)
     topics = [t for s in config.sources for t in s.topics]
-    ends = wait_for_debezium(stack.kafka_client_config(config), topics)
+    ends = wait_for_debezium(kafka_client_config(config), topics)
     print(f"Debezium published: {json.dumps(ends)}", flush=True)
 
     pipeline_began = time.monotonic()

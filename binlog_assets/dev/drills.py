@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from binlog_assets.dev.paths import var_dir
+from binlog_assets.environment import var_dir
 
 REPORT_ENV = "BINLAKE_DRILL_REPORT"
 

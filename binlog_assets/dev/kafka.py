@@ -15,8 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar
 
-from binlog_assets.dev.paths import jars_dir
 from binlog_assets.dev.process import LocalDaemon, free_port, port_open
+from binlog_assets.environment import EMBEDDED_BROKER_STEM, jars_dir
 
 if TYPE_CHECKING:
     from confluent_kafka import Producer
@@ -45,7 +45,7 @@ class KafkaBroker(LocalDaemon):
     file names a live process) is reused, so `make demo` twice does not start two.
     """
 
-    stem: ClassVar[str] = "broker"
+    stem: ClassVar[str] = EMBEDDED_BROKER_STEM
 
     data_dir: Path
     port: int | None = None

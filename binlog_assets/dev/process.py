@@ -15,6 +15,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import ClassVar
 
+from binlog_assets.environment import live_pid
+
 
 class LocalDaemon:
     """What the stack's daemons share: `<stem>.pid`, `<stem>.port` and `<stem>.log` under
@@ -105,22 +107,6 @@ def port_open(port: int) -> bool:
     with socket.socket() as s:
         s.settimeout(0.2)
         return s.connect_ex(("127.0.0.1", port)) == 0
-
-
-def live_pid(pid_file: Path, marker: str) -> int | None:
-    """The pid in `pid_file` if that process is alive and its command line holds `marker`.
-
-    The marker (a path the process was started with) keeps a stale pid file, whose pid
-    the system has since given to something else, from passing for our server.
-    """
-    try:
-        pid = int(pid_file.read_text())
-        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
-    except (FileNotFoundError, ValueError, ProcessLookupError):
-        return None
-    if marker.encode() not in cmdline:
-        return None
-    return pid
 
 
 def terminate(pid: int, timeout: float) -> None:

@@ -21,13 +21,13 @@ from binlog_assets.config import PipelineConfig, load_config
 from binlog_assets.dev.connect import DebeziumConnector, KafkaConnect
 from binlog_assets.dev.kafka import KafkaBroker
 from binlog_assets.dev.mariadb import MariaDBServer
-from binlog_assets.dev.paths import var_dir
 from binlog_assets.dev.redis import REDIS_URL_ENV, RedisServer
 from binlog_assets.dev.spark_connect import SparkConnectServer
+from binlog_assets.environment import embedded_broker_dir, var_dir
 
 
 def local_broker() -> KafkaBroker:
-    return KafkaBroker(var_dir() / "kafka")
+    return KafkaBroker(embedded_broker_dir())
 
 
 def local_mariadb() -> MariaDBServer:
@@ -74,21 +74,6 @@ def source_skip_reason(config: PipelineConfig) -> str | None:
             "configured; the local MariaDB + Debezium source only feeds the embedded broker"
         )
     return None
-
-
-def kafka_client_config(config: PipelineConfig) -> dict[str, str | int | float | bool]:
-    """The librdkafka settings for this config, pointing at the embedded broker when no
-    `bootstrap.servers` is configured. Fails clearly when that broker is not running."""
-    conf = dict(config.kafka)
-    if not config.bootstrap_servers:
-        broker = local_broker()
-        if broker.running_pid() is None or not broker.port_file.exists():
-            raise RuntimeError(
-                "kafka.bootstrap.servers is not configured and the embedded broker is not "
-                "running: start it with `make stack-up` (or set kafka.bootstrap.servers)"
-            )
-        conf["bootstrap.servers"] = f"127.0.0.1:{broker.port_file.read_text().strip()}"
-    return conf
 
 
 def up(config: PipelineConfig) -> str:

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from binlog_assets.config import PipelineConfig
-from binlog_assets.dev.paths import jars_dir
+from binlog_assets.environment import jars_dir
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession

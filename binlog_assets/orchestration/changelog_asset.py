@@ -30,13 +30,14 @@ import dagster as dg
 from pydantic import Field
 
 from binlog_assets.config import PipelineConfig
-from binlog_assets.consume.checkpoint import CHANGELOG, METADATA, Checkpoint
+from binlog_assets.consume.checkpoint import CHANGELOG, Checkpoint
 from binlog_assets.consume.errors import ErrorPolicy
 from binlog_assets.consume.handlers import HandlerRegistry
 from binlog_assets.consume.lag import measure_lag
 from binlog_assets.consume.run import BoundedRun, RunSettings, RunSummary
 from binlog_assets.formats.event import ChangeEvent
 from binlog_assets.lakehouse.changelog import ChangelogWriter
+from binlog_assets.orchestration.metadata_checkpoint import latest_metadata_checkpoint
 from binlog_assets.orchestration.partitions import (
     CHANGELOG_ASSET_KEY,
     kafka_partitions_def,
@@ -44,7 +45,6 @@ from binlog_assets.orchestration.partitions import (
     partition_key,
 )
 from binlog_assets.orchestration.resources import BinlakeResource
-from binlog_assets.orchestration.sensors import group_id
 
 # Partitions of one run consumed at the same time, each by its own consumer and lanes:
 # their fixed costs (round trips to the coordinator and the leader, the Delta commits)
@@ -66,18 +66,6 @@ class ChangelogRunConfig(dg.Config):
         None, description="replay from the first offset at or after this time (ms)")
     max_records: int | None = Field(None, description="stop after this many records")
     max_seconds: float | None = Field(None, description="stop after this many seconds")
-
-
-def latest_metadata_checkpoint(instance: dg.DagsterInstance, key: str) -> Checkpoint | None:
-    """The committed offset recorded by this partition's latest materialization."""
-    records = instance.fetch_materializations(
-        dg.AssetRecordsFilter(asset_key=CHANGELOG_ASSET_KEY, asset_partitions=[key]), limit=1
-    ).records
-    if not records:
-        return None
-    mat = records[0].asset_materialization
-    value = mat.metadata.get("committed_offset") if mat else None
-    return None if value is None else Checkpoint(int(value.value), METADATA)
 
 
 def offset_for_timestamp(kafka_conf: dict, topic: str, partition: int, ts_ms: int) -> int:
@@ -320,7 +308,7 @@ def changelog(
     bounded consumer run from the partition's checkpoint to the end offset at its start.
     One run serves one partition or a range of them; each gets its own metadata."""
     keys = list(context.partition_keys)
-    group = group_id(binlake)
+    group = binlake.group_id()
     kafka_conf = binlake.kafka_conf()
     outcomes = consume_partitions(
         binlake.pipeline, kafka_conf, keys, config, group=group,

@@ -12,19 +12,19 @@ silently resolved: the run's precedence still decides where a run resumes).
 import dagster as dg
 
 from binlog_assets.consume.lag import measure_lag
-from binlog_assets.orchestration.changelog_asset import (
+from binlog_assets.orchestration.metadata_checkpoint import latest_metadata_checkpoint
+from binlog_assets.orchestration.partitions import (
     CHANGELOG_ASSET_KEY,
-    latest_metadata_checkpoint,
+    KAFKA_PARTITIONS_NAME,
+    partition_key,
 )
-from binlog_assets.orchestration.partitions import KAFKA_PARTITIONS_NAME, partition_key
 from binlog_assets.orchestration.resources import BinlakeResource
-from binlog_assets.orchestration.sensors import group_id
 
 
 def _known_lags(context: dg.AssetCheckExecutionContext, binlake: BinlakeResource):
     known = set(context.instance.get_dynamic_partitions(KAFKA_PARTITIONS_NAME))
     topics = [t for s in binlake.pipeline.sources for t in s.topics]
-    return [pl for pl in measure_lag(binlake.kafka_conf(), group_id(binlake), topics)
+    return [pl for pl in measure_lag(binlake.kafka_conf(), binlake.group_id(), topics)
             if partition_key(pl.topic, pl.partition) in known]
 
 
@@ -57,7 +57,7 @@ def checkpoint_agreement_check(context: dg.AssetCheckExecutionContext,
     from binlog_assets.lakehouse.changelog import ChangelogWriter
 
     writer = ChangelogWriter(binlake.pipeline)
-    group = group_id(binlake)
+    group = binlake.group_id()
     rows = {}
     for pl in _known_lags(context, binlake):
         key = partition_key(pl.topic, pl.partition)

@@ -20,9 +20,10 @@ import yaml
 from dagster_dbt import DagsterDbtTranslator, DbtCliResource, DbtProject, dbt_assets
 
 from binlog_assets.config import PipelineConfig
-from binlog_assets.dev.paths import REPO_ROOT, var_dir
+from binlog_assets.environment import REPO_ROOT, var_dir
 from binlog_assets.lakehouse.spark import hold_catalog_lock, spark_conf
-from binlog_assets.orchestration.resources import SPARK_POOL, BinlakeResource
+from binlog_assets.orchestration.resources import BinlakeResource
+from binlog_assets.orchestration.shared import SPARK_POOL
 
 DBT_PROJECT_DIR = REPO_ROOT / "dbt"
 DBT_GROUP = "binlake"  # one group with the changelog and replicas: one graph on one page

@@ -26,7 +26,8 @@ from pydantic import Field
 
 from binlog_assets.config import PipelineConfig
 from binlog_assets.orchestration.partitions import CHANGELOG_ASSET_KEY
-from binlog_assets.orchestration.resources import FOLLOW_UPSTREAM, SPARK_POOL, BinlakeResource
+from binlog_assets.orchestration.resources import BinlakeResource
+from binlog_assets.orchestration.shared import FOLLOW_UPSTREAM, SPARK_POOL
 
 
 class ReplicaRunConfig(dg.Config):

@@ -26,8 +26,8 @@ from binlog_assets.orchestration.replica_assets import (
     replica_names,
     row_count_check,
 )
-from binlog_assets.orchestration.resources import SPARK_POOL, BinlakeResource
-from binlog_assets.orchestration.sensors import EVERY_DAEMON_PASS, UNFINISHED
+from binlog_assets.orchestration.resources import BinlakeResource
+from binlog_assets.orchestration.shared import EVERY_DAEMON_PASS, SPARK_POOL, UNFINISHED
 
 FOLLOW_JOB_NAME = "follow_replicas_job"
 

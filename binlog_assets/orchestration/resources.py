@@ -12,21 +12,7 @@ from functools import cached_property
 import dagster as dg
 
 from binlog_assets.config import PipelineConfig, load_config
-from binlog_assets.dev.stack import kafka_client_config
-
-# Every step that starts Spark takes a slot of this pool. The local catalog is embedded
-# Derby, which admits one JVM at a time, so dagster.yaml gives pools one slot; with a
-# real metastore, raise the limit (`dagster instance concurrency set spark N`).
-SPARK_POOL = "spark"
-
-
-# Replicas follow new changelog data (dbt follows them through `dbt_follow_sensor`).
-# `eager()` also waits for every
-# upstream partition to exist, and a topic-partition nobody wrote yet (say, the schema
-# change topic) would hold the replicas back forever, so that part is left out.
-FOLLOW_UPSTREAM = dg.AutomationCondition.eager().without(
-    ~dg.AutomationCondition.any_deps_missing()
-)
+from binlog_assets.environment import kafka_client_config
 
 
 class BinlakeResource(dg.ConfigurableResource):
@@ -37,6 +23,10 @@ class BinlakeResource(dg.ConfigurableResource):
     @cached_property
     def pipeline(self) -> PipelineConfig:
         return load_config(self.config_path)
+
+    def group_id(self) -> str:
+        """The consumer group of every run and sensor (`kafka.group.id`)."""
+        return str(self.pipeline.kafka.get("group.id", "binlake"))
 
     def kafka_conf(self) -> dict[str, str | int | float | bool]:
         return kafka_client_config(self.pipeline)

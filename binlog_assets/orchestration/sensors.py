@@ -28,18 +28,16 @@ from binlog_assets.orchestration.partitions import (
     partition_key,
 )
 from binlog_assets.orchestration.resources import BinlakeResource
-
-CONSUME_JOB_NAME = "consume_changelog_job"
-DBT_JOB_NAME = "dbt_build_job"
-DBT_FOLLOW_INTERVAL_SECONDS = 300
-# The tags by which Dagster runs a partitioned asset over a range of its partitions.
-RANGE_START_TAG = "dagster/asset_partition_range_start"
-RANGE_END_TAG = "dagster/asset_partition_range_end"
-PARTITION_TAG = "dagster/partition"
-# Runs that hold their partitions: everything not finished.
-UNFINISHED = [dg.DagsterRunStatus.QUEUED, dg.DagsterRunStatus.NOT_STARTED,
-               dg.DagsterRunStatus.STARTING, dg.DagsterRunStatus.STARTED,
-               dg.DagsterRunStatus.CANCELING]
+from binlog_assets.orchestration.shared import (
+    CONSUME_JOB_NAME,
+    DBT_FOLLOW_INTERVAL_SECONDS,
+    DBT_JOB_NAME,
+    EVERY_DAEMON_PASS,
+    PARTITION_TAG,
+    RANGE_END_TAG,
+    RANGE_START_TAG,
+    UNFINISHED,
+)
 
 
 def _configured_topics(binlake: BinlakeResource) -> list[str]:
@@ -157,12 +155,6 @@ def batch_request(batch: Sequence[str], highs: dict[str, int]) -> dg.RunRequest:
     )
 
 
-# Dagster's daemons evaluate sensors and automation in a loop of 5 s. A minimum interval
-# equal to that loop skips every other pass whenever one starts a hair early (ticks came
-# 5 or 10 s apart): under it, these sensors tick on every pass.
-EVERY_DAEMON_PASS = 1
-
-
 @dg.sensor(
     name="kafka_lag_sensor",
     job_name=CONSUME_JOB_NAME,
@@ -184,7 +176,7 @@ def kafka_lag_sensor(
     highs: dict[str, int] = {}
     still_lagging: dict[str, float] = {}
     total = 0
-    for pl in measure_lag(binlake.kafka_conf(), group_id(binlake), _configured_topics(binlake)):
+    for pl in measure_lag(binlake.kafka_conf(), binlake.group_id(), _configured_topics(binlake)):
         key = partition_key(pl.topic, pl.partition)
         highs[key] = pl.high
         if key not in known_set or pl.lag == 0:
@@ -255,7 +247,3 @@ def dbt_follow_sensor(
         return dg.SkipReason("a dbt build is queued or running; the next tick follows up")
     return dg.SensorResult(run_requests=[dg.RunRequest(run_key=f"replicas@{latest}")],
                            cursor=str(latest))
-
-
-def group_id(binlake: BinlakeResource) -> str:
-    return str(binlake.pipeline.kafka.get("group.id", "binlake"))

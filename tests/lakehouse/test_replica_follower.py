@@ -25,7 +25,8 @@ from binlog_assets.orchestration.replica_follower import (
     pool_wanted,
     replica_follower_sensor,
 )
-from binlog_assets.orchestration.resources import SPARK_POOL, BinlakeResource
+from binlog_assets.orchestration.resources import BinlakeResource
+from binlog_assets.orchestration.shared import SPARK_POOL
 
 
 def test_a_follower_run_applies_each_commit_as_it_lands(spark, make_config, tmp_path) -> None:

@@ -28,7 +28,7 @@ def main() -> None:
     import dagster as dg
 
     from binlog_assets.definitions import defs
-    from binlog_assets.orchestration.sensors import (
+    from binlog_assets.orchestration.shared import (
         CONSUME_JOB_NAME,
         RANGE_END_TAG,
         RANGE_START_TAG,

@@ -107,7 +107,7 @@ def test_a_failing_partition_fails_the_run_and_the_others_keep_their_metadata(
         pipeline_config: PipelineConfig, tmp_path: Path) -> None:
     from binlog_assets.orchestration.changelog_asset import changelog
     from binlog_assets.orchestration.resources import BinlakeResource
-    from binlog_assets.orchestration.sensors import RANGE_END_TAG, RANGE_START_TAG
+    from binlog_assets.orchestration.shared import RANGE_END_TAG, RANGE_START_TAG
 
     bootstrap = pipeline_config.bootstrap_servers
     topic = create_topic(bootstrap, "multi", partitions=3)
@@ -147,7 +147,7 @@ def test_the_sources_handlers_run_once_opened_with_metrics_and_named_dead_letter
     from binlog_assets.dev.kafka import create_topics
     from binlog_assets.orchestration.changelog_asset import changelog
     from binlog_assets.orchestration.resources import BinlakeResource
-    from binlog_assets.orchestration.sensors import RANGE_END_TAG, RANGE_START_TAG
+    from binlog_assets.orchestration.shared import RANGE_END_TAG, RANGE_START_TAG
 
     bootstrap = pipeline_config.bootstrap_servers
     topic = create_topic(bootstrap, "handled", partitions=3)

@@ -26,7 +26,7 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 
 from binlog_assets.config import PipelineConfig
 from binlog_assets.dev.kafka import create_topics
-from binlog_assets.dev.paths import REPO_ROOT
+from binlog_assets.environment import REPO_ROOT
 from binlog_assets.orchestration.partitions import KAFKA_PARTITIONS_NAME, partition_key
 
 BIN = Path(sys.executable).parent

@@ -16,13 +16,11 @@ from binlog_assets.dev.kafka import create_topic
 from binlog_assets.orchestration.partitions import KAFKA_PARTITIONS_NAME, partition_key
 from binlog_assets.orchestration.resources import BinlakeResource
 from binlog_assets.orchestration.sensors import (
-    CONSUME_JOB_NAME,
-    RANGE_END_TAG,
-    RANGE_START_TAG,
     kafka_lag_sensor,
     kafka_partition_discovery_sensor,
     plan_batches,
 )
+from binlog_assets.orchestration.shared import CONSUME_JOB_NAME, RANGE_END_TAG, RANGE_START_TAG
 
 
 @pytest.fixture
@@ -183,7 +181,8 @@ def test_batches_never_span_or_include_a_held_partition() -> None:
 
 
 def test_dbt_follows_replica_changes_in_one_run_at_a_time(topic_config) -> None:
-    from binlog_assets.orchestration.sensors import DBT_JOB_NAME, dbt_follow_sensor
+    from binlog_assets.orchestration.sensors import dbt_follow_sensor
+    from binlog_assets.orchestration.shared import DBT_JOB_NAME
 
     _topic, binlake, _kafka = topic_config
     with dg.instance_for_test() as instance:

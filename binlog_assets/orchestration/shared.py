@@ -1,0 +1,39 @@
+"""Names and rules the orchestration modules share: jobs, run tags, the Spark pool, the
+sensors' interval and the condition by which assets follow their upstream.
+
+Asset, sensor and job modules import these from here rather than from each other.
+"""
+
+from __future__ import annotations
+
+import dagster as dg
+
+CONSUME_JOB_NAME = "consume_changelog_job"
+DBT_JOB_NAME = "dbt_build_job"
+DBT_FOLLOW_INTERVAL_SECONDS = 300
+# The tags by which Dagster runs a partitioned asset over a range of its partitions.
+RANGE_START_TAG = "dagster/asset_partition_range_start"
+RANGE_END_TAG = "dagster/asset_partition_range_end"
+PARTITION_TAG = "dagster/partition"
+# Runs that hold their partitions: everything not finished.
+UNFINISHED = [dg.DagsterRunStatus.QUEUED, dg.DagsterRunStatus.NOT_STARTED,
+              dg.DagsterRunStatus.STARTING, dg.DagsterRunStatus.STARTED,
+              dg.DagsterRunStatus.CANCELING]
+
+# Dagster's daemons evaluate sensors and automation in a loop of 5 s. A minimum interval
+# equal to that loop skips every other pass whenever one starts a hair early (ticks came
+# 5 or 10 s apart): under it, these sensors tick on every pass.
+EVERY_DAEMON_PASS = 1
+
+# Every step that starts Spark takes a slot of this pool. The local catalog is embedded
+# Derby, which admits one JVM at a time, so dagster.yaml gives pools one slot; with a
+# real metastore, raise the limit (`dagster instance concurrency set spark N`).
+SPARK_POOL = "spark"
+
+# Replicas follow new changelog data (dbt follows them through `dbt_follow_sensor`).
+# `eager()` also waits for every upstream partition to exist, and a topic-partition
+# nobody wrote yet (say, the schema change topic) would hold the replicas back forever,
+# so that part is left out.
+FOLLOW_UPSTREAM = dg.AutomationCondition.eager().without(
+    ~dg.AutomationCondition.any_deps_missing()
+)
