@@ -68,7 +68,7 @@ from binlog_assets.consume.handlers import HandlerRegistry
 from binlog_assets.dev.kafka import create_topics
 from binlog_assets.lakehouse.replica import ReplicaBuilder
 from binlog_assets.lakehouse.spark import get_spark
-from binlog_assets.orchestration.changelog_asset import (
+from binlog_assets.orchestration.consume_runs import (
     PARTITIONS_IN_PARALLEL,
     ChangelogRunConfig,
     consume_partitions,

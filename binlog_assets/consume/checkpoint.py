@@ -146,3 +146,20 @@ def resolve_checkpoint(sources: Sequence[CheckpointSource], *, all_sources: bool
     done = frozenset().union(*(c.done_beyond for c in candidates if c.offset == first.offset))
     chosen = Checkpoint(first.offset, first.source, done)
     return Resolution(chosen, tuple(candidates))
+
+
+def offset_for_timestamp(kafka_conf: dict, topic: str, partition: int, ts_ms: int) -> int:
+    """The first offset at or after `ts_ms` (ms since the epoch), or the end offset when
+    nothing is that recent: where a replay by time starts."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    consumer = Consumer({**kafka_conf, "group.id": "binlake-offsets-for-times"})
+    try:
+        found = consumer.offsets_for_times([TopicPartition(topic, partition, ts_ms)],
+                                           timeout=30)[0]
+        if found.offset >= 0:
+            return found.offset
+        return consumer.get_watermark_offsets(TopicPartition(topic, partition),
+                                              timeout=30, cached=False)[1]
+    finally:
+        consumer.close()

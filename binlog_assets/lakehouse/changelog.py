@@ -15,7 +15,7 @@ made with delta-rs (`deltalake`), carrying the application transaction
 `group/topic/partition` with version = the end offset written, atomically with the rows.
 delta-rs does not refuse a version it has already recorded (delta-rs #2580), so the
 writer reads `transaction_version` first and skips a range at or below it; one writer per
-partition at a time is the fence's job (`orchestration/changelog_asset.py`).
+partition at a time is the fence's job (`lakehouse/fence.py`).
 `changelog_checkpoint` reads the version back, and it is the first checkpoint source a
 consumer run consults. The table is append-only with Change Data Feed on, which is how
 replica builds (Spark, `changelog_reader.py`) read just the versions they have not

@@ -11,10 +11,7 @@ import sys
 
 def main() -> None:
     from binlog_assets.config import load_config
-    from binlog_assets.orchestration.changelog_asset import (
-        ChangelogRunConfig,
-        consume_partitions,
-    )
+    from binlog_assets.orchestration.consume_runs import ChangelogRunConfig, consume_partitions
 
     cfg = load_config(sys.argv[1])
     [outcome] = consume_partitions(cfg, dict(cfg.kafka), [sys.argv[2]], ChangelogRunConfig(),

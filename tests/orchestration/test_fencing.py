@@ -20,11 +20,8 @@ from binlog_assets.consume.run import RunSummary
 from binlog_assets.dev import drills
 from binlog_assets.dev.kafka import create_topic
 from binlog_assets.lakehouse.changelog_reader import changelog_frame
-from binlog_assets.orchestration.changelog_asset import (
-    ChangelogRunConfig,
-    FencedRunError,
-    consume_partition,
-)
+from binlog_assets.lakehouse.fence import FencedRunError
+from binlog_assets.orchestration.consume_runs import ChangelogRunConfig, consume_partition
 from binlog_assets.orchestration.partitions import partition_key
 
 

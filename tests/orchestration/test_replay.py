@@ -15,7 +15,7 @@ from binlog_assets.consume.handlers import HandlerRegistry
 from binlog_assets.dev.kafka import create_topic
 from binlog_assets.lakehouse.changelog import changelog_checkpoint
 from binlog_assets.lakehouse.changelog_reader import changelog_frame
-from binlog_assets.orchestration.changelog_asset import ChangelogRunConfig, consume_partition
+from binlog_assets.orchestration.consume_runs import ChangelogRunConfig, consume_partition
 from binlog_assets.orchestration.partitions import partition_key
 
 N = 40

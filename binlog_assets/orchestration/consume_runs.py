@@ -1,0 +1,155 @@
+"""What the changelog asset runs for its partitions, without Dagster around it: one
+bounded consumer run per topic-partition (`consume_partition`), several at a time in one
+process (`consume_partitions`), each writing the changelog through its fence, with the
+handlers its source's config names, opened once for the run.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import ExitStack
+from dataclasses import dataclass
+
+import dagster as dg
+from pydantic import Field
+
+from binlog_assets.config import PipelineConfig
+from binlog_assets.consume.checkpoint import CHANGELOG, Checkpoint, offset_for_timestamp
+from binlog_assets.consume.errors import ErrorPolicy
+from binlog_assets.consume.handlers import HandlerRegistry
+from binlog_assets.consume.run import BoundedRun, RunSettings, RunSummary
+from binlog_assets.lakehouse.changelog import ChangelogWriter
+from binlog_assets.lakehouse.fence import FencedChangelogSink
+from binlog_assets.orchestration.partitions import parse_partition_key
+
+# Partitions of one run consumed at the same time, each by its own consumer and lanes:
+# their fixed costs (round trips to the coordinator and the leader, the Delta commits)
+# overlap, while decoding shares the one interpreter anyway.
+PARTITIONS_IN_PARALLEL = 4
+
+
+class ChangelogRunConfig(dg.Config):
+    """Run config of one bounded consumer run (set it in the launchpad to replay)."""
+
+    start_offset: int | None = Field(
+        None, description="replay from this offset (overrides every checkpoint source)")
+    start_timestamp_ms: int | None = Field(
+        None, description="replay from the first offset at or after this time (ms)")
+    max_records: int | None = Field(None, description="stop after this many records")
+    max_seconds: float | None = Field(None, description="stop after this many seconds")
+
+
+def consume_partition(
+    cfg: PipelineConfig,
+    kafka_conf: dict,
+    key: str,
+    run_config: ChangelogRunConfig,
+    handlers: HandlerRegistry | None = None,
+    *,
+    group: str,
+    metadata_checkpoint: Callable[[], Checkpoint | None] = lambda: None,
+    writer: ChangelogWriter | None = None,
+) -> tuple[RunSummary, FencedChangelogSink]:
+    """One bounded consumer run of `key` into the changelog: what the asset does for each
+    of its partitions, without Dagster around it. `handlers` defaults to the registry
+    the partition's source names in the config."""
+    topic, partition = parse_partition_key(key)
+    source = cfg.source_for_topic(topic)
+    if handlers is None:
+        handlers = source.handler_registry()
+    writer = writer or ChangelogWriter(cfg)
+
+    def changelog_cp() -> int | None:
+        return writer.checkpoint(group, topic, partition)
+
+    start = run_config.start_offset
+    if start is None and run_config.start_timestamp_ms is not None:
+        start = offset_for_timestamp(kafka_conf, topic, partition,
+                                     run_config.start_timestamp_ms)
+    initial = changelog_cp()
+    sink = FencedChangelogSink(writer, changelog_cp, group=group,
+                               topic=topic, partition=partition, expected=initial,
+                               lakehouse=cfg.lakehouse.uri())
+    settings = RunSettings(
+        kafka_conf=kafka_conf,
+        group_id=group,
+        format=source.format,
+        ordering=source.ordering,
+        table_ordering={t.source: t.ordering for t in source.tables if t.ordering},
+        lanes=source.lanes,
+        workers=source.workers,
+        key_slots_per_lane=source.key_slots_per_lane,
+        max_in_flight=source.max_in_flight,
+        error_policy=ErrorPolicy(max_retries=source.max_retries, strict=source.strict),
+        handler_timeout_seconds=source.handler_timeout_seconds,
+        dead_letter_topic=source.dlq_topic,
+        max_records=run_config.max_records or cfg.dagster.max_records_per_run,
+        max_seconds=run_config.max_seconds or cfg.dagster.max_seconds_per_run,
+        start_offset=start,
+        extra_checkpoint_sources=(
+            lambda: None if initial is None else Checkpoint(initial, CHANGELOG),
+            metadata_checkpoint,
+        ),
+        key_columns={t.source: list(t.key_columns) for t in source.tables if t.key_columns}
+        or None,
+    )
+    with handlers.opened():
+        summary = BoundedRun(topic, partition, handlers, settings, sink=sink).run()
+    return summary, sink
+
+
+@dataclass
+class PartitionOutcome:
+    """One partition of a run: its summary and sink, or the error that stopped it."""
+
+    key: str
+    summary: RunSummary | None = None
+    sink: FencedChangelogSink | None = None
+    error: BaseException | None = None
+
+
+def consume_partitions(
+    cfg: PipelineConfig,
+    kafka_conf: dict,
+    keys: Sequence[str],
+    run_config: ChangelogRunConfig,
+    handlers: HandlerRegistry | None = None,
+    *,
+    group: str,
+    metadata_checkpoint: Callable[[str], Checkpoint | None] = lambda key: None,
+    parallel: int = PARTITIONS_IN_PARALLEL,
+) -> list[PartitionOutcome]:
+    """Bounded runs of every partition in `keys`, `parallel` at a time, sharing one
+    changelog writer and the handlers' clients (opened once for the run). A partition
+    that fails does not stop the others: its outcome carries the error."""
+    writer = ChangelogWriter(cfg)
+
+    def one(key: str) -> PartitionOutcome:
+        try:
+            summary, sink = consume_partition(
+                cfg, kafka_conf, key, run_config, handlers, group=group,
+                metadata_checkpoint=lambda: metadata_checkpoint(key), writer=writer)
+            return PartitionOutcome(key, summary, sink)
+        except Exception as exc:  # reported per partition by the caller
+            return PartitionOutcome(key, error=exc)
+
+    with ExitStack() as opened:
+        for registry in _registries(cfg, keys, handlers):
+            opened.enter_context(registry.opened())
+        if len(keys) == 1:
+            return [one(keys[0])]
+        with ThreadPoolExecutor(max_workers=max(1, min(parallel, len(keys))),
+                                thread_name_prefix="binlake-partition") as pool:
+            return list(pool.map(one, keys))
+
+
+def _registries(cfg: PipelineConfig, keys: Sequence[str],
+                handlers: HandlerRegistry | None) -> list[HandlerRegistry]:
+    """The distinct registries the partitions' sources name (or just `handlers`). A
+    partition of no configured source fails on its own, in `consume_partition`."""
+    if handlers is not None:
+        return [handlers]
+    topics = {parse_partition_key(k)[0] for k in keys}
+    found = (s.handler_registry() for s in cfg.sources if topics.intersection(s.topics))
+    return list({id(r): r for r in found}.values())
