@@ -24,12 +24,14 @@ from pydantic import (
     model_validator,
 )
 
+from binlog_assets.consume import defaults
+from binlog_assets.consume.routing import ORDERING_KEY, ORDERING_MODES
 from binlog_assets.environment import REPO_ROOT
 
 CONFIG_ENV = "BINLAKE_CONFIG"
 DEFAULT_CONFIG_PATH = REPO_ROOT / "binlake.yaml"
 
-Ordering = Literal["partition", "table", "key"]
+Ordering = Literal[ORDERING_MODES]
 Format = Literal["debezium", "maxwell", "canal", "dts"]
 SchemaEvolution = Literal["evolve", "exception", "ignore"]
 # `merge`: one row per key (the primary key, or `key_columns`), MERGEd by position;
@@ -124,8 +126,8 @@ class SourceConfig(_Model):
     name: str
     topics: tuple[str, ...] = Field(min_length=1)
     format: Format = "debezium"
-    ordering: Ordering = "key"
-    lanes: int = Field(16, ge=1, le=4096, description="events handled at once, at most")
+    ordering: Ordering = ORDERING_KEY
+    lanes: int = Field(defaults.LANES, ge=1, le=4096, description="events handled at once, at most")
     workers: int | None = Field(None, ge=1, le=256, description="threads serving the lanes")
     key_slots_per_lane: int = Field(
         8, ge=1, le=64,
@@ -133,11 +135,12 @@ class SourceConfig(_Model):
                     "slots, and a free lane takes any slot with work (1: a key's lane is "
                     "crc32(key) % lanes, and hash skew can leave lanes idle)",
     )
-    max_in_flight: int = Field(10_000, ge=1)
-    max_retries: int = Field(3, ge=0)
+    max_in_flight: int = Field(defaults.MAX_IN_FLIGHT, ge=1)
+    max_retries: int = Field(defaults.MAX_RETRIES, ge=0)
     handler_timeout_seconds: float | None = Field(
-        60.0, gt=0, description="a handler call running longer is named in the run's log "
-                                "and counted in its metadata (`timeouts`); null: never")
+        defaults.HANDLER_TIMEOUT_SECONDS, gt=0,
+        description="a handler call running longer is named in the run's log and counted "
+                    "in its metadata (`timeouts`); null: never")
     strict: bool = Field(False, description="fail the run on a bad message instead of DLQ")
     dead_letter_topic: str | None = None
     tables: tuple[TableConfig, ...] = ()
@@ -184,7 +187,7 @@ class SourceConfig(_Model):
 
     @property
     def dlq_topic(self) -> str:
-        return self.dead_letter_topic or f"binlake.dlq.{self.name}"
+        return self.dead_letter_topic or defaults.dead_letter_topic(self.name)
 
 
 class LakehouseConfig(_Model):

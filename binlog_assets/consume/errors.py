@@ -16,6 +16,7 @@ from __future__ import annotations
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 
+from binlog_assets.consume import defaults
 from binlog_assets.formats.event import ChangeEvent
 
 # Why an event was dead-lettered; the run writes this next to the error in the DLQ record.
@@ -39,7 +40,7 @@ class ErrorPolicy:
     `strict` stops the dispatcher on the first exhausted failure instead of dead-lettering.
     """
 
-    max_retries: int = 3
+    max_retries: int = defaults.MAX_RETRIES
     backoff_initial: float = 0.05
     backoff_max: float = 2.0
     strict: bool = False

@@ -23,6 +23,7 @@ from typing import Protocol
 
 from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
 
+from binlog_assets.consume import defaults
 from binlog_assets.consume.checkpoint import (
     Checkpoint,
     CheckpointSource,
@@ -39,6 +40,7 @@ from binlog_assets.consume.handlers import HandlerRegistry
 from binlog_assets.consume.invoke import HandlerMetrics
 from binlog_assets.consume.lanes import MAX_DEFAULT_WORKERS, LaneDispatcher
 from binlog_assets.consume.offsets import OffsetTracker
+from binlog_assets.consume.routing import ORDERING_KEY
 from binlog_assets.faults import fault_point
 from binlog_assets.formats.event import ChangeEvent, DecodeError
 
@@ -75,18 +77,19 @@ class RunSettings:
     kafka_conf: dict
     group_id: str
     format: str
-    ordering: str = "key"
+    ordering: str = ORDERING_KEY
     table_ordering: dict[str, str] = field(default_factory=dict)
     # Parallel lanes: how many events (of different ordering keys) may be handled at
     # once. Ordering keys hash into lanes * key_slots_per_lane serial key slots, and a
     # lane takes whichever slot has work, so uneven hashing does not leave lanes idle.
-    lanes: int = 16
+    lanes: int = defaults.LANES
     workers: int | None = None  # threads serving the lanes; default min(lanes, 64)
-    key_slots_per_lane: int = 8
-    max_in_flight: int = 10_000
+    key_slots_per_lane: int = defaults.KEY_SLOTS_PER_LANE
+    max_in_flight: int = defaults.MAX_IN_FLIGHT
     error_policy: ErrorPolicy = field(default_factory=ErrorPolicy)
-    handler_timeout_seconds: float | None = 60.0  # a call running longer is named
-    dead_letter_topic: str | None = None
+    handler_timeout_seconds: float | None = defaults.HANDLER_TIMEOUT_SECONDS
+    source: str = defaults.UNNAMED_SOURCE  # the config's source name (its dead letters)
+    dead_letter_topic: str | None = None  # default: the source's
     max_records: int | None = None
     max_seconds: float | None = None
     start_offset: int | None = None  # explicit override, first in the precedence
@@ -191,7 +194,8 @@ class BoundedRun:
     def _dead_letters(self) -> DeadLetterPublisher:
         with self._dlq_lock:
             if self._dlq is None:
-                topic = self.settings.dead_letter_topic or f"binlake.dlq.{self.tp.topic}"
+                topic = (self.settings.dead_letter_topic
+                         or defaults.dead_letter_topic(self.settings.source))
                 producer_conf = {k: v for k, v in self.settings.kafka_conf.items()
                                  if k not in _CONSUMER_KEYS}
                 self._dlq = DeadLetterPublisher(producer_conf, topic)

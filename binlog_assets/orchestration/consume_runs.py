@@ -83,6 +83,7 @@ def consume_partition(
         max_in_flight=source.max_in_flight,
         error_policy=ErrorPolicy(max_retries=source.max_retries, strict=source.strict),
         handler_timeout_seconds=source.handler_timeout_seconds,
+        source=source.name,
         dead_letter_topic=source.dlq_topic,
         max_records=run_config.max_records or cfg.dagster.max_records_per_run,
         max_seconds=run_config.max_seconds or cfg.dagster.max_seconds_per_run,

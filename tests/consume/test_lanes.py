@@ -23,8 +23,9 @@ from binlog_assets.consume.errors import (
     dead_letter_reason,
 )
 from binlog_assets.consume.handlers import HandlerRegistry
-from binlog_assets.consume.lanes import ORDERING_MODES, LaneDispatcher, ordering_key_bytes
+from binlog_assets.consume.lanes import LaneDispatcher
 from binlog_assets.consume.offsets import OffsetTracker
+from binlog_assets.consume.routing import KEY_LANE_CACHE, ORDERING_MODES, ordering_key_bytes
 from binlog_assets.formats.event import OP_DDL, ChangeEvent, Position
 
 THREADED = settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -595,13 +596,13 @@ def test_key_lane_cache_is_bounded_across_tables_and_agrees_with_lane_of() -> No
         offset = 0
         for table in ("db.a", "db.b", "db.c"):
             batch = []
-            for k in range(lanes_module._KEY_LANE_CACHE):
+            for k in range(KEY_LANE_CACHE):
                 batch.append(event(offset, table, (k, "x") if k % 2 else (k,)))
                 offset += 1
             dispatcher.submit_many(batch)
         assert dispatcher.drain(timeout=30), dispatcher.failure
-        caches = {table: route[3] for table, route in dispatcher._routes.items()}
-        assert 0 < sum(map(len, caches.values())) <= lanes_module._KEY_LANE_CACHE
+        caches = {table: route.key_lanes for table, route in dispatcher._routes.items()}
+        assert 0 < sum(map(len, caches.values())) <= KEY_LANE_CACHE
         # What submit_many cached (single integers take a shortcut) is the rule's lane.
         for table, cache in caches.items():
             for key, lane in cache.items():
@@ -610,68 +611,10 @@ def test_key_lane_cache_is_bounded_across_tables_and_agrees_with_lane_of() -> No
     with LaneDispatcher(registry, lanes=64, workers=1) as dispatcher:
         dispatcher.submit_many([event(o, "db.d", key) for o, key in enumerate(special)])
         assert dispatcher.drain(timeout=30), dispatcher.failure
-        cache = dispatcher._routes["db.d"][3]
+        cache = dispatcher._routes["db.d"].key_lanes
         for o, key in enumerate(special):
             ev = event(o, "db.d", key)
             assert cache[key] == zlib.crc32(ordering_key_bytes(ev, "key")) % 64, key
-
-
-def test_a_burst_of_ready_lanes_wakes_every_waiting_worker_while_the_poll_thread_is_busy() -> None:
-    """Each put wakes one waiting worker of its own. `queue.SimpleQueue` woke one worker
-    for a burst of puts and left the others asleep while the putting thread kept the GIL
-    busy (decoding, in a run): with 64 workers, 63 of them started 40 ms late."""
-    ready = lanes_module._ReadyQueue(8)
-    got: list[object] = []
-    started = threading.Barrier(9)
-
-    def worker() -> None:
-        wake = threading.Lock()
-        wake.acquire()
-        started.wait()
-        got.append(ready.get(wake))
-
-    threads = [threading.Thread(target=worker, daemon=True) for _ in range(8)]
-    for thread in threads:
-        thread.start()
-    started.wait()
-    deadline = time.monotonic() + 5
-    while len(ready._idle) < 8 and time.monotonic() < deadline:
-        time.sleep(0.001)  # until every worker waits
-    assert len(ready._idle) == 8
-    items = [lanes_module._Lane(i) for i in range(8)]
-    for item in items:
-        ready.put(item)
-    # Every put released a waiting worker of its own; none is left waiting for a put.
-    assert ready._idle == []
-    # Busy on the GIL, as a poll thread decoding the next batch is, until all are taken.
-    deadline = time.monotonic() + 5
-    while len(got) < 8 and time.monotonic() < deadline:
-        sum(range(200))
-    assert sorted(lane.index for lane in got) == list(range(8)), len(got)
-    with pytest.raises(lanes_module.Empty):
-        ready.get_nowait()
-
-
-def test_ready_lanes_come_first_in_first_out_then_longest_first_when_finishing() -> None:
-    ready = lanes_module._ReadyQueue(1)
-    lanes = []
-    for index, queued in enumerate([1, 5, 3, 2]):
-        lane = lanes_module._Lane(index)
-        lane.entries = [[event(index * 10 + i, key=(index,)) for i in range(queued)]]
-        lanes.append(lane)
-    for lane in lanes[:2]:
-        ready.put(lane)
-    assert ready.get_nowait() is lanes[0]  # first in, first out before finishing
-    for lane in lanes[2:]:
-        ready.put(lane)
-    ready.longest_first()
-    ready.put(lanes[0])
-    assert ready.qsize() == 4
-    # Queued events, not arrival: 5, 3, 2, then the lane put back after the switch (1).
-    assert [ready.get_nowait().index for _ in range(4)] == [1, 2, 3, 0]
-    ready.put(lanes[1])
-    ready.put(None)  # a worker's stop goes first
-    assert ready.get_nowait() is None
 
 
 def test_finishing_runs_the_longest_lanes_first_and_keeps_each_lanes_order() -> None:
@@ -708,43 +651,6 @@ def test_finishing_runs_the_longest_lanes_first_and_keeps_each_lanes_order() -> 
     for key in (short, long, middle):
         offsets = [o for k, o in seen if k == key]
         assert offsets == sorted(offsets)
-
-
-def test_with_cheap_handlers_a_ready_lane_wakes_a_worker_only_when_none_is_running() -> None:
-    """Not eager (cheap handlers measured): the running worker takes the next lane
-    itself, and waking more only makes them compete with the poll thread for the GIL.
-    A stop always wakes a worker."""
-    ready = lanes_module._ReadyQueue(4)
-    ready.eager = False
-    took: list[object] = []
-    hold = threading.Event()
-
-    def worker() -> None:
-        wake = threading.Lock()
-        wake.acquire()
-        took.append(ready.get(wake))
-        hold.wait(10)  # stays a running worker
-
-    threads = [threading.Thread(target=worker, daemon=True) for _ in range(4)]
-    for thread in threads:
-        thread.start()
-    deadline = time.monotonic() + 5
-    while len(ready._idle) < 4 and time.monotonic() < deadline:
-        time.sleep(0.001)
-    first, second = lanes_module._Lane(0), lanes_module._Lane(1)
-    ready.put(first)  # no worker running: one is woken
-    ready.put(second)  # one is running: nobody else
-    while not took and time.monotonic() < deadline:
-        time.sleep(0.001)
-    assert took == [first]
-    assert len(ready._idle) == 3 and ready.qsize() == 1
-    ready.eager = True
-    ready.put(lanes_module._Lane(2))  # eager: a waiting worker for this one
-    assert len(ready._idle) == 2
-    ready.eager = False
-    ready.put(None)  # a stop wakes one whatever the mode
-    assert len(ready._idle) == 1
-    hold.set()
 
 
 def test_a_handler_blocked_in_one_lane_does_not_hold_back_the_others_when_cheap() -> None:
@@ -784,28 +690,3 @@ def test_a_handler_blocked_in_one_lane_does_not_hold_back_the_others_when_cheap(
         release.set()
         assert dispatcher.drain(timeout=10)
     assert waited == [], f"{len(waited)} events waited for the blocked handler"
-
-
-def test_patrol_wakes_one_idle_worker_for_lanes_no_worker_took_in_two_looks() -> None:
-    ready = lanes_module._ReadyQueue(3)
-    ready.eager = False
-    idle = [threading.Lock() for _ in range(3)]
-    for wake in idle:
-        wake.acquire()
-        ready._idle.append(wake)  # three workers waiting
-    ready.put(lanes_module._Lane(0))  # none running: wakes one, which takes it
-    assert ready.get_nowait().index == 0
-    ready.put(lanes_module._Lane(1))  # one running: wakes nobody
-    ready.put(lanes_module._Lane(2))
-    assert len(ready._idle) == 2 and ready.qsize() == 2
-    assert lanes_module._PATROL_LOOKS == 2
-    assert not ready.patrol()  # a worker took a lane since the last look
-    assert ready.get_nowait().index == 1
-    assert not ready.patrol()  # and again
-    assert not ready.patrol()  # nobody took one since: a first stale look
-    assert ready.patrol()  # the second in a row: one worker is woken
-    assert len(ready._idle) == 1 and ready.qsize() == 1
-    assert not ready.patrol()  # the count starts again
-    assert ready.patrol()  # still not taken: the last waiting worker
-    assert ready._idle == [] and not ready.patrol() and not ready.patrol()
-    assert sum(not wake.locked() for wake in idle) == 3  # every wake lock was released

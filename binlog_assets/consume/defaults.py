@@ -1,0 +1,17 @@
+"""The consume settings' defaults, in one place: the config (`sources[]`), `RunSettings`
+and the lanes all read them from here."""
+
+from __future__ import annotations
+
+LANES = 16  # events of different ordering keys handled at once
+KEY_SLOTS_PER_LANE = 8
+MAX_IN_FLIGHT = 10_000
+MAX_RETRIES = 3
+HANDLER_TIMEOUT_SECONDS = 60.0
+# A run that names no source (a `BoundedRun` outside the config) dead-letters here.
+UNNAMED_SOURCE = "default"
+
+
+def dead_letter_topic(source: str) -> str:
+    """A source's dead-letter topic unless its config names one."""
+    return f"binlake.dlq.{source}"

@@ -1,0 +1,69 @@
+"""Which lane an event runs on: the ordering modes, the canonical key bytes whose crc32
+picks the lane, and each table's route (computed once per table).
+
+An event's lane is `crc32(ordering key bytes) % lanes`: stable across processes, unlike
+Python's salted `hash()`, so a key keeps its lane from run to run.
+"""
+
+from __future__ import annotations
+
+import zlib
+from typing import NamedTuple
+
+from binlog_assets.formats.event import ChangeEvent
+
+ORDERING_PARTITION = "partition"
+ORDERING_TABLE = "table"
+ORDERING_KEY = "key"
+ORDERING_MODES = (ORDERING_PARTITION, ORDERING_TABLE, ORDERING_KEY)
+
+# Hashing a key costs more than looking its lane up, and hot keys repeat. The caches (one
+# per table) hold at most this many keys in all and are cleared when full: bounded with
+# no bookkeeping per hit. Keyed by equality (1 and 1.0 would share a lane; a decoder
+# gives a column one type anyway).
+KEY_LANE_CACHE = 4096
+
+
+class Route(NamedTuple):
+    """How one table's events find their lane."""
+
+    fixed: int  # every event's lane, or -1 under key ordering
+    seed: int  # crc32 of the key prefix, which the key's bytes continue
+    table_lane: int  # the table's own lane (keyless events, DDL, truncates)
+    key_lanes: dict[tuple, int]  # key -> lane cache
+
+
+def make_route(event: ChangeEvent, mode: str, lanes: int) -> Route:
+    """The route of `event`'s table under ordering `mode` over `lanes` lanes."""
+    table_lane = zlib.crc32(table_bytes(event.table)) % lanes
+    if mode == ORDERING_KEY:
+        return Route(-1, zlib.crc32(key_prefix(event.table)), table_lane, {})
+    if mode == ORDERING_TABLE:
+        return Route(table_lane, 0, table_lane, {})
+    return Route(zlib.crc32(ordering_key_bytes(event, ORDERING_PARTITION)) % lanes, 0,
+                 table_lane, {})
+
+
+def ordering_key_bytes(event: ChangeEvent, mode: str) -> bytes:
+    """The canonical bytes whose crc32 picks an event's lane.
+
+    `partition`: topic and partition; `table`: the table; `key`: the table and `repr` of
+    the key values (deterministic for the int, str, Decimal, bytes and datetime values
+    the decoders produce; a key without values falls back to its table). The dispatcher
+    computes the same crc32 incrementally.
+    """
+    if mode == ORDERING_PARTITION:
+        return f"partition\0{event.topic}\0{event.partition}".encode()
+    if mode == ORDERING_KEY and event.key:
+        return key_prefix(event.table) + repr(event.key).encode()
+    if mode in (ORDERING_KEY, ORDERING_TABLE):
+        return table_bytes(event.table)
+    raise ValueError(f"ordering must be one of {ORDERING_MODES}, got {mode!r}")
+
+
+def table_bytes(table: str) -> bytes:
+    return b"table\0" + table.encode(errors="surrogatepass")
+
+
+def key_prefix(table: str) -> bytes:
+    return b"key\0" + table.encode(errors="surrogatepass") + b"\0"
