@@ -11,10 +11,11 @@ from __future__ import annotations
 import os
 import re
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import (
+    AfterValidator,
     BaseModel,
     ConfigDict,
     Field,
@@ -40,6 +41,16 @@ ReplicaMode = Literal["merge", "append"]
 
 # Matched whole (`fullmatch`): `$` would also match before a trailing newline.
 _IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+def _plain_identifier(v: str) -> str:
+    if not _IDENT.fullmatch(v):
+        raise ValueError("must be a plain identifier ([A-Za-z_][A-Za-z0-9_]*)")
+    return v
+
+
+# A name that goes into SQL and topic names unquoted: checked whole, once, here.
+Identifier = Annotated[str, AfterValidator(_plain_identifier)]
 # Key slots are small objects, but a DDL barrier visits every one of them.
 _MAX_KEY_SLOTS = 32_768
 
@@ -60,7 +71,7 @@ class TableConfig(_Model):
     """One source table (or a regex over sharded tables) and the replica it feeds."""
 
     source: str = Field(description="`db.table`, or a regex fully matching sharded names")
-    replica: str = Field(description="replica table name in the lakehouse")
+    replica: Identifier = Field(description="replica table name in the lakehouse")
     ordering: Ordering | None = Field(None, description="overrides the source's ordering")
     key_columns: tuple[str, ...] | None = Field(
         None, description="the replica's key instead of the primary key the changes carry "
@@ -112,18 +123,12 @@ class TableConfig(_Model):
             raise ValueError(f"not a valid table name or regex: {e}") from e
         return v
 
-    @field_validator("replica")
-    @classmethod
-    def _replica_identifier(cls, v: str) -> str:
-        if not _IDENT.fullmatch(v):
-            raise ValueError("must be a plain identifier ([A-Za-z_][A-Za-z0-9_]*)")
-        return v
 
 
 class SourceConfig(_Model):
     """A set of Kafka topics in one change-event format."""
 
-    name: str
+    name: Identifier
     topics: tuple[str, ...] = Field(min_length=1)
     format: Format = "debezium"
     ordering: Ordering = ORDERING_KEY
@@ -149,12 +154,6 @@ class SourceConfig(_Model):
         None, description="`package.module:attribute` naming the HandlerRegistry whose "
                           "handlers this source's events go through")
 
-    @field_validator("name")
-    @classmethod
-    def _name_identifier(cls, v: str) -> str:
-        if not _IDENT.fullmatch(v):
-            raise ValueError("must be a plain identifier ([A-Za-z_][A-Za-z0-9_]*)")
-        return v
 
     @model_validator(mode="after")
     def _slots_bounded(self) -> SourceConfig:
@@ -192,19 +191,13 @@ class SourceConfig(_Model):
 
 class LakehouseConfig(_Model):
     path: str = Field("var/lakehouse", description="root of the warehouse and the catalog")
-    database: str = "binlake"
+    database: Identifier = "binlake"
     tombstone_retention_hours: float = Field(168.0, gt=0)
     # A batch with at least this many changes per row already in the replica rewrites
     # the replica in one pass (one aggregate over its rows and the batch, one overwrite)
     # instead of MERGEing: a catch-up touches every file anyway. 0 always rewrites.
     rewrite_ratio: float = Field(0.5, ge=0)
 
-    @field_validator("database")
-    @classmethod
-    def _db_identifier(cls, v: str) -> str:
-        if not _IDENT.fullmatch(v):
-            raise ValueError("must be a plain identifier ([A-Za-z_][A-Za-z0-9_]*)")
-        return v
 
     @property
     def is_local(self) -> bool:

@@ -17,7 +17,7 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from decimal import Decimal
-from typing import Any, ClassVar
+from typing import Any, ClassVar, NamedTuple
 
 import orjson
 
@@ -30,6 +30,17 @@ from binlog_assets.formats.event import (
 )
 
 Headers = list[tuple[str, bytes]]
+
+
+class KafkaRecord(NamedTuple):
+    """One Kafka record as a decoder reads it: its value and its coordinates."""
+
+    value: bytes
+    topic: str
+    partition: int
+    offset: int
+    key: bytes | None
+    headers: Headers | None
 
 # Binlog files rotate, so the name cache only grows slowly; the bound guards a
 # pathological stream of distinct names.
@@ -148,7 +159,7 @@ class ChangeDecoder:
         if value is None:
             return self._skip("tombstone")
         try:
-            return self._decode(value, topic, partition, offset, key, headers)
+            return self._decode(KafkaRecord(value, topic, partition, offset, key, headers))
         except DecodeError:
             raise
         except Exception as exc:  # a decode boundary: any surprise means a malformed record
@@ -156,15 +167,7 @@ class ChangeDecoder:
                 f"{self.name}: malformed record: {type(exc).__name__}: {exc}"
             ) from exc
 
-    def _decode(
-        self,
-        value: bytes,
-        topic: str,
-        partition: int,
-        offset: int,
-        key: bytes | None,
-        headers: Headers | None,
-    ) -> list[ChangeEvent]:
+    def _decode(self, record: KafkaRecord) -> list[ChangeEvent]:
         raise NotImplementedError
 
     def _load_object(self, value: bytes, *, exact: bool = False) -> dict[str, Any]:

@@ -14,7 +14,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from binlog_assets.formats.base import ChangeDecoder, Headers, split_key_change
+from binlog_assets.formats.base import (
+    ChangeDecoder,
+    KafkaRecord,
+    split_key_change,
+)
 from binlog_assets.formats.event import (
     OP_CREATE,
     OP_DDL,
@@ -35,15 +39,8 @@ class CanalDecoder(ChangeDecoder):
 
     name = "canal"
 
-    def _decode(
-        self,
-        value: bytes,
-        topic: str,
-        partition: int,
-        offset: int,
-        key: bytes | None,
-        headers: Headers | None,
-    ) -> list[ChangeEvent]:
+    def _decode(self, record: KafkaRecord) -> list[ChangeEvent]:
+        value, topic, partition, offset, key, _headers = record
         doc = self._load_object(value)
         kind = self._required_str(doc, "type")
         source_ts = doc.get("es")

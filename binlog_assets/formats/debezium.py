@@ -26,7 +26,7 @@ import orjson
 
 from binlog_assets.formats.base import (
     ChangeDecoder,
-    Headers,
+    KafkaRecord,
     loads_exact,
     long_number_in,
     may_have_lost_digits,
@@ -250,15 +250,8 @@ class DebeziumDecoder(ChangeDecoder):
         # table -> (the `"column":` markers of its Kafka keys, the key's column names)
         self._key_shapes: dict[str, tuple[tuple[bytes, ...], tuple[str, ...]]] = {}
 
-    def _decode(
-        self,
-        value: bytes,
-        topic: str,
-        partition: int,
-        offset: int,
-        key: bytes | None,
-        headers: Headers | None,
-    ) -> list[ChangeEvent]:
+    def _decode(self, record: KafkaRecord) -> list[ChangeEvent]:
+        value, topic, partition, offset, key, _headers = record
         doc, plan = self._parse(value)
         if doc is None:
             return self._skip("tombstone")

@@ -29,7 +29,11 @@ from zoneinfo import ZoneInfo
 import fastavro
 import orjson
 
-from binlog_assets.formats.base import ChangeDecoder, Headers, split_key_change
+from binlog_assets.formats.base import (
+    ChangeDecoder,
+    KafkaRecord,
+    split_key_change,
+)
 from binlog_assets.formats.event import (
     OP_CREATE,
     OP_DDL,
@@ -202,15 +206,8 @@ class DtsDecoder(ChangeDecoder):
 
     name = "dts"
 
-    def _decode(
-        self,
-        value: bytes,
-        topic: str,
-        partition: int,
-        offset: int,
-        key: bytes | None,
-        headers: Headers | None,
-    ) -> list[ChangeEvent]:
+    def _decode(self, record: KafkaRecord) -> list[ChangeEvent]:
+        value, topic, partition, offset, key, _headers = record
         record = self._json_record(value) if value[:1] == b"{" else self._avro_record(value)
         operation = record.get("operation")
         if type(operation) is not str:

@@ -20,7 +20,7 @@ import orjson
 
 from binlog_assets.formats.base import (
     ChangeDecoder,
-    Headers,
+    KafkaRecord,
     may_have_lost_digits,
     split_key_change,
 )
@@ -55,15 +55,8 @@ class MaxwellDecoder(ChangeDecoder):
 
     name = "maxwell"
 
-    def _decode(
-        self,
-        value: bytes,
-        topic: str,
-        partition: int,
-        offset: int,
-        key: bytes | None,
-        headers: Headers | None,
-    ) -> list[ChangeEvent]:
+    def _decode(self, record: KafkaRecord) -> list[ChangeEvent]:
+        value, topic, partition, offset, key, _headers = record
         doc = self._load_object(value)
         if may_have_lost_digits(value, doc.get("data"), doc.get("old")):
             # A DECIMAL is a JSON number here; one too long for a double keeps its digits.
