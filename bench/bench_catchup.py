@@ -49,7 +49,7 @@ from dataclasses import dataclass, field
 from functools import reduce
 
 from arro3.core import Array, DataType, Field, Schema, Table
-from confluent_kafka import Consumer, KafkaError, TopicPartition
+from confluent_kafka import Consumer, TopicPartition
 from deltalake import write_deltalake
 from harness import (
     group_id,
@@ -59,6 +59,7 @@ from harness import (
     produce_records,
     rate,
     running_broker,
+    serial_batches,
     warm_group_coordinator,
 )
 from pyspark.sql import functions as F
@@ -224,19 +225,10 @@ def raw_consume(bootstrap: str, names: list[str], total: int) -> float:
     """Seconds to read every partition from the start to its end, no decoding."""
     began = time.perf_counter()
     consumer = plain_consumer(bootstrap, "raw")
-    records = 0
     try:
-        consumer.assign([TopicPartition(n, 0, 0) for n in names])
-        while records < total:
-            # Never ask for more than is left: a short final batch would wait the timeout.
-            for msg in consumer.consume(num_messages=min(BATCH, total - records),
-                                        timeout=1.0):
-                err = msg.error()
-                if err is not None:
-                    if err.code() == KafkaError._PARTITION_EOF:
-                        continue
-                    raise RuntimeError(f"kafka error: {err}")
-                records += 1
+        for _batch in serial_batches(consumer, [TopicPartition(n, 0, 0) for n in names], total,
+                                     BATCH):
+            pass
     finally:
         consumer.close()
     return time.perf_counter() - began

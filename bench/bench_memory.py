@@ -32,6 +32,7 @@ from collections.abc import Callable
 
 from harness import (
     create_topic,
+    decode_message,
     end_offsets,
     group_id,
     kafka_conf,
@@ -39,6 +40,7 @@ from harness import (
     produce_debezium,
     rate,
     running_broker,
+    serial_batches,
 )
 
 from binlog_assets.consume.run import RunSettings, consumer_defaults
@@ -113,7 +115,7 @@ def child_run(args: argparse.Namespace) -> dict:
 
 def child_loop(args: argparse.Namespace) -> dict:
     """The baseline: batch consume + decode of the first `args.count` records."""
-    from confluent_kafka import Consumer, KafkaError, TopicPartition
+    from confluent_kafka import Consumer, TopicPartition
 
     from binlog_assets.formats import make_decoder
 
@@ -126,18 +128,11 @@ def child_loop(args: argparse.Namespace) -> dict:
                              "enable.partition.eof": True})
         last = -1
         try:
-            consumer.assign([TopicPartition(args.topic, 0, 0)])
-            while last < end - 1:
-                want = min(args.batch_size, end - 1 - last)
-                for msg in consumer.consume(num_messages=want, timeout=1.0):
-                    err = msg.error()
-                    if err is not None:
-                        if err.code() == KafkaError._PARTITION_EOF:
-                            continue
-                        raise RuntimeError(f"kafka error: {err}")
-                    last = msg.offset()
-                    decoder.decode(msg.value(), topic=msg.topic(), partition=msg.partition(),
-                                   offset=last, key=msg.key(), headers=msg.headers())
+            for batch in serial_batches(consumer, [TopicPartition(args.topic, 0, 0)], end,
+                                        args.batch_size):
+                for msg in batch:
+                    decode_message(decoder, msg)
+                last = batch[-1].offset() if batch else last
         finally:
             consumer.close()
         return {"records": last + 1, "committed": last + 1, "peak_in_flight": 0}

@@ -18,9 +18,10 @@ import argparse
 import time
 from collections.abc import Callable
 
-from confluent_kafka import KafkaError, TopicPartition
+from confluent_kafka import TopicPartition
 from harness import (
     create_topic,
+    decode_message,
     group_id,
     kafka_conf,
     load_average,
@@ -28,6 +29,7 @@ from harness import (
     produce_debezium,
     rate,
     running_broker,
+    serial_batches,
 )
 
 from binlog_assets.consume.handlers import HandlerRegistry
@@ -45,23 +47,11 @@ def consume_loop(bootstrap: str, topic: str, end: int, batch_size: int, *,
     consumer = plain_consumer(bootstrap, "baseline" if decode else "raw")
     records = events = 0
     try:
-        consumer.assign([TopicPartition(topic, 0, 0)])
-        last = -1
-        while last < end - 1:
-            # Never ask for more than is left: a short final batch would wait the timeout.
-            want = min(batch_size, end - 1 - last)
-            for msg in consumer.consume(num_messages=want, timeout=1.0):
-                err = msg.error()
-                if err is not None:
-                    if err.code() == KafkaError._PARTITION_EOF:
-                        continue
-                    raise RuntimeError(f"kafka error: {err}")
-                last = msg.offset()
-                records += 1
-                if decode:
-                    events += len(decoder.decode(
-                        msg.value(), topic=msg.topic(), partition=msg.partition(),
-                        offset=last, key=msg.key(), headers=msg.headers()))
+        for batch in serial_batches(consumer, [TopicPartition(topic, 0, 0)], end, batch_size):
+            records += len(batch)
+            if decode:
+                for msg in batch:
+                    events += len(decode_message(decoder, msg))
     finally:
         consumer.close()
     return records, events, time.perf_counter() - began

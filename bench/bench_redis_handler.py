@@ -20,15 +20,17 @@ import tempfile
 import time
 from pathlib import Path
 
-from confluent_kafka import KafkaError, TopicPartition
+from confluent_kafka import TopicPartition
 from harness import (
     create_topic,
+    decode_message,
     group_id,
     kafka_conf,
     load_average,
     plain_consumer,
     produce_debezium,
     running_broker,
+    serial_batches,
 )
 
 from binlog_assets.consume.handlers import HandlerRegistry
@@ -46,21 +48,8 @@ def baseline(bootstrap: str, topic: str, end: int, cache: RedisTableCache,
     began = time.perf_counter()
     consumer = plain_consumer(bootstrap, "redis-serial")
     try:
-        consumer.assign([TopicPartition(topic, 0, 0)])
-        last = -1
-        while last < end - 1:
-            events = []
-            for msg in consumer.consume(num_messages=min(batch_size, end - 1 - last),
-                                        timeout=1.0):
-                err = msg.error()
-                if err is not None:
-                    if err.code() == KafkaError._PARTITION_EOF:
-                        continue
-                    raise RuntimeError(f"kafka error: {err}")
-                last = msg.offset()
-                events.extend(decoder.decode(msg.value(), topic=msg.topic(),
-                                             partition=msg.partition(), offset=last,
-                                             key=msg.key(), headers=msg.headers()))
+        for batch in serial_batches(consumer, [TopicPartition(topic, 0, 0)], end, batch_size):
+            events = [e for msg in batch for e in decode_message(decoder, msg)]
             if events:
                 cache(events)
     finally:

@@ -33,16 +33,18 @@ from collections import Counter
 from itertools import pairwise
 from statistics import median
 
-from confluent_kafka import KafkaError, TopicPartition
+from confluent_kafka import TopicPartition
 from harness import (
     create_topic,
     debezium_records,
+    decode_message,
     group_id,
     kafka_conf,
     load_average,
     plain_consumer,
     produce_debezium,
     running_broker,
+    serial_batches,
 )
 
 from binlog_assets.consume.handlers import HandlerRegistry
@@ -118,21 +120,9 @@ def baseline(bootstrap: str, topic: str, end: int, handler: OrderCheckingHandler
     began = time.perf_counter()
     consumer = plain_consumer(bootstrap, "serial")
     try:
-        consumer.assign([TopicPartition(topic, 0, 0)])
-        last = -1
-        while last < end - 1:
-            # Never ask for more than is left: a short final batch would wait the timeout.
-            want = min(batch_size, end - 1 - last)
-            for msg in consumer.consume(num_messages=want, timeout=1.0):
-                err = msg.error()
-                if err is not None:
-                    if err.code() == KafkaError._PARTITION_EOF:
-                        continue
-                    raise RuntimeError(f"kafka error: {err}")
-                last = msg.offset()
-                for event in decoder.decode(
-                        msg.value(), topic=msg.topic(), partition=msg.partition(),
-                        offset=last, key=msg.key(), headers=msg.headers()):
+        for batch in serial_batches(consumer, [TopicPartition(topic, 0, 0)], end, batch_size):
+            for msg in batch:
+                for event in decode_message(decoder, msg):
                     handler(event)
     finally:
         consumer.close()

@@ -244,6 +244,33 @@ def plain_consumer(bootstrap: str, role: str) -> Consumer:
                      "enable.auto.commit": False, "enable.partition.eof": True})
 
 
+def serial_batches(consumer: Consumer, partitions: list[TopicPartition], total: int,
+                   batch_size: int) -> Iterator[list]:
+    """The baselines' read loop: `partitions` from their given offsets, batch by batch,
+    until `total` records came (EOF events skipped, any other error raised)."""
+    consumer.assign(partitions)
+    records = 0
+    while records < total:
+        # Never ask for more than is left: a short final batch would wait the timeout.
+        batch = []
+        for msg in consumer.consume(num_messages=min(batch_size, total - records),
+                                    timeout=1.0):
+            err = msg.error()
+            if err is not None:
+                if err.code() == KafkaError._PARTITION_EOF:
+                    continue
+                raise RuntimeError(f"kafka error: {err}")
+            batch.append(msg)
+        records += len(batch)
+        yield batch
+
+
+def decode_message(decoder, msg) -> list:  # noqa: ANN001 - a ChangeDecoder, a Message
+    """The events of one consumed record, as a BoundedRun decodes them."""
+    return decoder.decode(msg.value(), topic=msg.topic(), partition=msg.partition(),
+                          offset=msg.offset(), key=msg.key(), headers=msg.headers())
+
+
 def load_average() -> str:
     """The 1-minute load average: on a shared 2-core machine it says how noisy a run was."""
     return f"load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores"
