@@ -135,7 +135,7 @@ class SourceConfig(_Model):
     lanes: int = Field(defaults.LANES, ge=1, le=4096, description="events handled at once, at most")
     workers: int | None = Field(None, ge=1, le=256, description="threads serving the lanes")
     key_slots_per_lane: int = Field(
-        8, ge=1, le=64,
+        defaults.KEY_SLOTS_PER_LANE, ge=1, le=64,
         description="serial key slots per lane: ordering keys hash into lanes * this many "
                     "slots, and a free lane takes any slot with work (1: a key's lane is "
                     "crc32(key) % lanes, and hash skew can leave lanes idle)",
