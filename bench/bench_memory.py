@@ -43,7 +43,8 @@ from harness import (
     serial_batches,
 )
 
-from binlog_assets.consume.run import RunSettings, consumer_defaults
+from binlog_assets.consume.run import RunSettings
+from binlog_assets.consume.runtime import consumer_defaults
 
 TARGET_RATIO = 1.5
 _RSS_SAMPLE_SECONDS = 0.5

@@ -24,7 +24,8 @@ from pathlib import Path
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 
-from binlog_assets.consume.run import RunSettings, consumer_defaults
+from binlog_assets.consume.run import RunSettings
+from binlog_assets.consume.runtime import consumer_defaults
 from binlog_assets.dev.kafka import KafkaBroker
 from binlog_assets.dev.kafka import create_topic as new_topic
 
@@ -35,7 +36,7 @@ CONSUMER_CONF = {
 }
 
 # The baselines get the librdkafka settings a run uses by default (its prefetch, derived
-# from max_in_flight; see `binlog_assets.consume.run.consumer_defaults`), so a ratio
+# from max_in_flight; see `binlog_assets.consume.runtime.consumer_defaults`), so a ratio
 # compares code paths, not settings.
 BASELINE_CONF = {**consumer_defaults(RunSettings.max_in_flight), **CONSUMER_CONF}
 

@@ -158,6 +158,11 @@ class LaneDispatcher:
             target=self._run_patrol, name="binlake-lane-patrol", daemon=True)
         self._patrol.start()
 
+    def report_done_to(self, on_done_many: Callable[[list[int]], None]) -> None:
+        """Where done offsets go, when the tracker exists only after the dispatcher was
+        started (a run overlaps the two); set it before the first submit."""
+        self._on_done_many = on_done_many
+
     # -- the poll thread's side -------------------------------------------------------
     def submit(self, event: ChangeEvent) -> None:
         self.submit_many((event,))

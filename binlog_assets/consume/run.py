@@ -41,6 +41,14 @@ from binlog_assets.consume.invoke import HandlerMetrics
 from binlog_assets.consume.lanes import MAX_DEFAULT_WORKERS, LaneDispatcher
 from binlog_assets.consume.offsets import OffsetTracker
 from binlog_assets.consume.routing import ORDERING_KEY
+from binlog_assets.consume.runtime import (
+    CONSUMER_KEYS,
+    Started,
+    consumer_defaults,
+    raise_gc_threshold,
+    restore_gc_threshold,
+    yield_gil,
+)
 from binlog_assets.faults import fault_point
 from binlog_assets.formats.event import ChangeEvent, DecodeError
 
@@ -50,8 +58,6 @@ STOP_END = "end_offset"
 STOP_MAX_RECORDS = "max_records"
 STOP_MAX_SECONDS = "max_seconds"
 
-# The collector's first threshold during a run (see `BoundedRun.run`).
-_GC_THRESHOLD = 20_000
 # Records asked for by a run's first consume; each later batch doubles up to batch_size.
 _FIRST_BATCH = 64
 # While handlers wait on I/O, the poll thread yields the GIL after this many records.
@@ -136,6 +142,18 @@ class RunSummary:
         return dict(out)
 
 
+@dataclass(slots=True)
+class _Poll:
+    """What the poll thread's loop and its batch handling share during one run."""
+
+    consumer: Consumer
+    dispatcher: LaneDispatcher
+    tracker: OffsetTracker
+    summary: RunSummary
+    began: float
+    next_offset: int  # the next offset to read
+
+
 class BoundedRun:
     """Consume one topic-partition from its checkpoint up to the end offset seen at start."""
 
@@ -197,7 +215,7 @@ class BoundedRun:
                 topic = (self.settings.dead_letter_topic
                          or defaults.dead_letter_topic(self.settings.source))
                 producer_conf = {k: v for k, v in self.settings.kafka_conf.items()
-                                 if k not in _CONSUMER_KEYS}
+                                 if k not in CONSUMER_KEYS}
                 self._dlq = DeadLetterPublisher(producer_conf, topic)
             return self._dlq
 
@@ -207,29 +225,21 @@ class BoundedRun:
         # Everything alive now (imported modules, Dagster's graph) lives for the whole
         # run: freezing it keeps the collector from rescanning it while events churn.
         gc.freeze()
-        # Events in flight are acyclic and freed by reference counting, but up to
-        # max_in_flight of them are alive at once, so at the default threshold (700 net
-        # allocations) the collector runs every few records and finds nothing. Measured
-        # on 200k records: 1,170 collections, 0.25-0.40 s; at 20,000, ten, 0.05 s.
-        _raise_gc_threshold()
+        # Events in flight are acyclic and freed by reference counting: at the default
+        # threshold the collector would run every few records and find nothing.
+        raise_gc_threshold()
         consumer: Consumer | None = None
         dispatcher: LaneDispatcher | None = None
-        starting: _Started | None = None
+        starting: Started | None = None
         try:
             s = self.settings
-            tracker: OffsetTracker | None = None
-
-            def on_done_many(offsets: list[int]) -> None:
-                tracker.done_many(offsets)  # set before anything is submitted
-
             # The run's fixed start-up is three waits that do not depend on each other:
             # the checkpoint (a round trip to the group coordinator), the end offset (one
             # to the partition leader) and the lane workers' threads. They overlap.
-            starting = _Started(lambda: LaneDispatcher(
+            starting = Started(lambda: LaneDispatcher(
                 self.registry,
                 lanes=s.lanes * s.key_slots_per_lane,
                 workers=s.workers or min(s.lanes, MAX_DEFAULT_WORKERS),
-                on_done_many=on_done_many,
                 ordering=s.ordering,
                 table_ordering=s.table_ordering or None,
                 max_in_flight=s.max_in_flight,
@@ -238,7 +248,7 @@ class BoundedRun:
                 handler_timeout_seconds=s.handler_timeout_seconds,
             ))
             consumer = self._consumer()
-            watermarks = _Started(
+            watermarks = Started(
                 lambda: consumer.get_watermark_offsets(self.tp, timeout=30, cached=False))
             resolution = self._resolve(consumer, watermarks.result)
             start = resolution.chosen
@@ -250,11 +260,12 @@ class BoundedRun:
                 start.offset, checkpoint_candidates=resolution.candidates,
             )
             dispatcher = starting.result()
+            dispatcher.report_done_to(tracker.done_many)
             if start.offset >= end:
                 summary.seconds = time.monotonic() - began
                 return summary
             consumer.assign([TopicPartition(self.tp.topic, self.tp.partition, start.offset)])
-            self._loop(consumer, dispatcher, tracker, summary, began)
+            self._loop(_Poll(consumer, dispatcher, tracker, summary, began, start.offset))
             dispatcher.finishing()
             if summary.stop_reason == STOP_END:
                 tracker.skip_to(summary.end_offset)
@@ -278,19 +289,18 @@ class BoundedRun:
                 dispatcher.close()
             if consumer is not None:
                 consumer.close()
-            _restore_gc_threshold()
+            restore_gc_threshold()
             gc.unfreeze()
 
-    def _loop(self, consumer: Consumer, dispatcher: LaneDispatcher, tracker: OffsetTracker,
-              summary: RunSummary, began: float) -> None:
+    def _loop(self, poll: _Poll) -> None:
         s = self.settings
+        consumer, dispatcher, summary = poll.consumer, poll.dispatcher, poll.summary
         end = summary.end_offset
         paused = False
         last_commit = time.monotonic()
-        next_offset = summary.start_offset
         ramp = min(_FIRST_BATCH, s.batch_size)
-        while next_offset < end:
-            if s.max_seconds is not None and time.monotonic() - began >= s.max_seconds:
+        while poll.next_offset < end:
+            if s.max_seconds is not None and time.monotonic() - poll.began >= s.max_seconds:
                 summary.stop_reason = STOP_MAX_SECONDS
                 return
             if s.max_records is not None and summary.records >= s.max_records:
@@ -319,7 +329,7 @@ class BoundedRun:
             # The first batches are small and double up to batch_size, so the lanes get
             # work after a few records are decoded rather than after a whole batch.
             want = max(1, min(ramp, s.max_in_flight - dispatcher.in_flight(),
-                              end - next_offset))
+                              end - poll.next_offset))
             ramp = min(2 * ramp, s.batch_size)
             if s.max_records is not None:
                 want = min(want, s.max_records - summary.records)
@@ -327,52 +337,40 @@ class BoundedRun:
                                                     timeout=0.2 if paused else 1.0)
             if msgs:
                 fault_point("after_fetch")
-                next_offset = self._handle_batch(msgs, dispatcher, tracker, summary, end,
-                                                 next_offset)
+                self._handle_batch(poll, msgs)
             elif not paused and not full:
                 # read_committed skips markers and aborted records: the position can pass
                 # the last delivered offset without any message saying so.
                 pos = consumer.position([self.tp])[0].offset
                 if pos >= 0:
-                    next_offset = max(next_offset, pos)
+                    poll.next_offset = max(poll.next_offset, pos)
             # Commit on time, or early when finished events pile up for the changelog.
             if (time.monotonic() - last_commit >= s.commit_interval_seconds
                     or len(self._sink_buffer) >= 2 * s.max_in_flight):
-                self._commit(consumer, tracker, summary)
+                self._commit(consumer, poll.tracker, summary)
                 last_commit = time.monotonic()
 
-    def _handle_batch(self, msgs: Sequence[Message], dispatcher: LaneDispatcher,
-                      tracker: OffsetTracker, summary: RunSummary, end: int,
-                      next_offset: int) -> int:
+    def _handle_batch(self, poll: _Poll, msgs: Sequence[Message]) -> None:
         """Decode `msgs` and hand their events to the lanes; returns the next offset.
-
-        While handlers wait on I/O (`dispatcher.handlers_wait()`), the batch goes in
-        slices of _YIELD_EVERY records, and the poll thread gives the GIL up after each.
-        Decoding holds the GIL, and a worker whose handler has returned from its I/O
-        needs it back: CPython hands it over when its holder blocks, or after the switch
-        interval (5 ms) to one waiter at a time, and the poll thread often took it right
-        back. Measured on bench (b), 5 ms handlers: calls took 10-45 ms while the poll
-        thread decoded; with the yield, a 64-lane run of 3,000 records took 307-314 ms
-        instead of 325-342 (medians of 16-20 runs). Cheap handlers keep whole batches:
-        there the poll thread is the bottleneck and has nothing to wait for.
-        """
-        if len(msgs) <= _YIELD_EVERY or not dispatcher.handlers_wait():
-            return self._handle_slice(msgs, dispatcher, tracker, summary, end, next_offset)
+        While handlers wait on I/O the batch goes in slices of _YIELD_EVERY records and
+        the poll thread yields the GIL after each: decoding holds it, and a worker back
+        from its I/O needs it to finish. Cheap handlers keep whole batches."""
+        if len(msgs) <= _YIELD_EVERY or not poll.dispatcher.handlers_wait():
+            self._handle_slice(poll, msgs)
+            return
         for start in range(0, len(msgs), _YIELD_EVERY):
-            next_offset = self._handle_slice(msgs[start:start + _YIELD_EVERY], dispatcher,
-                                             tracker, summary, end, next_offset)
-            if next_offset >= end:
+            self._handle_slice(poll, msgs[start:start + _YIELD_EVERY])
+            if poll.next_offset >= poll.summary.end_offset:
                 break
-            _yield_gil()
-        return next_offset
+            yield_gil()
 
-    def _handle_slice(self, msgs: Sequence[Message], dispatcher: LaneDispatcher,
-                      tracker: OffsetTracker, summary: RunSummary, end: int,
-                      next_offset: int) -> int:
+    def _handle_slice(self, poll: _Poll, msgs: Sequence[Message]) -> None:
         # The poll thread is the run's bottleneck when handlers are cheap, so the per-record
         # work here is kept to the minimum; counting and lookups happen once per call (a
         # whole batch, or a slice of one while handlers wait).
         decode = self.decoder.decode
+        tracker, summary, next_offset = poll.tracker, poll.summary, poll.next_offset
+        end = summary.end_offset
         topic, partition = self.tp.topic, self.tp.partition
         handled_tables = self._tables_with_handlers
         has_handlers = self._has_handlers
@@ -442,9 +440,9 @@ class BoundedRun:
         if done_now:
             tracker.done_many(done_now)
         if events:
-            dispatcher.submit_many(events)
-            self.peak_in_flight = max(self.peak_in_flight, dispatcher.in_flight())
-        return next_offset
+            poll.dispatcher.submit_many(events)
+            self.peak_in_flight = max(self.peak_in_flight, poll.dispatcher.in_flight())
+        poll.next_offset = next_offset
 
     def _has_handlers(self, table: str) -> bool:
         known = self._tables_with_handlers.get(table)
@@ -528,87 +526,6 @@ class BoundedRun:
 _TABLE_OP = attrgetter("table", "op")
 
 
-def consumer_defaults(max_in_flight: int) -> dict[str, object]:
-    """librdkafka settings a run uses unless the Kafka config sets them: its prefetch.
-
-    A run holds at most `max_in_flight` events, so librdkafka's own defaults (100,000
-    messages prefetched per partition, 1 MiB fetches) only cost memory: a fetch's buffer
-    stays allocated while any of its records is still queued. Half of `max_in_flight`
-    ahead keeps the poll thread fed. Measured on a million-record backlog of 210 B
-    records (one run each, bench/RESULTS.md): peak RSS 62.5 MiB with 10,000 messages and
-    1 MiB fetches, 54-55 MiB with these, throughput the same within the noise.
-    """
-    return {
-        "queued.min.messages": max(1000, max_in_flight // 2),
-        "queued.max.messages.kbytes": 16384,
-        "max.partition.fetch.bytes": 512 * 1024,
-        # With a bounded queue, librdkafka's default 1 s backoff when it is full idles the
-        # fetcher long after the run has emptied it.
-        "fetch.queue.backoff.ms": 10,
-        # A new client sends FindCoordinator on its bootstrap connection and librdkafka
-        # (2.10+) decommissions that connection as soon as the first metadata names the
-        # real brokers, failing the request in flight; the retry then waits out the
-        # sparse-connection interval, reconnect.backoff.ms / 2 (50 ms at librdkafka's
-        # 100 ms default), so every run's checkpoint read took 60+ ms on a local broker.
-        # At 10 ms it takes 20-25 ms. Reconnects after a failure still back off
-        # exponentially up to reconnect.backoff.max.ms.
-        "reconnect.backoff.ms": 10,
-    }
-
-
-# Runs in progress in this process and the collector thresholds from before the first:
-# concurrent runs (one per partition, in threads) must not restore them while another
-# still runs, nor leave the raised threshold behind.
-_gc_lock = threading.Lock()
-_gc_runs = 0
-_gc_saved: tuple[int, ...] = ()
-
-
-def _raise_gc_threshold() -> None:
-    global _gc_runs, _gc_saved
-    with _gc_lock:
-        if _gc_runs == 0:
-            _gc_saved = gc.get_threshold()
-            gc.set_threshold(max(_gc_saved[0], _GC_THRESHOLD), *_gc_saved[1:])
-        _gc_runs += 1
-
-
-def _restore_gc_threshold() -> None:
-    global _gc_runs
-    with _gc_lock:
-        _gc_runs -= 1
-        if _gc_runs == 0:
-            gc.set_threshold(*_gc_saved)
-
-
-def _yield_gil() -> None:
-    """Release the GIL and take it back: the threads waiting for it run first."""
-    time.sleep(0)
-
-
-class _Started(threading.Thread):
-    """`call()` running in a thread of its own from now on; `result()` waits for it."""
-
-    def __init__(self, call: Callable[[], object]) -> None:
-        super().__init__(name="binlake-run-start", daemon=True)
-        self._call = call
-        self._value: object = None
-        self._error: BaseException | None = None
-        self.start()
-
-    def run(self) -> None:
-        try:
-            self._value = self._call()
-        except BaseException as exc:  # handed to whoever asks for the result
-            self._error = exc
-
-    def result(self, raise_error: bool = True):  # noqa: ANN201 - the call's own type
-        self.join()
-        if self._error is not None and raise_error:
-            raise self._error
-        return self._value
-
-
 def _event_bytes(event: ChangeEvent) -> bytes:
     import orjson
 
@@ -619,9 +536,3 @@ def _event_bytes(event: ChangeEvent) -> bytes:
     )
 
 
-_CONSUMER_KEYS = frozenset({
-    "group.id", "group.instance.id", "auto.offset.reset", "enable.auto.commit",
-    "enable.auto.offset.store", "isolation.level", "session.timeout.ms",
-    "max.poll.interval.ms", "heartbeat.interval.ms", "fetch.min.bytes", "fetch.max.bytes",
-    "fetch.wait.max.ms", "max.partition.fetch.bytes", "enable.partition.eof",
-})

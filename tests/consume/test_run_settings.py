@@ -15,7 +15,8 @@ from confluent_kafka import TopicPartition
 from binlog_assets.config import ConfigError, parse_config
 from binlog_assets.consume import run as run_module
 from binlog_assets.consume.handlers import HandlerRegistry
-from binlog_assets.consume.run import BoundedRun, RunSettings, consumer_defaults
+from binlog_assets.consume.run import BoundedRun, RunSettings
+from binlog_assets.consume.runtime import consumer_defaults
 
 
 class FakeMessage:
@@ -252,7 +253,7 @@ def handed(monkeypatch: pytest.MonkeyPatch) -> tuple[list[int], list[int]]:
         real_submit(self, events)
 
     monkeypatch.setattr(run_module.LaneDispatcher, "submit_many", submit_many)
-    monkeypatch.setattr(run_module, "_yield_gil", lambda: yields.append(sum(submitted)))
+    monkeypatch.setattr(run_module, "yield_gil", lambda: yields.append(sum(submitted)))
     return submitted, yields
 
 
