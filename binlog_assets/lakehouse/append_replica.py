@@ -26,7 +26,7 @@ from pyspark.sql import functions as F
 from binlog_assets.lakehouse.columns import change_identity, first_per_group, free_name
 from binlog_assets.lakehouse.delta_log import merge_aliases, metrics_since, table_version
 from binlog_assets.lakehouse.identifiers import col, qualified
-from binlog_assets.lakehouse.replica import APP_ID
+from binlog_assets.lakehouse.transactions import APP_ID
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession

@@ -40,6 +40,7 @@ from binlog_assets.config import PipelineConfig
 from binlog_assets.formats.event import ChangeEvent
 from binlog_assets.formats.mysql_types import infer_type
 from binlog_assets.lakehouse.delta_log import delta_rs_uri
+from binlog_assets.lakehouse.transactions import changelog_app_id
 
 CHANGELOG_TABLE = "changelog"
 
@@ -193,11 +194,6 @@ def changelog_name(config: PipelineConfig) -> tuple[str, str]:
     return config.lakehouse.database, CHANGELOG_TABLE
 
 
-def app_id(group_id: str, topic: str, partition: int) -> str:
-    """The Delta transaction id of one consumer group's writes for one topic-partition."""
-    return f"{group_id}/{topic}/{partition}"
-
-
 def changelog_uri(config: PipelineConfig) -> str:
     """Where the changelog table lives: the warehouse folder Spark's catalog would give it,
     so a catalog entry (registered by the Spark side) and delta-rs name one table."""
@@ -280,7 +276,7 @@ class ChangelogWriter:
         with self._lock:
             if self._table is None and not DeltaTable.is_deltatable(self.uri):
                 return None
-            return self._open().transaction_version(app_id(group_id, topic, partition))
+            return self._open().transaction_version(changelog_app_id(group_id, topic, partition))
 
     def write(
         self,
@@ -302,7 +298,7 @@ class ChangelogWriter:
         """
         from deltalake import CommitProperties, Transaction, write_deltalake
 
-        txn = app_id(group_id, topic, partition)
+        txn = changelog_app_id(group_id, topic, partition)
         for event in events:
             if event.topic != topic or event.partition != partition:
                 raise ValueError(f"event from {event.topic}[{event.partition}] in a write "

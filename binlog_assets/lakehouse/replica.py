@@ -1,7 +1,9 @@
 """Silver replicas: each replica table equals its source tables as of the last applied position.
 
 `ReplicaBuilder.apply` reads the changelog rows committed since the replica's applied
-changelog version (planned from the surveys their commits carry, see `changelog.py`),
+changelog version (planned from the surveys their commits carry: `replica_plan.py`,
+which also decides the key rule; rows shaped by `replica_rows.py`; transaction ids in
+`transactions.py`),
 keeps the source tables routed to the replica (`routing.py`), reduces every key to its
 last change by binlog position, types its `before`/`after` JSON by the declared column
 types (`schema.py`), and MERGEs the result with a position guard.
@@ -63,29 +65,24 @@ import json
 import threading
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from binlog_assets.config import PipelineConfig
 from binlog_assets.faults import fault_point
-from binlog_assets.formats.event import OP_CREATE, OP_DELETE, OP_READ, OP_TRUNCATE, OP_UPDATE
-from binlog_assets.lakehouse.changelog import SURVEY_MAX_COMMITS, to_json
+from binlog_assets.formats.event import OP_DELETE, OP_TRUNCATE
+from binlog_assets.lakehouse.changelog import SURVEY_MAX_COMMITS
 from binlog_assets.lakehouse.changelog_reader import (
     changelog_version,
     read_changelog,
-    read_survey,
-    survey_of_frame,
 )
 from binlog_assets.lakehouse.columns import (
     POSITION_TYPE,
-    changelog_position,
     first_per_group,
     free_name,
-    is_source_table,
     key_match,
-    position_literal,
     split_table,
     working_column,
 )
@@ -100,27 +97,42 @@ from binlog_assets.lakehouse.delta_log import (
     table_version,
     txn_version,
 )
-from binlog_assets.lakehouse.identifiers import check_columns, col, qualified
+from binlog_assets.lakehouse.identifiers import col, qualified
+from binlog_assets.lakehouse.replica_plan import (
+    APPEND_ONLY,
+    KEY_PROPERTY,
+    MERGED_OPS,
+    RULE_PROPERTY,
+    SHARDED_PROPERTY,
+    TRUNCATED_PROPERTY,
+    ReplicaError,
+    Rule,
+    Survey,
+    fallback_warning,
+    key_rule,
+    recorded_rule,
+    survey_batch,
+)
+from binlog_assets.lakehouse.replica_rows import (
+    IMAGE,
+    below_truncates,
+    keyed_changes,
+    keyed_rows,
+    row_image,
+    typed_columns,
+)
 from binlog_assets.lakehouse.routing import SOURCE_KEY_COLUMNS, ReplicaRoute, replica_route
 from binlog_assets.lakehouse.schema import (
     SchemaChange,
     apply_changes,
     plan_changes,
-    spark_type,
-    widen_all,
 )
 from binlog_assets.lakehouse.spark import new_session
+from binlog_assets.lakehouse.transactions import APP_ID, SparkTxn
 
 if TYPE_CHECKING:
-    from pyspark.sql import Column, DataFrame, SparkSession
+    from pyspark.sql import DataFrame, SparkSession
 
-# The Delta transaction id under which replica (and history) MERGEs record the applied
-# changelog version.
-APP_ID = "binlake.replica"
-
-ROW_OPS = (OP_CREATE, OP_UPDATE, OP_READ, OP_DELETE)
-LIVE_OPS = (OP_CREATE, OP_UPDATE, OP_READ)
-MERGED_OPS = (*ROW_OPS, OP_TRUNCATE)
 
 REPLICA_METADATA = (
     ("_position", POSITION_TYPE),
@@ -131,16 +143,9 @@ REPLICA_METADATA = (
 METADATA_COLUMNS = frozenset({*SOURCE_KEY_COLUMNS, *(n for n, _ in REPLICA_METADATA),
                               "_valid_from", "_valid_to", "_is_current"})
 
-# Working columns of an apply, named so that no source column can clash with them: a
-# change's image as JSON text, and a truncate's watermark (source table and position).
-_IMAGE = working_column("image")
+# A truncate's watermark columns (source table and position) during an apply.
 _WM_DB, _WM_TABLE, _WM = (working_column(n) for n in ("wm_db", "wm_table", "wm"))
 
-# Table properties recording what a replica was built with; a batch that disagrees fails.
-KEY_PROPERTY = "binlake.key_columns"
-RULE_PROPERTY = "binlake.key_rule"
-SHARDED_PROPERTY = "binlake.sharded"
-TRUNCATED_PROPERTY = "binlake.truncated"
 PURGED_PROPERTY = "binlake.tombstones_purged_at"  # epoch seconds of the last purge
 # A purge (a DELETE scanning the table's `_applied_at` statistics) runs at most once per
 # this share of the retention window, so tombstones live between 1 and 1.1 windows.
@@ -155,21 +160,6 @@ _TABLE_PROPERTIES = {
     # A MERGE that touches a few rows of a file marks them instead of rewriting the file.
     "delta.enableDeletionVectors": "true",
 }
-
-# Session settings are per SparkSession; the builder's own session holds them, and the
-# lock keeps two threads of one builder from interleaving their transaction ids.
-_TXN_APP_ID = "spark.databricks.delta.write.txnAppId"
-_TXN_VERSION = "spark.databricks.delta.write.txnVersion"
-
-
-# How a replica's rows are keyed, as its asset's metadata reports it.
-PRIMARY_KEY = "primary_key"  # by the primary key the changes carry
-KEY_COLUMNS = "key_columns"  # by the table config's key_columns
-APPEND_ONLY = "append_only"  # no key: a row per change (replica_mode: append, or keyless)
-
-
-class ReplicaError(RuntimeError):
-    """A replica that cannot be built from its changelog as configured; says why."""
 
 
 @dataclass(frozen=True)
@@ -190,35 +180,6 @@ class ReplicaResult:
     skipped: bool = False  # nothing new: the replica was already at applied_version
     key_rule: str | None = None  # PRIMARY_KEY, KEY_COLUMNS, APPEND_ONLY; None: no table yet
     warning: str | None = None  # what to set for the replica the config may have meant
-
-
-@dataclass(frozen=True)
-class _Rule:
-    """The replica's key rule for one apply: its name, its key (source ids first when
-    sharded; empty when append-only) and a warning for the asset's metadata."""
-
-    name: str
-    key: list[str]
-    warning: str | None = None
-
-    @property
-    def append(self) -> bool:
-        return self.name == APPEND_ONLY
-
-
-@dataclass
-class _Survey:
-    """One aggregate pass over the batch: what it holds for this replica."""
-
-    tables: list[str]
-    rows: int
-    last_position: tuple[int, ...] | None
-    declared: dict[str, T.DataType]
-    inferred: dict[str, T.DataType]
-    key_columns: set[tuple[str, ...]]
-    truncates: dict[str, tuple[int, ...]]  # db.table -> highest truncate position
-    upserts: int = 0
-    deletes: int = 0
 
 
 class ReplicaBuilder:
@@ -271,7 +232,7 @@ class ReplicaBuilder:
         replica_table = self.table_name(route.replica)
         props, files, location = (self._detail(replica_table)
                                   if table_exists(spark, *replica_table) else ({}, 0, ""))
-        stored_rule = _stored_rule(route, props)
+        stored_rule = recorded_rule(route, props)
         targets = [replica_table]
         if route.history and stored_rule != APPEND_ONLY:
             targets.append(self.history_name(route.replica))
@@ -281,13 +242,13 @@ class ReplicaBuilder:
             done = applied[targets[0]]
             return ReplicaResult(route.replica, applied_version=-1 if done is None else done,
                                  skipped=True, key_rule=stored_rule,
-                                 warning=_fallback_warning(route, stored_rule))
+                                 warning=fallback_warning(route, stored_rule))
         starts = [applied[t] for t in behind]
         start = None if None in starts else min(starts)
 
         batch = read_changelog(spark, self.config, start, up_to)
-        survey = self._survey(batch, route, start, up_to)
-        rule = self._rule(route, survey, props) if survey.tables else None
+        survey = survey_batch(spark, self.config, batch, route, start, up_to)
+        rule = key_rule(route, survey, props) if survey.tables else None
         if rule is None or (not survey.rows and not props):
             # Nothing for this replica (or only truncates of a table whose key is not
             # known yet, which leave nothing to build). An empty MERGE would move its
@@ -297,7 +258,7 @@ class ReplicaBuilder:
             existing = [t for t in behind if table_exists(spark, *t)]
             done = ReplicaResult(route.replica, applied_version=up_to if existing else -1,
                                  key_rule=stored_rule,
-                                 warning=_fallback_warning(route, stored_rule))
+                                 warning=fallback_warning(route, stored_rule))
             if start is not None and up_to - start < SURVEY_MAX_COMMITS // 2:
                 return done
             for target in existing:
@@ -311,19 +272,19 @@ class ReplicaBuilder:
         if rule.append:
             from binlog_assets.lakehouse.append_replica import append_changes
 
-            rows = self._keyed(batch.where(F.col("table").isin(survey.tables)
-                                           & F.col("op").isin(*MERGED_OPS)),
-                               route, survey, [], columns, _row_image(), F.col("op"),
-                               image_first=False)
+            rows = keyed_changes(batch.where(F.col("table").isin(survey.tables)
+                                             & F.col("op").isin(*MERGED_OPS)),
+                                 route, survey, [], columns, row_image(), F.col("op"),
+                                 image_first=False)
             stored_columns = self.spark.table(".".join(replica_table)).columns
             fault_point("during_replica_merge")
             written = append_changes(
                 spark, replica_table, rows,
-                lambda frame: self._typed(frame, survey, [], columns, stored_columns),
+                lambda frame: typed_columns(frame, survey, [], columns, stored_columns),
                 up_to, now, lambda: self._txn(up_to), empty=files == 0)
             return self._result(route, survey, up_to, rule, changes, written=written)
 
-        rows = self._keyed_rows(batch, route, survey, key, columns)
+        rows = keyed_rows(batch, route, survey, key, columns)
         if route.history:
             from binlog_assets.lakehouse.history import merge_history
 
@@ -336,7 +297,7 @@ class ReplicaBuilder:
                                                          empty=files == 0)
             history_table = self.history_name(route.replica)
             if route.history and history_table in behind:
-                typed = self._typed(rows, survey, key, columns,
+                typed = typed_columns(rows, survey, key, columns,
                                     [*SOURCE_KEY_COLUMNS, *columns, "_position", "_op",
                                      "_source_ts"])
                 with self._txn(up_to):
@@ -348,7 +309,7 @@ class ReplicaBuilder:
                             truncated=truncated,
                             tombstones=self._purge(replica_table, now, props))
 
-    def _result(self, route: ReplicaRoute, survey: _Survey, up_to: int, rule: _Rule,
+    def _result(self, route: ReplicaRoute, survey: Survey, up_to: int, rule: Rule,
                 changes: list[str], **counts: int) -> ReplicaResult:
         return ReplicaResult(
             route.replica,
@@ -363,103 +324,13 @@ class ReplicaBuilder:
             **counts,
         )
 
-    def _survey(self, batch: DataFrame, route: ReplicaRoute, start: int | None, up_to: int
-                ) -> _Survey:
-        """Tables, types, keys and truncates of the batch: from the surveys its commits
-        carry in the Delta log (`changelog.read_survey`), else in one aggregate job."""
-        groups = read_survey(self.spark, self.config, start, up_to)
-        if groups is None:
-            groups = survey_of_frame(batch)
-        tables = route.select({g[0] for g in groups})
-        survey = _Survey(tables, 0, None, {}, {}, set(), {})
-        routed = set(tables)
-        # Earliest first, so that the column order of a new table is the source's.
-        for table, op, column_types, value_types, key_columns, n, last in sorted(
-                groups, key=lambda g: g[6]):
-            if table not in routed:
-                continue
-            last = tuple(last)
-            if op in LIVE_OPS:
-                survey.upserts += n
-            elif op == OP_DELETE:
-                survey.deletes += n
-            if op in MERGED_OPS:
-                survey.rows += n
-                if survey.last_position is None or last > survey.last_position:
-                    survey.last_position = last
-            if op == OP_TRUNCATE:
-                current = survey.truncates.get(table)
-                survey.truncates[table] = last if current is None else max(current, last)
-            if op in ROW_OPS and key_columns:
-                survey.key_columns.add(tuple(key_columns))
-            for types, target in ((column_types, survey.declared),
-                                  (value_types, survey.inferred)):
-                if types:
-                    widen_all(target, {c: spark_type(t) for c, t in json.loads(types).items()})
-        return survey
-
-    def _rule(self, route: ReplicaRoute, survey: _Survey, props: dict[str, str]
-              ) -> _Rule | None:
-        """The replica's key rule: `replica_mode: append`, else `key_columns`, else the
-        primary key the changes carry, else (a table without one) append-only with a
-        warning saying what to set; None while neither the batch nor the table knows.
-
-        A replica keeps the rule it was built with. A config that asks for another fails
-        with the way out (a rebuild); a source that gains or loses its primary key does
-        not fail the build.
-        """
-        stored = json.loads(props.get(KEY_PROPERTY, "null"))
-        stored_rule = _stored_rule(route, props)
-        if route.replica_mode == "append":
-            if stored_rule not in (None, APPEND_ONLY):
-                raise ReplicaError(
-                    f"replica {route.replica!r} is keyed on {stored}, and its config now says "
-                    "replica_mode: append: rebuild it (build_replicas_job with "
-                    "ops.replicas.config.rebuild: true) to make it the log of changes")
-            return _Rule(APPEND_ONLY, [])
-        if route.key_columns:
-            name, source_key = KEY_COLUMNS, tuple(route.key_columns)
-        elif len(survey.key_columns) == 1:
-            name, (source_key,) = PRIMARY_KEY, survey.key_columns
-        elif len(survey.key_columns) > 1:
-            raise ReplicaError(
-                f"replica {route.replica!r}: its source tables disagree on the primary key "
-                f"({sorted(survey.key_columns)}); set key_columns in the table config")
-        elif stored_rule == APPEND_ONLY:
-            return _Rule(APPEND_ONLY, [], _fallback_warning(route, APPEND_ONLY))
-        elif stored_rule is not None:
-            name, source_key = stored_rule, tuple(stored)  # no key in this batch
-        elif survey.upserts or survey.deletes:
-            return _Rule(APPEND_ONLY, [], _fallback_warning(route, APPEND_ONLY))
-        else:
-            return None  # truncates only, of a table not built yet
-        if stored_rule == APPEND_ONLY:
-            if name == KEY_COLUMNS:
-                raise ReplicaError(
-                    f"replica {route.replica!r} was built append-only (its changes carried "
-                    f"no key), and its config now sets key_columns {list(source_key)}: "
-                    "rebuild it (build_replicas_job with ops.replicas.config.rebuild: true) "
-                    "to key it by them")
-            # The source gained a primary key: the log goes on; a rebuild would key it.
-            return _Rule(APPEND_ONLY, [], (
-                f"{_fallback_warning(route, APPEND_ONLY)}. Its changes now carry the primary "
-                f"key {list(source_key)}: rebuild the replica to key it by that"))
-        check_columns(source_key, route.replica)
-        if stored is not None and tuple(stored) != source_key:
-            raise ReplicaError(
-                f"replica {route.replica!r} is keyed on {stored}, its changes now on "
-                f"{list(source_key)}: rebuild it (ReplicaBuilder.rebuild) after the "
-                "source's primary key change")
-        key = [*SOURCE_KEY_COLUMNS, *source_key] if route.sharded else list(source_key)
-        return _Rule(name, key)
-
     def _detail(self, table: tuple[str, str]) -> tuple[dict[str, str], int, str]:
         """The table's properties, its number of data files and its location."""
         detail = table_detail(self.spark, *table)
         return (dict(detail["properties"] or {}), int(detail["numFiles"] or 0),
                 str(detail["location"]))
 
-    def _prepare_tables(self, route: ReplicaRoute, survey: _Survey, rule: _Rule
+    def _prepare_tables(self, route: ReplicaRoute, survey: Survey, rule: Rule
                         ) -> list[str]:
         """Create or evolve the replica (and history) for the batch's columns.
 
@@ -528,96 +399,7 @@ class ReplicaBuilder:
         schema = self.spark.table(".".join(table)).schema
         return {f.name: f.dataType for f in schema if f.name not in METADATA_COLUMNS}
 
-    def _keyed_rows(self, batch: DataFrame, route: ReplicaRoute, survey: _Survey,
-                    key: list[str], columns: dict[str, T.DataType]) -> DataFrame:
-        """The batch's row changes and truncates with their key typed and their image
-        still JSON text, so that only the changes that survive the reduce get parsed.
-
-        Columns: `_source_db`, `_source_table`, the key's source columns, `_position`,
-        `_op`, `_source_ts`, `_IMAGE` (the after-image, the before-image of a delete).
-        Truncates have null keys. The key comes from the record's own key (`key`, a small
-        JSON object the decoder took from the same image) and from the image only when the
-        record has none; with a `key_columns` override it comes from the image (the record
-        key is the decoder's), and updates that moved a row to another key add a delete of
-        the old one (`_key_change_deletes`).
-        """
-        b = batch.where(F.col("table").isin(survey.tables) & F.col("op").isin(*MERGED_OPS))
-        keyed = self._keyed(b, route, survey, key, columns, _row_image(), F.col("op"),
-                            image_first=bool(route.key_columns))
-        if route.key_columns:
-            keyed = keyed.unionByName(self._key_change_deletes(b, route, survey, key, columns))
-        return keyed
-
-    def _keyed(self, b: DataFrame, route: ReplicaRoute, survey: _Survey, key: list[str],
-               columns: dict[str, T.DataType], image: Column, op: Column, *,
-               image_first: bool) -> DataFrame:
-        source_key = [k for k in key if k not in SOURCE_KEY_COLUMNS]
-        spellings = _spellings({k: columns[k] for k in source_key}, survey)
-        in_record = F.from_json(F.col("key"), _text_schema({k: [k] for k in source_key}))
-        in_image = F.from_json(col(_IMAGE), _text_schema(spellings))
-        framed = b.select(
-            F.col("table"), F.col("offset"), F.col("key"), image.alias(_IMAGE),
-            op.alias("_op"), changelog_position().alias("_position"),
-            F.timestamp_millis(F.col("source_ts")).alias("_source_ts"))
-        table_parts = F.split(F.col("table"), r"\.", 2)
-        out = [table_parts.getItem(0).alias("_source_db"),
-               table_parts.getItem(1).alias("_source_table")]
-        for column in source_key:
-            from_image = [in_image.getField(n) for n in spellings[column.lower()]]
-            from_record = [in_record.getField(column)]
-            # Coalesce stops at its first non-null argument: the second source is parsed
-            # only for rows whose first lacks the value.
-            text = F.coalesce(*(from_image + from_record if image_first
-                                else from_record + from_image))
-            value = _cast_text(_require_key(text, column, route.replica), columns[column])
-            fast = None if image_first or len(source_key) != 1 else _integer_key(
-                column, columns[column])
-            # Coalesce evaluates `value` (the JSON parse) only where `fast` is null.
-            out.append((value if fast is None else F.coalesce(fast, value)).alias(column))
-        return framed.select(*out, "_position", "_op", "_source_ts", col(_IMAGE))
-
-    def _key_change_deletes(self, b: DataFrame, route: ReplicaRoute, survey: _Survey,
-                            key: list[str], columns: dict[str, T.DataType]) -> DataFrame:
-        """Deletes of the old key of updates that moved a row to another key.
-
-        Only needed with a key_columns override: decoders split such updates themselves
-        when they know the key, but an override of a sharded (regex) source reaches no
-        decoder.
-        """
-        source_key = [k for k in key if k not in SOURCE_KEY_COLUMNS]
-        key_schema = _text_schema({k: [k] for k in source_key})
-        before = F.from_json(F.col("before"), key_schema)
-        after = F.from_json(F.col("after"), key_schema)
-        moved = F.lit(False)
-        for k in source_key:
-            moved = moved | ~before.getField(k).eqNullSafe(after.getField(k))
-        updates = b.where((F.col("op") == OP_UPDATE) & F.col("before").isNotNull() & moved)
-        return self._keyed(updates, route, survey, key, columns, F.col("before"),
-                           F.lit(OP_DELETE), image_first=True)
-
-    def _typed(self, frame: DataFrame, survey: _Survey, key: list[str],
-               columns: dict[str, T.DataType], out: list[str],
-               stored: Column | None = None, image: str = _IMAGE) -> DataFrame:
-        """`frame`'s columns `out`, the replica's source columns among them parsed from
-        the JSON column `image` and typed (those of rows where `stored` holds are kept as
-        they are)."""
-        spellings = _spellings(columns, survey)
-        parsed = frame.withColumn(image, F.from_json(col(image), _text_schema(spellings)))
-        # Parsed once into a struct column and only then taken apart: a field read
-        # straight off `from_json(...)` makes Spark parse the text once per field.
-        select = []
-        for name in out:
-            if name in columns and name not in key:
-                text = F.coalesce(*[col(image).getField(n) for n in spellings[name.lower()]])
-                value = _cast_text(text, columns[name])
-                if stored is not None:
-                    value = F.when(stored, col(name)).otherwise(value)
-                select.append(value.alias(name))
-            else:
-                select.append(col(name))
-        return parsed.select(*select)
-
-    def _watermarks(self, table: tuple[str, str], survey: _Survey, props: dict[str, str]
+    def _watermarks(self, table: tuple[str, str], survey: Survey, props: dict[str, str]
                     ) -> list[tuple]:
         """(db, table, position) of every truncate: stored markers and the batch's."""
         marks: dict[tuple[str, str], tuple[int, ...]] = {}
@@ -631,7 +413,7 @@ class ReplicaBuilder:
             marks[k] = max(marks.get(k, position), position)
         return [(db, t, p) for (db, t), p in marks.items()]
 
-    def _merge_replica(self, route: ReplicaRoute, rows: DataFrame, survey: _Survey,
+    def _merge_replica(self, route: ReplicaRoute, rows: DataFrame, survey: Survey,
                        key: list[str], columns: dict[str, T.DataType], up_to: int,
                        now: datetime, props: dict[str, str], location: str, *, empty: bool
                        ) -> tuple[int, int]:
@@ -667,7 +449,7 @@ class ReplicaBuilder:
         stored_columns = self.spark.table(name).columns
         reduced = (first_per_group(rows, [col(k) for k in key], [col("_position").desc()])
                    .withColumn("_applied_at", F.lit(now)))
-        reduced = self._typed(reduced, survey, key, columns, stored_columns)
+        reduced = typed_columns(reduced, survey, key, columns, stored_columns)
         if empty:
             # Nothing to match: the reduced batch is the table's content, appended with the
             # same transaction id (an initial build or a rebuild, without MERGE's joins).
@@ -681,7 +463,7 @@ class ReplicaBuilder:
                  .whenMatched(col("_position", s) > col("_position", t)).update(assignments)
                  .whenNotMatched().insert(assignments))
         if survey.truncates:
-            merge = (merge.whenNotMatchedBySource(_below_truncates(survey.truncates, t))
+            merge = (merge.whenNotMatchedBySource(below_truncates(survey.truncates, t))
                      .delete())
         with self._txn(up_to):
             merge.merge()
@@ -690,7 +472,7 @@ class ReplicaBuilder:
                    + int(metrics.get("numTargetRowsMatchedUpdated", 0)))
         return written, int(metrics.get("numTargetRowsNotMatchedBySourceDeleted", 0))
 
-    def _rewrites(self, table: tuple[str, str], survey: _Survey) -> bool:
+    def _rewrites(self, table: tuple[str, str], survey: Survey) -> bool:
         """Whether the batch is large enough against the replica to rewrite it rather
         than MERGE (`lakehouse.rewrite_ratio`). The replica's size comes from its log's
         file statistics (a Spark count was a job, 0.6-3.8 s of a one-row apply); rows
@@ -704,7 +486,7 @@ class ReplicaBuilder:
         return survey.rows >= ratio * stored
 
     def _rewrite_replica(self, table: tuple[str, str], location: str, rows: DataFrame,
-                         survey: _Survey, key: list[str], columns: dict[str, T.DataType],
+                         survey: Survey, key: list[str], columns: dict[str, T.DataType],
                          up_to: int, now: datetime) -> tuple[int, int]:
         """The replica's rows and the batch's changes in one ranking per key, written
         back over the table in one commit; (rows written, rows truncated).
@@ -722,7 +504,7 @@ class ReplicaBuilder:
         types = {f.name: f.dataType for f in stored.schema}
         # The working column takes a name no replica column has (a source column may be
         # called `_stored` too).
-        image, from_table = _IMAGE, free_name("_stored", names)
+        image, from_table = IMAGE, free_name("_stored", names)
         changes = rows.withColumn("_applied_at", F.lit(now))
         both = (stored.select(*[col(c) for c in names],
                               F.lit(None).cast(T.StringType()).alias(image),
@@ -733,9 +515,9 @@ class ReplicaBuilder:
                     col(image), F.lit(0).alias(from_table))))
         winners = first_per_group(both, [col(k) for k in key],
                                   [col("_position").desc(), col(from_table).desc()])
-        winners = self._typed(winners, survey, key, columns, [*names, from_table],
+        winners = typed_columns(winners, survey, key, columns, [*names, from_table],
                               stored=col(from_table) == 1, image=image)
-        cleared = _below_truncates(survey.truncates)
+        cleared = below_truncates(survey.truncates)
         from pyspark.sql import Observation
 
         counts = Observation("binlake_rewrite")
@@ -781,122 +563,7 @@ class ReplicaBuilder:
                        f"('{PURGED_PROPERTY}' = '{now.timestamp():.3f}')")
         return purged
 
-    def _txn(self, version: int) -> _Txn:
-        return _Txn(self.spark, version)
+    def _txn(self, version: int) -> SparkTxn:
+        return SparkTxn(self.spark, version)
 
 
-class _Txn:
-    """Within the block, Delta DML commits carry (APP_ID, version) and are skipped when
-    the table already recorded that version or a later one."""
-
-    def __init__(self, spark: SparkSession, version: int) -> None:
-        self.spark = spark
-        self.version = version
-
-    def __enter__(self) -> None:
-        self.spark.conf.set(_TXN_APP_ID, APP_ID)
-        self.spark.conf.set(_TXN_VERSION, str(self.version))
-
-    def __exit__(self, *exc: Any) -> None:
-        self.spark.conf.unset(_TXN_APP_ID)
-        self.spark.conf.unset(_TXN_VERSION)
-
-
-def _stored_rule(route: ReplicaRoute, props: dict[str, str]) -> str | None:
-    """The key rule the replica was built with (from its table properties); None when
-    there is no table yet. Replicas built before the rule was recorded are keyed."""
-    if not props:
-        return None
-    return props.get(RULE_PROPERTY) or (KEY_COLUMNS if route.key_columns else PRIMARY_KEY)
-
-
-def _fallback_warning(route: ReplicaRoute, rule: str | None) -> str | None:
-    """What to set when a replica is append-only only because its changes carry no key."""
-    if rule != APPEND_ONLY or route.replica_mode == "append":
-        return None
-    return (f"replica {route.replica!r}: the changes of its source table(s) carry no primary "
-            "key, so the replica is the append-only log of their changes (a row per change). "
-            "For a row per source row set key_columns: [<unique, never-null columns>] in the "
-            "table config and rebuild the replica; to keep the log and silence this, set "
-            "replica_mode: append")
-
-
-def _row_image() -> Column:
-    """A change's row values: the after-image, the before-image of a delete."""
-    return F.when(F.col("op") == OP_DELETE, F.col("before")).otherwise(F.col("after"))
-
-
-def _below_truncates(truncates: dict[str, tuple[int, ...]], alias: str | None = None
-                     ) -> Column:
-    """The row (of DataFrame `alias`) comes from a truncated source table and is older
-    than its truncate: `truncates` maps db.table to the truncate's position."""
-    cleared = F.lit(False)
-    for name, position in truncates.items():
-        cleared = cleared | (is_source_table(name, alias)
-                             & (col("_position", alias) < position_literal(position)))
-    return cleared
-
-
-def _cast_text(text: Column, data_type: T.DataType) -> Column:
-    """A value's JSON text (see changelog.to_json) as `data_type`."""
-    if isinstance(data_type, T.BinaryType):
-        return F.unbase64(text)
-    if isinstance(data_type, T.StringType):
-        return text
-    return text.cast(data_type)
-
-
-def _require_key(value: Column, column: str, replica: str) -> Column:
-    """`value`, or a clear job failure for a row change without a key value (a null key
-    would collide with the truncate markers)."""
-    message = F.concat(F.lit(f"replica {replica}: a change of "), F.col("table"),
-                       F.lit(" at offset "), F.col("offset").cast("string"),
-                       F.lit(f" has no value for key column {column!r}"))
-    # `value` appears once: written into both the test and the result of a CASE, Spark
-    # evaluated it twice (a key parsed from JSON twice per row, 1.2 s per 1M events).
-    return F.coalesce(value, F.when(F.col("_op") != OP_TRUNCATE, F.raise_error(message)))
-
-
-_INTEGER_TYPES = (T.ByteType, T.ShortType, T.IntegerType, T.LongType)
-
-
-def _integer_key(column: str, data_type: T.DataType) -> Column | None:
-    """The value of an integer key column read straight from a record key that is just
-    `{"<column>":<integer>}` (what the changelog writer writes for a one-column key),
-    null for any other record key; None when `data_type` is not an integer type.
-
-    Reading the digits between the braces costs about a fifth of `from_json` per row (the
-    record key is parsed for every change of the batch) and gives the same value: the
-    digits must be the number's own canonical text (no sign but minus, no leading zero,
-    no space), and a number that does not fit the type is null here and left to the
-    parse and its cast, as before.
-    """
-    if not isinstance(data_type, _INTEGER_TYPES):
-        return None
-    # The writer's own encoding of the key, up to the value: `{"<column>":`.
-    prefix = to_json({column: 0}).removesuffix("0}")
-    record_key = F.col("key")
-    start = len(prefix) + 1
-    digits = record_key.substr(F.lit(start), F.length(record_key) - F.lit(start))
-    value = digits.try_cast(data_type)
-    whole = (record_key.startswith(prefix) & record_key.endswith("}")
-             & (value.cast(T.StringType()) == digits))
-    return F.when(whole, value)
-
-
-def _spellings(columns: dict[str, T.DataType], survey: _Survey) -> dict[str, list[str]]:
-    """Per replica column (by its lower-case name), every spelling the batch uses for it,
-    so a column whose case changed still finds its replica column (Spark and MySQL names
-    are case-insensitive)."""
-    spellings: dict[str, list[str]] = {c.lower(): [c] for c in columns}
-    for name in [*survey.declared, *survey.inferred]:
-        names = spellings.get(name.lower())
-        if names is not None and name not in names:
-            names.append(name)
-    return spellings
-
-
-def _text_schema(spellings: dict[str, list[str]]) -> T.StructType:
-    """Every spelling as a string field: values are parsed as JSON text, then cast."""
-    return T.StructType([T.StructField(n, T.StringType())
-                         for names in spellings.values() for n in names])

@@ -275,7 +275,7 @@ def test_integer_keys_read_off_the_record_key_equal_the_json_parse(spark) -> Non
     from pyspark.sql import functions as F
     from pyspark.sql import types as T
 
-    from binlog_assets.lakehouse.replica import _integer_key
+    from binlog_assets.lakehouse.replica_rows import integer_key as _integer_key
 
     read = {'{"id":123}': 123, '{"id":-5}': -5, '{"id":0}': 0,
             '{"id":9223372036854775807}': 9223372036854775807}

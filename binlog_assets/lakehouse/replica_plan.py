@@ -1,0 +1,186 @@
+"""Planning one apply: what the batch holds for the replica (`survey_batch`, from the
+surveys its changelog commits carry) and how the replica is keyed (`key_rule`).
+
+A replica is keyed by its table config's `key_columns`, else by the primary key its
+changes carry; one configured `replica_mode: append`, or one whose changes carry no key
+and that sets neither, is the append-only log of its changes, with a warning naming the
+settings. A replica keeps the rule it was built with (a table property); changing it
+takes a rebuild, and the error says so.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from pyspark.sql import types as T
+
+from binlog_assets.formats.event import OP_CREATE, OP_DELETE, OP_READ, OP_TRUNCATE, OP_UPDATE
+from binlog_assets.lakehouse.changelog_reader import read_survey, survey_of_frame
+from binlog_assets.lakehouse.identifiers import check_columns
+from binlog_assets.lakehouse.routing import SOURCE_KEY_COLUMNS, ReplicaRoute
+from binlog_assets.lakehouse.schema import spark_type, widen_all
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+
+    from binlog_assets.config import PipelineConfig
+
+ROW_OPS = (OP_CREATE, OP_UPDATE, OP_READ, OP_DELETE)
+LIVE_OPS = (OP_CREATE, OP_UPDATE, OP_READ)
+MERGED_OPS = (*ROW_OPS, OP_TRUNCATE)
+
+# Table properties recording what a replica was built with; a batch that disagrees fails.
+KEY_PROPERTY = "binlake.key_columns"
+RULE_PROPERTY = "binlake.key_rule"
+SHARDED_PROPERTY = "binlake.sharded"
+TRUNCATED_PROPERTY = "binlake.truncated"
+
+# How a replica's rows are keyed, as its asset's metadata reports it.
+PRIMARY_KEY = "primary_key"  # by the primary key the changes carry
+KEY_COLUMNS = "key_columns"  # by the table config's key_columns
+APPEND_ONLY = "append_only"  # no key: a row per change (replica_mode: append, or keyless)
+
+
+class ReplicaError(RuntimeError):
+    """A replica that cannot be built from its changelog as configured; says why."""
+
+
+@dataclass(frozen=True)
+class Rule:
+    """The replica's key rule for one apply: its name, its key (source ids first when
+    sharded; empty when append-only) and a warning for the asset's metadata."""
+
+    name: str
+    key: list[str]
+    warning: str | None = None
+
+    @property
+    def append(self) -> bool:
+        return self.name == APPEND_ONLY
+
+
+@dataclass
+class Survey:
+    """One aggregate pass over the batch: what it holds for this replica."""
+
+    tables: list[str]
+    rows: int
+    last_position: tuple[int, ...] | None
+    declared: dict[str, T.DataType]
+    inferred: dict[str, T.DataType]
+    key_columns: set[tuple[str, ...]]
+    truncates: dict[str, tuple[int, ...]]  # db.table -> highest truncate position
+    upserts: int = 0
+    deletes: int = 0
+
+
+def survey_batch(spark: SparkSession, config: PipelineConfig, batch: DataFrame,
+                 route: ReplicaRoute, start: int | None, up_to: int) -> Survey:
+    """Tables, types, keys and truncates of the batch: from the surveys its commits
+    carry in the Delta log (`changelog.read_survey`), else in one aggregate job."""
+    groups = read_survey(spark, config, start, up_to)
+    if groups is None:
+        groups = survey_of_frame(batch)
+    tables = route.select({g[0] for g in groups})
+    survey = Survey(tables, 0, None, {}, {}, set(), {})
+    routed = set(tables)
+    # Earliest first, so that the column order of a new table is the source's.
+    for table, op, column_types, value_types, key_columns, n, last in sorted(
+            groups, key=lambda g: g[6]):
+        if table not in routed:
+            continue
+        last = tuple(last)
+        if op in LIVE_OPS:
+            survey.upserts += n
+        elif op == OP_DELETE:
+            survey.deletes += n
+        if op in MERGED_OPS:
+            survey.rows += n
+            if survey.last_position is None or last > survey.last_position:
+                survey.last_position = last
+        if op == OP_TRUNCATE:
+            current = survey.truncates.get(table)
+            survey.truncates[table] = last if current is None else max(current, last)
+        if op in ROW_OPS and key_columns:
+            survey.key_columns.add(tuple(key_columns))
+        for types, target in ((column_types, survey.declared),
+                              (value_types, survey.inferred)):
+            if types:
+                widen_all(target, {c: spark_type(t) for c, t in json.loads(types).items()})
+    return survey
+
+
+def key_rule(route: ReplicaRoute, survey: Survey, props: dict[str, str]) -> Rule | None:
+    """The replica's key rule: `replica_mode: append`, else `key_columns`, else the
+    primary key the changes carry, else (a table without one) append-only with a
+    warning saying what to set; None while neither the batch nor the table knows.
+
+    A replica keeps the rule it was built with. A config that asks for another fails
+    with the way out (a rebuild); a source that gains or loses its primary key does
+    not fail the build.
+    """
+    stored = json.loads(props.get(KEY_PROPERTY, "null"))
+    stored_rule = recorded_rule(route, props)
+    if route.replica_mode == "append":
+        if stored_rule not in (None, APPEND_ONLY):
+            raise ReplicaError(
+                f"replica {route.replica!r} is keyed on {stored}, and its config now says "
+                "replica_mode: append: rebuild it (build_replicas_job with "
+                "ops.replicas.config.rebuild: true) to make it the log of changes")
+        return Rule(APPEND_ONLY, [])
+    if route.key_columns:
+        name, source_key = KEY_COLUMNS, tuple(route.key_columns)
+    elif len(survey.key_columns) == 1:
+        name, (source_key,) = PRIMARY_KEY, survey.key_columns
+    elif len(survey.key_columns) > 1:
+        raise ReplicaError(
+            f"replica {route.replica!r}: its source tables disagree on the primary key "
+            f"({sorted(survey.key_columns)}); set key_columns in the table config")
+    elif stored_rule == APPEND_ONLY:
+        return Rule(APPEND_ONLY, [], fallback_warning(route, APPEND_ONLY))
+    elif stored_rule is not None:
+        name, source_key = stored_rule, tuple(stored)  # no key in this batch
+    elif survey.upserts or survey.deletes:
+        return Rule(APPEND_ONLY, [], fallback_warning(route, APPEND_ONLY))
+    else:
+        return None  # truncates only, of a table not built yet
+    if stored_rule == APPEND_ONLY:
+        if name == KEY_COLUMNS:
+            raise ReplicaError(
+                f"replica {route.replica!r} was built append-only (its changes carried "
+                f"no key), and its config now sets key_columns {list(source_key)}: "
+                "rebuild it (build_replicas_job with ops.replicas.config.rebuild: true) "
+                "to key it by them")
+        # The source gained a primary key: the log goes on; a rebuild would key it.
+        return Rule(APPEND_ONLY, [], (
+            f"{fallback_warning(route, APPEND_ONLY)}. Its changes now carry the primary "
+            f"key {list(source_key)}: rebuild the replica to key it by that"))
+    check_columns(source_key, route.replica)
+    if stored is not None and tuple(stored) != source_key:
+        raise ReplicaError(
+            f"replica {route.replica!r} is keyed on {stored}, its changes now on "
+            f"{list(source_key)}: rebuild it (ReplicaBuilder.rebuild) after the "
+            "source's primary key change")
+    key = [*SOURCE_KEY_COLUMNS, *source_key] if route.sharded else list(source_key)
+    return Rule(name, key)
+
+
+def recorded_rule(route: ReplicaRoute, props: dict[str, str]) -> str | None:
+    """The key rule the replica was built with (from its table properties); None when
+    there is no table yet. Replicas built before the rule was recorded are keyed."""
+    if not props:
+        return None
+    return props.get(RULE_PROPERTY) or (KEY_COLUMNS if route.key_columns else PRIMARY_KEY)
+
+
+def fallback_warning(route: ReplicaRoute, rule: str | None) -> str | None:
+    """What to set when a replica is append-only only because its changes carry no key."""
+    if rule != APPEND_ONLY or route.replica_mode == "append":
+        return None
+    return (f"replica {route.replica!r}: the changes of its source table(s) carry no primary "
+            "key, so the replica is the append-only log of their changes (a row per change). "
+            "For a row per source row set key_columns: [<unique, never-null columns>] in the "
+            "table config and rebuild the replica; to keep the log and silence this, set "
+            "replica_mode: append")
