@@ -13,6 +13,9 @@ dead-lettered after its retries. Done offsets go to `on_done_many` in batches; a
 record decoded into several events is reported once, when its last event is done.
 `max_in_flight` bounds what the poll thread should submit: it checks `is_full()` and
 pauses the partition, and resumes at `below_low_water()`. `submit_many` never blocks.
+
+One module over 400 lines on purpose: the submit path and the worker loop share the
+dispatcher's lock, lane states and in-flight count; the roles around them are apart.
 """
 
 from __future__ import annotations

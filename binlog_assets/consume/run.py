@@ -7,6 +7,9 @@ offset under read_committed) before reading, and then loops on the poll thread: 
 offset, at `max_records` or at `max_seconds`, drains the lanes, flushes dead letters and
 commits the contiguous done offset synchronously, with done-beyond offsets in the commit
 metadata so a rerun skips them. Nothing is committed past an event that is not done.
+
+One module over 400 lines on purpose: the poll loop, its commit points and its failure
+paths share one run's state and order (`consume/runtime.py` holds the process tuning).
 """
 
 from __future__ import annotations

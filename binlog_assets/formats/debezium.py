@@ -11,6 +11,9 @@ built and cached per distinct row schema; a schema block seen before is recognis
 raw bytes and not parsed again. Records of the
 schema-change topic (`ddl`, `databaseName`, `tableChanges`) become `ddl` events, one per
 changed table.
+
+One module near 500 lines on purpose: the envelope, its schema plans and the schema-change
+records are one format, read on the hot path.
 """
 
 from __future__ import annotations

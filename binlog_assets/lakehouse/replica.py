@@ -57,6 +57,9 @@ commit time) and `_applied_at` (when this apply wrote the row). Live rows are th
 column mapping (any source column name), type widening and deletion vectors.
 With `history: true`, `<database>.<replica>_history` keeps SCD type 2 versions
 (`history.py`).
+
+One module over 400 lines on purpose: the builder's table DDL and its writes (MERGE,
+rewrite, purge) share its Spark session and transaction block.
 """
 
 from __future__ import annotations

@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterator
 import dagster as dg
 from pydantic import Field
 
-from binlog_assets.orchestration.replica_assets import (
+from binlog_assets.orchestration.replica_reports import (
     counted_rows,
     replica_key,
     replica_metadata,

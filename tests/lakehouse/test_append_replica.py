@@ -16,11 +16,8 @@ from binlog_assets.lakehouse.audit import expected_log_rows
 from binlog_assets.lakehouse.changelog import ChangelogWriter
 from binlog_assets.lakehouse.delta_log import table_exists
 from binlog_assets.lakehouse.replica import ReplicaBuilder, ReplicaError
-from binlog_assets.orchestration.replica_assets import (
-    ROW_COUNT_CHECK,
-    build_replica_assets,
-    replica_key,
-)
+from binlog_assets.orchestration.replica_assets import build_replica_assets
+from binlog_assets.orchestration.replica_reports import ROW_COUNT_CHECK, replica_key
 from binlog_assets.orchestration.resources import BinlakeResource
 
 LOGS = {"source": "app.logs", "replica": "logs"}

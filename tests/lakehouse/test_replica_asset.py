@@ -13,11 +13,8 @@ from lake_events import Partition, Source, row
 
 from binlog_assets.config import PipelineConfig
 from binlog_assets.lakehouse.changelog import ChangelogWriter
-from binlog_assets.orchestration.replica_assets import (
-    ROW_COUNT_CHECK,
-    build_replica_assets,
-    replica_key,
-)
+from binlog_assets.orchestration.replica_assets import build_replica_assets
+from binlog_assets.orchestration.replica_reports import ROW_COUNT_CHECK, replica_key
 from binlog_assets.orchestration.resources import BinlakeResource
 
 

@@ -17,7 +17,6 @@ import yaml
 from lake_events import Partition, Source, row
 
 from binlog_assets.lakehouse.changelog import ChangelogWriter
-from binlog_assets.orchestration.replica_assets import ROW_COUNT_CHECK, replica_key
 from binlog_assets.orchestration.replica_follower import (
     FOLLOW_JOB_NAME,
     follow,
@@ -25,6 +24,7 @@ from binlog_assets.orchestration.replica_follower import (
     pool_wanted,
     replica_follower_sensor,
 )
+from binlog_assets.orchestration.replica_reports import ROW_COUNT_CHECK, replica_key
 from binlog_assets.orchestration.resources import BinlakeResource
 from binlog_assets.orchestration.shared import SPARK_POOL
 

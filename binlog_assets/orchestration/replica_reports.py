@@ -1,0 +1,75 @@
+"""What a replica build reports, for the replica assets and the follower run alike: the
+assets' keys, the metadata of an apply, and the row-count check (the replica's rows
+against what the changelog says at the applied version)."""
+
+import dagster as dg
+
+from binlog_assets.config import PipelineConfig
+
+ROW_COUNT_CHECK = "row_count_matches_changelog"
+
+
+def row_count_check_result(key: dg.AssetKey, live: int, expected: int,
+                           version: int) -> dg.AssetCheckResult:
+    return dg.AssetCheckResult(
+        asset_key=key, check_name=ROW_COUNT_CHECK, passed=live == expected,
+        metadata={"replica_rows": dg.MetadataValue.int(live),
+                  "changelog_live_keys": dg.MetadataValue.int(expected),
+                  "changelog_version": dg.MetadataValue.int(version)},
+        description=(f"{live} rows, as the changelog says at version {version}"
+                     if live == expected else
+                     f"{live} rows in the replica, but {expected} live keys in the changelog "
+                     f"at version {version}"),
+    )
+
+
+def replica_key(name: str) -> dg.AssetKey:
+    return dg.AssetKey(["replica", name])
+
+
+def replica_names(config: PipelineConfig) -> list[str]:
+    return sorted({t.replica for s in config.sources for t in s.tables})
+
+
+def counted_rows(builder, name: str, key_rule: str | None) -> int:
+    """The replica's live rows (`_current`); an append-only replica has no live rows to
+    tell apart, so all its rows count; 0 before it has a table."""
+    from binlog_assets.lakehouse.identifiers import qualified
+    from binlog_assets.lakehouse.replica_plan import APPEND_ONLY
+
+    if key_rule is None:
+        return 0
+    table = (builder.table_name(name) if key_rule == APPEND_ONLY
+             else builder.current_view_name(name))
+    return builder.spark.table(qualified(*table)).count()
+
+
+def row_count_check(builder, name: str, key_rule: str | None, live: int, version: int
+                    ) -> dg.AssetCheckResult:
+    """`row_count_matches_changelog` for `live` rows counted at changelog `version`."""
+    from binlog_assets.lakehouse.audit import expected_live_rows, expected_log_rows
+    from binlog_assets.lakehouse.replica_plan import APPEND_ONLY
+
+    expected = (expected_log_rows if key_rule == APPEND_ONLY else expected_live_rows)(
+        builder.spark, builder.config, name, version)
+    return row_count_check_result(replica_key(name), live, expected, version)
+
+
+def replica_metadata(result, live_rows: int | None) -> dict[str, dg.MetadataValue]:
+    """What an apply did; `rows` (live rows after it) when counted."""
+    md = {} if live_rows is None else {"rows": dg.MetadataValue.int(live_rows)}
+    md |= {
+        "changelog_rows_read": dg.MetadataValue.int(result.rows),
+        "applied_changelog_version": dg.MetadataValue.int(result.applied_version),
+        "upserts": dg.MetadataValue.int(result.upserts),
+        "deletes": dg.MetadataValue.int(result.deletes),
+        "tombstones": dg.MetadataValue.int(result.tombstones),
+        "truncated": dg.MetadataValue.int(result.truncated),
+    }
+    if result.last_position is not None:
+        md["last_position"] = dg.MetadataValue.text(str(result.last_position))
+    if result.key_rule is not None:
+        md["key_rule"] = dg.MetadataValue.text(result.key_rule)
+    if result.warning:
+        md["warning"] = dg.MetadataValue.text(result.warning)
+    return md
