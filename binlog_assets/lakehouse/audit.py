@@ -76,7 +76,7 @@ def _routed_rows(spark: SparkSession, config: PipelineConfig, route, applied_ver
         return None
     rows = read_changelog(spark, config, None, applied_version)
     groups = read_survey(spark, config, None, applied_version)
-    names = ({g[0] for g in groups} if groups is not None
+    names = ({g.table for g in groups} if groups is not None
              else {r["table"] for r in rows.select("table").distinct().collect()})
     tables = route.select(names)
     return rows.where(F.col("table").isin(tables)) if tables else None

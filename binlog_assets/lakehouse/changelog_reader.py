@@ -9,7 +9,7 @@ Spark SQL, dbt and users name it; every read here goes through that name.
 from __future__ import annotations
 
 import threading
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 from binlog_assets.config import PipelineConfig
 from binlog_assets.lakehouse.changelog import (
@@ -100,7 +100,20 @@ def read_changelog(
     return added_rows(spark, database, table, after_version + 1, up_to)
 
 
-def survey_of_frame(frame: DataFrame) -> list[list]:
+class SurveyGroup(NamedTuple):
+    """One group of a changelog survey: rows of one table, op, types and key columns,
+    how many, and the highest position among them."""
+
+    table: str
+    op: str
+    column_types: str | None  # JSON: column -> declared type
+    value_types: str | None  # JSON: column -> type inferred from the values
+    key_columns: list[str]
+    rows: int
+    last: list[int]  # (phase, file, pos, row, offset, row_index)
+
+
+def survey_of_frame(frame: DataFrame) -> list[SurveyGroup]:
     """The survey (as `changelog.survey_of_rows`) of changelog rows in a DataFrame: one
     aggregate job over them."""
     from pyspark.sql import functions as F
@@ -110,12 +123,12 @@ def survey_of_frame(frame: DataFrame) -> list[list]:
     groups = (frame.groupBy("table", "op", "column_types", "value_types", "key_columns")
               .agg(F.count(F.lit(1)).alias("n"), F.max(changelog_position()).alias("last"))
               .collect())
-    return [[g["table"], g["op"], g["column_types"], g["value_types"],
-             list(g["key_columns"] or []), g["n"], list(g["last"])] for g in groups]
+    return [SurveyGroup(g["table"], g["op"], g["column_types"], g["value_types"],
+                        list(g["key_columns"] or []), g["n"], list(g["last"])) for g in groups]
 
 
 def read_survey(spark: SparkSession, config: PipelineConfig, after_version: int | None,
-                up_to: int) -> list[list] | None:
+                up_to: int) -> list[SurveyGroup] | None:
     """The surveys of changelog versions (`after_version`, `up_to`] (all versions up to
     `up_to` when `after_version` is None) from their commits' metadata, merged per group
     (as `survey_of_rows`); None when a version carries none (the table's creation counts
@@ -132,20 +145,17 @@ def read_survey(spark: SparkSession, config: PipelineConfig, after_version: int 
              for h in history if first <= h.get("version", -1) <= up_to}
     if len(found) != up_to - first + 1:
         return None  # log entries cleaned up
-    merged: dict[tuple, list] = {}
+    merged: dict[tuple, tuple[int, list[int]]] = {}  # group -> (rows, last position)
     for operation, doc in found.values():
         survey = doc.get("survey", [] if operation == CREATE_OPERATION else None)
         if survey is None:
             return None
+        # A commit stores its survey as JSON arrays (`changelog.survey_of_rows`).
         for *group, n, last in survey:
             key = (*group[:4], tuple(group[4]))
-            entry = merged.get(key)
-            if entry is None:
-                merged[key] = [*group, n, last]
-            else:
-                entry[5] += n
-                entry[6] = max(entry[6], last)
-    return list(merged.values())
+            seen = merged.get(key)
+            merged[key] = (n, last) if seen is None else (seen[0] + n, max(seen[1], last))
+    return [SurveyGroup(*key[:4], list(key[4]), n, last) for key, (n, last) in merged.items()]
 
 
 def changelog_frame(spark: SparkSession, config: PipelineConfig) -> DataFrame:

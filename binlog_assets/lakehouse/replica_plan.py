@@ -83,12 +83,12 @@ def survey_batch(spark: SparkSession, config: PipelineConfig, batch: DataFrame,
     groups = read_survey(spark, config, start, up_to)
     if groups is None:
         groups = survey_of_frame(batch)
-    tables = route.select({g[0] for g in groups})
+    tables = route.select({g.table for g in groups})
     survey = Survey(tables, 0, None, {}, {}, set(), {})
     routed = set(tables)
     # Earliest first, so that the column order of a new table is the source's.
     for table, op, column_types, value_types, key_columns, n, last in sorted(
-            groups, key=lambda g: g[6]):
+            groups, key=lambda g: g.last):
         if table not in routed:
             continue
         last = tuple(last)

@@ -22,6 +22,7 @@ from binlog_assets.lakehouse.changelog import (
     to_json,
 )
 from binlog_assets.lakehouse.changelog_reader import (
+    SurveyGroup,
     changelog_frame,
     changelog_schema,
     changelog_version,
@@ -173,8 +174,8 @@ def test_each_commit_carries_the_survey_a_scan_of_its_rows_gives(spark, make_con
     inserts = [g for g in _groups(got) if g[:2] == ("shop.orders", "c")]
     assert sorted(g[5] for g in inserts) == [1, 1, 2]
     assert read_survey(spark, config, second - 1, second) == [
-        list(g) for g in survey_of_rows([event_row(e, None, datetime.now())
-                                         for e in events[6:]])]
+        SurveyGroup(*g) for g in survey_of_rows([event_row(e, None, datetime.now())
+                                                 for e in events[6:]])]
 
 
 def test_a_range_reads_what_its_commits_added_as_parquet_files(spark, make_config: MakeConfig
