@@ -163,3 +163,10 @@ def offset_for_timestamp(kafka_conf: dict, topic: str, partition: int, ts_ms: in
                                               timeout=30, cached=False)[1]
     finally:
         consumer.close()
+
+
+def disagreements(candidates: tuple[Checkpoint, ...], chosen: int) -> list[Checkpoint]:
+    """The recorded checkpoints that differ from the offset a run chose. The reset
+    policy's offset is where a partition starts when nothing is recorded, not a record of
+    progress, so it never disagrees."""
+    return [c for c in candidates if c.source != RESET and c.offset != chosen]

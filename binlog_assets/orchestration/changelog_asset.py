@@ -17,8 +17,17 @@ from collections.abc import Sequence
 
 import dagster as dg
 
+from binlog_assets.consume.checkpoint import disagreements
 from binlog_assets.consume.lag import measure_lag
 from binlog_assets.consume.run import RunSummary
+from binlog_assets.formats.event import (
+    OP_CREATE,
+    OP_DDL,
+    OP_DELETE,
+    OP_READ,
+    OP_TRUNCATE,
+    OP_UPDATE,
+)
 from binlog_assets.orchestration.consume_runs import ChangelogRunConfig, consume_partitions
 from binlog_assets.orchestration.metadata_checkpoint import latest_metadata_checkpoint
 from binlog_assets.orchestration.partitions import (
@@ -28,6 +37,24 @@ from binlog_assets.orchestration.partitions import (
     partition_key,
 )
 from binlog_assets.orchestration.resources import BinlakeResource
+
+# Change events by op, as the metadata names them.
+OP_NAMES = {OP_CREATE: "inserts", OP_UPDATE: "updates", OP_DELETE: "deletes",
+            OP_READ: "snapshot_reads", OP_TRUNCATE: "truncates", OP_DDL: "ddl"}
+
+
+def per_table_metadata(summary: RunSummary) -> dg.TableMetadataValue:
+    """Events per source table and op, as a table the UI renders."""
+    counts: dict[str, dict[str, int]] = {}
+    for (table, op), n in summary.counts.items():
+        counts.setdefault(table, {})[op] = n
+    columns = [dg.TableColumn("table", "string"),
+               *(dg.TableColumn(name, "int") for name in OP_NAMES.values())]
+    return dg.MetadataValue.table(
+        records=[dg.TableRecord({"table": table, **{name: ops.get(op, 0)
+                                                    for op, name in OP_NAMES.items()}})
+                 for table, ops in sorted(counts.items())],
+        schema=dg.TableSchema(columns=columns))
 
 
 def summary_metadata(summary: RunSummary, lag_at_end: int | None,
@@ -46,11 +73,12 @@ def summary_metadata(summary: RunSummary, lag_at_end: int | None,
         "throughput_records_per_s": dg.MetadataValue.float(round(summary.throughput, 1)),
         "seconds": dg.MetadataValue.float(round(summary.seconds, 3)),
         "stop_reason": dg.MetadataValue.text(summary.stop_reason),
-        "per_table": dg.MetadataValue.json(summary.per_table()),
-        "per_op": dg.MetadataValue.json(summary.per_op()),
+        "per_table": per_table_metadata(summary),
     }
-    for op, n in summary.per_op().items():
-        md[f"events_{op}"] = dg.MetadataValue.int(n)
+    per_op = summary.per_op()
+    # Every count, zeros included, so that each plots as one unbroken series.
+    for op, name in OP_NAMES.items():
+        md[name] = dg.MetadataValue.int(per_op.get(op, 0))
     for name, m in summary.handlers.items():
         # One number per key, so the UI plots each handler's series over runs.
         for field in ("events", "errors", "retries", "dead_lettered", "timeouts"):
@@ -84,7 +112,8 @@ def changelog(
     """Bronze changelog: every change event of a Kafka topic-partition, appended to the
     `changelog` Delta table exactly once (transaction id per group and partition), by a
     bounded consumer run from the partition's checkpoint to the end offset at its start.
-    One run serves one partition or a range of them; each gets its own metadata."""
+    One run serves one partition or a range of them; each gets its own metadata:
+    `records` are the Kafka records read, `events` the row changes decoded from them."""
     keys = list(context.partition_keys)
     group = binlake.group_id()
     kafka_conf = binlake.kafka_conf()
@@ -104,8 +133,8 @@ def changelog(
             f"{key}: {summary.records} records from {summary.start_offset} "
             f"({summary.checkpoint_source}) to {summary.committed_offset} in "
             f"{summary.seconds:.1f}s; {summary.dead_lettered} dead-lettered")
-        disagree = [f"{c.source}={c.offset}" for c in summary.checkpoint_candidates
-                    if c.offset != summary.start_offset]
+        disagree = [f"{c.source}={c.offset}" for c in
+                    disagreements(summary.checkpoint_candidates, summary.start_offset)]
         if disagree:
             context.log.warning(f"{key}: checkpoint sources disagree with the chosen "
                                 f"{summary.checkpoint_source}={summary.start_offset}: "

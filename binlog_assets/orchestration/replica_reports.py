@@ -67,9 +67,18 @@ def replica_metadata(result, live_rows: int | None) -> dict[str, dg.MetadataValu
         "truncated": dg.MetadataValue.int(result.truncated),
     }
     if result.last_position is not None:
-        md["last_position"] = dg.MetadataValue.text(str(result.last_position))
+        md["last_position"] = dg.MetadataValue.text(position_label(result.last_position))
     if result.key_rule is not None:
         md["key_rule"] = dg.MetadataValue.text(result.key_rule)
     if result.warning:
         md["warning"] = dg.MetadataValue.text(result.warning)
     return md
+
+
+def position_label(position: tuple[int, ...]) -> str:
+    """A changelog position as a reader knows it: binlog file index and byte position,
+    the row within the event and the Kafka offset (`(1, 1, 381614, 0, 10, 0)` reads
+    `000001:381614 row 0, offset 10`); snapshot reads say so."""
+    phase, file, pos, row, offset, _row_index = position
+    where = f"{file:06d}:{pos} row {row}, offset {offset}"
+    return where if phase else f"snapshot, {where}"

@@ -80,3 +80,11 @@ def test_coordinator_waits_give_up_at_the_timeout(monkeypatch) -> None:
     call = failing([KafkaError._WAIT_COORD] * 1000)
     with pytest.raises(RuntimeError, match="Waiting for coordinator"):
         retry_retriable(call, "committing", timeout=0.0)
+
+
+def test_the_reset_offset_never_disagrees() -> None:
+    from binlog_assets.consume.checkpoint import disagreements
+
+    candidates = (Checkpoint(5, CHANGELOG), Checkpoint(3, KAFKA), Checkpoint(0, RESET))
+    assert disagreements(candidates, 5) == [Checkpoint(3, KAFKA)]
+    assert disagreements((Checkpoint(5, CHANGELOG), Checkpoint(0, RESET)), 5) == []

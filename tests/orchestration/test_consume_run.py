@@ -188,6 +188,12 @@ def test_the_sources_handlers_run_once_opened_with_metrics_and_named_dead_letter
     assert md["handler.picky.retries"].value == 1
     assert md["handler.picky.p99_ms"].value >= md["handler.picky.p50_ms"].value >= 0
     assert md["dead_lettered"].value == 1
+    # Op counts by name, zeros included; events per table as a table.
+    assert (md["inserts"].value, md["updates"].value, md["deletes"].value,
+            md["truncates"].value, md["ddl"].value) == (PER_PARTITION[0], 0, 0, 0, 0)
+    [per_table] = md["per_table"].value.records
+    assert (per_table.data["table"], per_table.data["inserts"]) == ("shop.t", PER_PARTITION[0])
+    assert mds[keys[1]]["inserts"].value == 0
     assert "handler.picky.events" not in mds[keys[1]]  # an idle partition calls nothing
     consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"r-{uuid.uuid4().hex}",
                          "auto.offset.reset": "earliest"})
