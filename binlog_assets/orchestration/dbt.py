@@ -78,16 +78,23 @@ def dbt_env(config: PipelineConfig) -> dict[str, str]:
 
 
 def prepare_manifest(config: PipelineConfig) -> DbtProject:
-    """The dbt project with a parsed manifest (parsed now when missing or stale)."""
+    """The dbt project with a parsed manifest of its own for the configured database
+    (parsed now when missing or stale)."""
     directory = write_profiles(config)
-    project = DbtProject(project_dir=DBT_PROJECT_DIR, profiles_dir=directory)
-    sources = [p for p in DBT_PROJECT_DIR.rglob("*") if p.suffix in (".sql", ".yml")]
+    # The manifest names each model's relation, the database's marts schema included:
+    # one manifest per configured database, or another config's names would show.
+    target = Path("target") / config.lakehouse.database
+    project = DbtProject(project_dir=DBT_PROJECT_DIR, profiles_dir=directory,
+                         target_path=target)
+    sources = [p for p in DBT_PROJECT_DIR.rglob("*") if p.suffix in (".sql", ".yml")
+               and "target" not in p.relative_to(DBT_PROJECT_DIR).parts]
     manifest = project.manifest_path
     if not manifest.exists() or any(p.stat().st_mtime > manifest.stat().st_mtime
                                     for p in sources):
         dbt = Path(sys.executable).with_name("dbt")
         subprocess.run(
-            [str(dbt), "parse", "--quiet", "--profiles-dir", str(directory)],
+            [str(dbt), "parse", "--quiet", "--profiles-dir", str(directory),
+             "--target-path", str(target)],
             cwd=DBT_PROJECT_DIR, check=True, env={**os.environ, **dbt_env(config)},
             timeout=300,
         )

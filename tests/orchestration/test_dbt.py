@@ -40,3 +40,23 @@ def test_dbt_assets_join_binlakes_group_without_automation() -> None:
     props = {"resource_type": "model", "name": "stg_orders", "fqn": ["binlake", "stg_orders"]}
     assert translator.get_group_name(props) == "binlake"
     assert translator.get_automation_condition(props) is None
+
+
+def test_each_database_gets_its_own_manifest_and_table_names(
+        tmp_path: Path, monkeypatch) -> None:
+    """Two configurations in turn (as BINLAKE_CONFIG switches them): each dbt asset's
+    table name is its own database's marts, not the first one parsed."""
+    import dagster as dg
+
+    from binlog_assets.orchestration.dbt import build_dbt_assets
+
+    monkeypatch.setenv("BINLAKE_VAR_DIR", str(tmp_path / "var"))
+    names = {}
+    for database in ("dbtswitch_a", "dbtswitch_b"):
+        cfg = parse_config({"lakehouse": {"path": str(tmp_path / "lake"),
+                                          "database": database}})
+        assets, _resource = build_dbt_assets(cfg)
+        spec = next(s for s in assets.specs if s.key == dg.AssetKey("customer_revenue"))
+        names[database] = spec.metadata["dagster/table_name"]
+    assert names == {"dbtswitch_a": "dbtswitch_a_marts.customer_revenue",
+                     "dbtswitch_b": "dbtswitch_b_marts.customer_revenue"}
