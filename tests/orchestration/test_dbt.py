@@ -4,6 +4,7 @@ binlake's group with no automation of their own."""
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import yaml
@@ -48,14 +49,17 @@ def test_each_database_gets_its_own_manifest_and_table_names(
     table name is its own database's marts, not the first one parsed."""
     import dagster as dg
 
-    from binlog_assets.orchestration.dbt import build_dbt_assets
+    from binlog_assets.orchestration.dbt import DBT_PROJECT_DIR, build_dbt_assets
 
     monkeypatch.setenv("BINLAKE_VAR_DIR", str(tmp_path / "var"))
     names = {}
     for database in ("dbtswitch_a", "dbtswitch_b"):
         cfg = parse_config({"lakehouse": {"path": str(tmp_path / "lake"),
                                           "database": database}})
-        assets, _resource = build_dbt_assets(cfg)
+        try:
+            assets, _resource = build_dbt_assets(cfg)
+        finally:
+            shutil.rmtree(DBT_PROJECT_DIR / "target" / database, ignore_errors=True)
         spec = next(s for s in assets.specs if s.key == dg.AssetKey("customer_revenue"))
         names[database] = spec.metadata["dagster/table_name"]
     assert names == {"dbtswitch_a": "dbtswitch_a_marts.customer_revenue",
