@@ -17,7 +17,7 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from decimal import Decimal
-from typing import Any, ClassVar, NamedTuple
+from typing import Any, ClassVar
 
 import orjson
 
@@ -30,17 +30,10 @@ from binlog_assets.formats.event import (
 )
 
 Headers = list[tuple[str, bytes]]
-
-
-class KafkaRecord(NamedTuple):
-    """One Kafka record as a decoder reads it: its value and its coordinates."""
-
-    value: bytes
-    topic: str
-    partition: int
-    offset: int
-    key: bytes | None
-    headers: Headers | None
+# One Kafka record as a decoder reads it: (value, topic, partition, offset, key, headers).
+# A plain tuple, not a NamedTuple: `decode` builds one per record on the hot path, where
+# a NamedTuple's Python-level constructor showed in the decode rate (bench/RESULTS.md).
+KafkaRecord = tuple[bytes, str, int, int, bytes | None, Headers | None]
 
 # Binlog files rotate, so the name cache only grows slowly; the bound guards a
 # pathological stream of distinct names.
@@ -159,7 +152,7 @@ class ChangeDecoder:
         if value is None:
             return self._skip("tombstone")
         try:
-            return self._decode(KafkaRecord(value, topic, partition, offset, key, headers))
+            return self._decode((value, topic, partition, offset, key, headers))
         except DecodeError:
             raise
         except Exception as exc:  # a decode boundary: any surprise means a malformed record

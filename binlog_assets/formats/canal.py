@@ -14,11 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from binlog_assets.formats.base import (
-    ChangeDecoder,
-    KafkaRecord,
-    split_key_change,
-)
+from binlog_assets.formats.base import ChangeDecoder, KafkaRecord, split_key_change
 from binlog_assets.formats.event import (
     OP_CREATE,
     OP_DDL,

@@ -29,11 +29,7 @@ from zoneinfo import ZoneInfo
 import fastavro
 import orjson
 
-from binlog_assets.formats.base import (
-    ChangeDecoder,
-    KafkaRecord,
-    split_key_change,
-)
+from binlog_assets.formats.base import ChangeDecoder, KafkaRecord, split_key_change
 from binlog_assets.formats.event import (
     OP_CREATE,
     OP_DDL,

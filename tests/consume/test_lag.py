@@ -1,4 +1,5 @@
-"""`measure_lag` on the real broker: low, high and committed offsets, exactly.
+"""`measure_lag` on the real broker: low, high and committed offsets, exactly; the lag
+arithmetic and the error paths against a fake consumer.
 
 One topic's partitions cover each case: committed by the group, never committed, empty,
 a log start moved past the commit by `delete_records`, and transactions (a committed
@@ -11,11 +12,21 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Iterator
+from types import SimpleNamespace
 
 import pytest
-from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka import (
+    OFFSET_BEGINNING,
+    OFFSET_INVALID,
+    Consumer,
+    KafkaError,
+    KafkaException,
+    Producer,
+    TopicPartition,
+)
 from confluent_kafka.admin import AdminClient
 
+from binlog_assets.consume import lag
 from binlog_assets.consume.lag import PartitionLag, measure_lag
 from binlog_assets.dev.kafka import KafkaBroker, create_topic
 
@@ -152,3 +163,81 @@ def test_topics_in_the_order_given_partitions_sorted_missing_skipped(
     ]
     assert measure_lag(conf, group, [missing]) == []
     assert measure_lag(conf, group, []) == []
+
+
+@pytest.mark.parametrize(("low", "high", "committed", "checkpoint", "expected_lag"), [
+    (0, 10, 4, 4, 6),
+    (0, 10, None, 0, 10),    # nothing committed: everything in the log is unread
+    (5, 10, None, 5, 5),
+    (5, 10, 2, 5, 5),        # retention moved the log start past the commit
+    (0, 10, 10, 10, 0),
+    (0, 10, 12, 12, 0),      # a commit past the high end (read_committed) is no debt
+])
+def test_lag_counts_from_the_checkpoint_never_below_the_log_start(
+        low: int, high: int, committed: int | None, checkpoint: int, expected_lag: int) -> None:
+    pl = PartitionLag("t", 0, low, high, committed)
+    assert (pl.checkpoint, pl.lag) == (checkpoint, expected_lag)
+
+
+class FakeConsumer:
+    """Two topics: `a` with partitions 2, 0, 1 (listed unsorted) and `broken`, whose
+    metadata carries an error. Offsets: low 1, high 9 and committed 4 on `a`[1] only;
+    `fail_partition` makes that partition's ListOffsets answer an error."""
+
+    instances: list[FakeConsumer] = []
+    fail_partition: int | None = None
+
+    def __init__(self, conf: dict) -> None:
+        self.conf = conf
+        self.closed = False
+        FakeConsumer.instances.append(self)
+
+    def list_topics(self, timeout: float) -> SimpleNamespace:
+        return SimpleNamespace(topics={
+            "a": SimpleNamespace(error=None, partitions={2: None, 0: None, 1: None}),
+            "broken": SimpleNamespace(error=KafkaError(KafkaError.UNKNOWN_TOPIC_OR_PART),
+                                      partitions={0: None}),
+        })
+
+    def committed(self, tps: list[TopicPartition], timeout: float) -> list[TopicPartition]:
+        return [TopicPartition(tp.topic, tp.partition, 4 if tp.partition == 1 else
+                               OFFSET_INVALID) for tp in tps]
+
+    def offsets_for_times(self, tps: list[TopicPartition], timeout: float
+                          ) -> list[SimpleNamespace]:
+        # The answer's order is the broker's, not the request's.
+        return [SimpleNamespace(
+            topic=tp.topic, partition=tp.partition,
+            offset=(1 if tp.offset == OFFSET_BEGINNING else 9) if tp.partition == 1 else 0,
+            error=(KafkaError(KafkaError.NOT_LEADER_FOR_PARTITION)
+                   if tp.partition == self.fail_partition else None),
+        ) for tp in reversed(tps)]
+
+    def close(self) -> None:
+        self.closed = True
+
+
+@pytest.fixture
+def fake_consumer(monkeypatch: pytest.MonkeyPatch) -> type[FakeConsumer]:
+    monkeypatch.setattr(lag, "Consumer", FakeConsumer)
+    monkeypatch.setattr(FakeConsumer, "instances", [])
+    return FakeConsumer
+
+
+def test_lags_in_partition_order_whatever_order_the_broker_answers(
+        fake_consumer: type[FakeConsumer]) -> None:
+    lags = measure_lag({"bootstrap.servers": "b:9092"}, "g", ["broken", "a"])
+    assert lags == [PartitionLag("a", 0, 0, 0, None), PartitionLag("a", 1, 1, 9, 4),
+                    PartitionLag("a", 2, 0, 0, None)]
+    [consumer] = fake_consumer.instances
+    assert consumer.conf == {"bootstrap.servers": "b:9092", "group.id": "g",
+                             "enable.auto.commit": False}
+    assert consumer.closed
+
+
+def test_a_partition_error_raises_and_the_consumer_is_closed(
+        fake_consumer: type[FakeConsumer], monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(FakeConsumer, "fail_partition", 2)
+    with pytest.raises(KafkaException):
+        measure_lag({}, "g", ["a"])
+    assert fake_consumer.instances[0].closed
