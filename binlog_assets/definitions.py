@@ -7,6 +7,7 @@ import dagster as dg
 from binlog_assets.config import load_config
 from binlog_assets.orchestration.changelog_asset import changelog
 from binlog_assets.orchestration.checks import changelog_lag_check, checkpoint_agreement_check
+from binlog_assets.orchestration.kafka_sources import kafka_source_key, kafka_source_specs
 from binlog_assets.orchestration.replica_assets import build_replica_assets
 from binlog_assets.orchestration.replica_follower import (
     follow_replicas_job,
@@ -18,17 +19,23 @@ from binlog_assets.orchestration.sensors import (
     kafka_lag_sensor,
     kafka_partition_discovery_sensor,
 )
+from binlog_assets.orchestration.table_metadata import changelog_definition_metadata
 from jobs import ONE_PROCESS, build_replicas_job, consume_changelog_job
 
 # Validated at load: a bad config fails the code location with the field named.
 PIPELINE_CONFIG = load_config()
 
 # A backfill over many topic-partitions runs in batches, as the lag sensor groups them.
+# The changelog reads its sources' topics, and names its table for the UI.
 changelog_batched = changelog.with_attributes(backfill_policy=dg.BackfillPolicy.multi_run(
-    PIPELINE_CONFIG.dagster.max_partitions_per_run))
+    PIPELINE_CONFIG.dagster.max_partitions_per_run)).map_asset_specs(
+    lambda spec: spec.replace_attributes(
+        deps=[kafka_source_key(s.name) for s in PIPELINE_CONFIG.sources],
+        metadata={**spec.metadata, **changelog_definition_metadata(PIPELINE_CONFIG)}))
 
 defs = dg.Definitions(
-    assets=[changelog_batched, build_replica_assets(PIPELINE_CONFIG)],
+    assets=[*kafka_source_specs(PIPELINE_CONFIG), changelog_batched,
+            build_replica_assets(PIPELINE_CONFIG)],
     asset_checks=[changelog_lag_check, checkpoint_agreement_check],
     jobs=[consume_changelog_job, build_replicas_job, follow_replicas_job],
     sensors=[kafka_partition_discovery_sensor, kafka_lag_sensor, binlake_automation_sensor,

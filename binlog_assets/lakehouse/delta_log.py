@@ -86,13 +86,13 @@ def _log(spark: SparkSession, database: str, table: str):  # noqa: ANN202 - delt
     from deltalake.exceptions import TableNotFoundError
 
     try:
-        return _open(table_location(spark, database, table))
+        return open_log(table_location(spark, database, table))
     except TableNotFoundError:
         forget(spark, database, table)  # dropped behind this session's back
         raise
 
 
-def _open(location: str):  # noqa: ANN202 - deltalake's DeltaTable, imported lazily
+def open_log(location: str):  # noqa: ANN201 - deltalake's DeltaTable, imported lazily
     from deltalake import DeltaTable
 
     return DeltaTable(delta_rs_uri(location))
@@ -153,10 +153,14 @@ def table_detail(spark: SparkSession, database: str, table: str) -> dict:
 def stored_rows(spark: SparkSession, database: str, table: str) -> int | None:
     """Rows in the table's data files by the log's file statistics (rows that deletion
     vectors hide still count); None when a file has no statistics."""
+    return file_rows(_log(spark, database, table))
+
+
+def file_rows(log) -> int | None:  # noqa: ANN001 - deltalake's DeltaTable
+    """Rows in the data files of `log`'s current version, by their statistics."""
     import pyarrow as pa
 
-    counts = pa.table(_log(spark, database, table).get_add_actions(flatten=True)
-                      ).column("num_records")
+    counts = pa.table(log.get_add_actions(flatten=True)).column("num_records")
     return None if counts.null_count else sum(counts.to_pylist())
 
 

@@ -13,12 +13,12 @@ A run is fenced (invariant 4, `lakehouse/fence.py`): once another run moved its
 partition's checkpoint, it writes nothing more and fails clearly.
 """
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 import dagster as dg
 
 from binlog_assets.consume.checkpoint import disagreements
-from binlog_assets.consume.lag import measure_lag
+from binlog_assets.consume.lag import PartitionLag, measure_lag
 from binlog_assets.consume.run import RunSummary
 from binlog_assets.formats.event import (
     OP_CREATE,
@@ -28,7 +28,9 @@ from binlog_assets.formats.event import (
     OP_TRUNCATE,
     OP_UPDATE,
 )
+from binlog_assets.lakehouse.changelog import changelog_uri
 from binlog_assets.orchestration.consume_runs import ChangelogRunConfig, consume_partitions
+from binlog_assets.orchestration.kafka_sources import source_observation
 from binlog_assets.orchestration.metadata_checkpoint import latest_metadata_checkpoint
 from binlog_assets.orchestration.partitions import (
     CHANGELOG_ASSET_KEY,
@@ -37,6 +39,7 @@ from binlog_assets.orchestration.partitions import (
     partition_key,
 )
 from binlog_assets.orchestration.resources import BinlakeResource
+from binlog_assets.orchestration.table_metadata import delta_row_count
 
 # Change events by op, as the metadata names them.
 OP_NAMES = {OP_CREATE: "inserts", OP_UPDATE: "updates", OP_DELETE: "deletes",
@@ -61,7 +64,8 @@ def summary_metadata(summary: RunSummary, lag_at_end: int | None,
                      version: int | None) -> dict[str, dg.MetadataValue]:
     md: dict[str, dg.MetadataValue] = {
         "topic": dg.MetadataValue.text(summary.topic),
-        "partition": dg.MetadataValue.int(summary.partition),
+        # Text, not a number: a partition's number is not a measure to plot.
+        "partition": dg.MetadataValue.text(str(summary.partition)),
         "start_offset": dg.MetadataValue.int(summary.start_offset),
         "checkpoint_source": dg.MetadataValue.text(summary.checkpoint_source),
         "committed_offset": dg.MetadataValue.int(summary.committed_offset),
@@ -71,7 +75,7 @@ def summary_metadata(summary: RunSummary, lag_at_end: int | None,
         "dead_lettered": dg.MetadataValue.int(summary.dead_lettered),
         "skipped_already_done": dg.MetadataValue.int(summary.skipped_already_done),
         "throughput_records_per_s": dg.MetadataValue.float(round(summary.throughput, 1)),
-        "seconds": dg.MetadataValue.float(round(summary.seconds, 3)),
+        "consume_seconds": dg.MetadataValue.float(round(summary.seconds, 3)),
         "stop_reason": dg.MetadataValue.text(summary.stop_reason),
         "per_table": per_table_metadata(summary),
     }
@@ -92,10 +96,15 @@ def summary_metadata(summary: RunSummary, lag_at_end: int | None,
     return md
 
 
-def _lags(kafka_conf: dict, group: str, keys: Sequence[str]) -> dict[str, int]:
-    topics = sorted({parse_partition_key(k)[0] for k in keys})
-    return {partition_key(pl.topic, pl.partition): pl.lag
-            for pl in measure_lag(kafka_conf, group, topics)}
+def _source_lags(kafka_conf: dict, group: str, cfg, keys: Sequence[str]
+                 ) -> dict[str, list[PartitionLag]]:
+    """Every partition of the sources the run's partitions belong to, by source name."""
+    topics = {parse_partition_key(k)[0] for k in keys}
+    found: dict[str, list[PartitionLag]] = {}
+    for source in cfg.sources:
+        if topics.intersection(source.topics):
+            found[source.name] = measure_lag(kafka_conf, group, source.topics)
+    return found
 
 
 @dg.asset(
@@ -103,26 +112,37 @@ def _lags(kafka_conf: dict, group: str, keys: Sequence[str]) -> dict[str, int]:
     partitions_def=kafka_partitions_def,
     group_name="binlake",
     kinds={"kafka", "delta"},
+    # A run that consumed nothing records an observation, not a materialization that
+    # would start replica and dbt builds.
+    output_required=False,
 )
 def changelog(
     context: dg.AssetExecutionContext,
     config: ChangelogRunConfig,
     binlake: BinlakeResource,
-) -> dg.MaterializeResult:
+) -> Iterator[dg.MaterializeResult]:
     """Bronze changelog: every change event of a Kafka topic-partition, appended to the
     `changelog` Delta table exactly once (transaction id per group and partition), by a
     bounded consumer run from the partition's checkpoint to the end offset at its start.
     One run serves one partition or a range of them; each gets its own metadata:
-    `records` are the Kafka records read, `events` the row changes decoded from them."""
+    `records` are the Kafka records read, `events` the row changes decoded from them
+    (a record may carry several, or none: a tombstone, a transaction marker). A run that
+    read no record records an observation instead of a materialization. Where each
+    topic-partition stands over time is on the `kafka/<source>` assets upstream."""
     keys = list(context.partition_keys)
+    cfg = binlake.pipeline
     group = binlake.group_id()
     kafka_conf = binlake.kafka_conf()
     outcomes = consume_partitions(
-        binlake.pipeline, kafka_conf, keys, config, group=group,
+        cfg, kafka_conf, keys, config, group=group,
         metadata_checkpoint=lambda key: latest_metadata_checkpoint(context.instance, key),
     )
-    lags = _lags(kafka_conf, group, keys)
+    by_source = _source_lags(kafka_conf, group, cfg, keys)
+    lags = {partition_key(pl.topic, pl.partition): pl.lag
+            for found in by_source.values() for pl in found}
     failed = [o for o in outcomes if o.error is not None]
+    consumed = any(o.summary.records for o in outcomes if o.summary is not None)
+    table_md = _table_metadata(cfg) if consumed else {}
     for outcome in outcomes:
         if outcome.error is not None:
             context.log.error(f"{outcome.key}: {type(outcome.error).__name__}: "
@@ -139,17 +159,32 @@ def changelog(
             context.log.warning(f"{key}: checkpoint sources disagree with the chosen "
                                 f"{summary.checkpoint_source}={summary.start_offset}: "
                                 f"{disagree}")
-        metadata = summary_metadata(summary, lags.get(key), outcome.sink.version)
-        if failed:
+        metadata = {**summary_metadata(summary, lags.get(key), outcome.sink.version),
+                    **table_md}
+        if not consumed:
+            context.log_event(dg.AssetObservation(
+                asset_key=CHANGELOG_ASSET_KEY, partition=key, metadata=metadata))
+        elif failed:
             # The run fails below, so its output records nothing: what did finish is
             # recorded here, so its committed offsets still show (and still count).
             context.log_event(dg.AssetMaterialization(
                 asset_key=CHANGELOG_ASSET_KEY, partition=key, metadata=metadata))
         else:
             context.add_asset_metadata(metadata, partition_key=key)
+    summaries = {o.key: o.summary for o in outcomes if o.summary is not None}
+    for name, found in by_source.items():
+        context.log_event(source_observation(
+            context.instance, cfg.source(name), found, summaries, context.run.run_id))
     if failed:
         first = failed[0].error
         raise RuntimeError(
             f"{len(failed)} of {len(outcomes)} partitions failed: "
             + "; ".join(f"{o.key}: {o.error}" for o in failed)) from first
-    return dg.MaterializeResult()
+    if consumed:
+        yield dg.MaterializeResult()
+
+
+def _table_metadata(cfg) -> dict[str, dg.MetadataValue]:
+    """The changelog's row count, as Dagster's table metadata names it."""
+    rows = delta_row_count(changelog_uri(cfg))
+    return {} if rows is None else {"dagster/row_count": dg.MetadataValue.int(rows)}

@@ -38,14 +38,29 @@ def changelog_lag_check(context: dg.AssetCheckExecutionContext,
     return dg.AssetCheckResult(
         passed=not over,
         metadata={
-            "max_lag": dg.MetadataValue.int(max(lags.values(), default=0)),
-            "total_lag": dg.MetadataValue.int(sum(lags.values())),
-            "partitions_over_limit": dg.MetadataValue.json(over),
-            "limit": dg.MetadataValue.int(limit),
+            "max_lag_records": dg.MetadataValue.int(max(lags.values(), default=0)),
+            "total_lag_records": dg.MetadataValue.int(sum(lags.values())),
+            "partitions_over_limit": dg.MetadataValue.table(
+                records=[dg.TableRecord({"partition": k, "lag_records": v})
+                         for k, v in sorted(over.items())],
+                schema=dg.TableSchema(columns=[dg.TableColumn("partition", "string"),
+                                               dg.TableColumn("lag_records", "int")])),
+            # Text: a setting, not a measure to plot over time.
+            "limit": dg.MetadataValue.text(f"{limit} records (dagster.max_lag_records)"),
         },
         description=(f"{len(over)} of {len(lags)} partitions lag more than {limit} records"
                      if over else f"all {len(lags)} partitions within {limit} records"),
     )
+
+
+CHECKPOINT_COLUMNS = [
+    dg.TableColumn("partition", "string"),
+    dg.TableColumn("changelog", "int", description="the changelog's transaction state"),
+    dg.TableColumn("metadata", "int", description="the latest materialization's "
+                                                  "committed_offset"),
+    dg.TableColumn("kafka", "int", description="the group's committed offset"),
+    dg.TableColumn("agree", "bool"),
+]
 
 
 # Reads the changelog's transaction state with delta-rs: no Spark, no catalog lock.
@@ -71,8 +86,13 @@ def checkpoint_agreement_check(context: dg.AssetCheckExecutionContext,
     return dg.AssetCheckResult(
         passed=not disagree,
         severity=dg.AssetCheckSeverity.WARN,
-        metadata={"checkpoints": dg.MetadataValue.json(rows),
-                  "disagreements": dg.MetadataValue.json(disagree)},
+        metadata={
+            "checkpoints": dg.MetadataValue.table(
+                records=[dg.TableRecord({"partition": k, **v, "agree": k not in disagree})
+                         for k, v in sorted(rows.items())],
+                schema=dg.TableSchema(columns=CHECKPOINT_COLUMNS)),
+            "partitions_disagreeing": dg.MetadataValue.int(len(disagree)),
+        },
         description=(f"{len(disagree)} partitions disagree: {sorted(disagree)}" if disagree
                      else f"all {len(rows)} partitions agree"),
     )

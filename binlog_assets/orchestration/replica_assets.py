@@ -32,10 +32,12 @@ from binlog_assets.orchestration.replica_reports import (
     replica_key,
     replica_metadata,
     replica_names,
+    replica_table_metadata,
     row_count_check,
 )
 from binlog_assets.orchestration.resources import BinlakeResource
 from binlog_assets.orchestration.shared import FOLLOW_UPSTREAM, SPARK_POOL
+from binlog_assets.orchestration.table_metadata import replica_definition_metadata
 
 
 class ReplicaRunConfig(dg.Config):
@@ -58,6 +60,7 @@ def build_replica_assets(config: PipelineConfig) -> dg.AssetsDefinition:
             # A follower run (replica_follower.py) applies changes as they land instead.
             automation_condition=(None if config.dagster.replica_follow_seconds
                                   else FOLLOW_UPSTREAM),
+            metadata=replica_definition_metadata(config, name),
         )
         for name in replica_names(config)
     ]
@@ -78,6 +81,7 @@ def build_replica_assets(config: PipelineConfig) -> dg.AssetsDefinition:
         spark, pipeline = binlake.spark(), binlake.pipeline
         selected = sorted(context.selected_asset_keys, key=lambda k: k.path)
         checked = context.selected_asset_check_keys
+        builder_of: dict[dg.AssetKey, ReplicaBuilder] = {}
 
         def build(key: dg.AssetKey):
             # A builder (a Spark session) per replica: their applies overlap, one's Spark
@@ -85,6 +89,7 @@ def build_replica_assets(config: PipelineConfig) -> dg.AssetsDefinition:
             began = time.monotonic()
             builder = ReplicaBuilder(spark, pipeline)
             name = key.path[-1]
+            builder_of[key] = builder
             result = builder.rebuild(name) if config.rebuild else builder.apply(name)
             applied = time.monotonic()
             live = counted_rows(builder, name, result.key_rule)
@@ -105,7 +110,8 @@ def build_replica_assets(config: PipelineConfig) -> dg.AssetsDefinition:
                                  f"{result}")
                 if result.warning:
                     context.log.warning(result.warning)
-                md = replica_metadata(result, live)
+                md = replica_metadata(result, live) | replica_table_metadata(builder_of[key],
+                                                                           key.path[-1])
                 md["apply_seconds"] = dg.MetadataValue.float(round(apply_s, 3))
                 yield dg.MaterializeResult(asset_key=key, metadata=md)
                 if check is not None:

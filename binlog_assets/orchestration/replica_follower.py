@@ -24,6 +24,7 @@ from binlog_assets.orchestration.replica_reports import (
     replica_key,
     replica_metadata,
     replica_names,
+    replica_table_metadata,
     row_count_check,
 )
 from binlog_assets.orchestration.resources import BinlakeResource
@@ -102,8 +103,9 @@ def follow_replicas(context: dg.OpExecutionContext, config: FollowConfig,
             context.log.info(f"replica {name}: {result}")
             if result.warning:
                 context.log.warning(result.warning)
-            yield dg.AssetMaterialization(asset_key=replica_key(name),
-                                          metadata=replica_metadata(result, None))
+            yield dg.AssetMaterialization(
+                asset_key=replica_key(name),
+                metadata=replica_metadata(result, None) | replica_table_metadata(builder, name))
     # Once per run and per changed replica: a check reads the whole changelog.
     for name, (rule, version) in sorted(applied.items()):
         result = row_count_check(builder, name, rule, counted_rows(builder, name, rule),

@@ -57,7 +57,8 @@ def row_count_check(builder, name: str, key_rule: str | None, live: int, version
 
 def replica_metadata(result, live_rows: int | None) -> dict[str, dg.MetadataValue]:
     """What an apply did; `rows` (live rows after it) when counted."""
-    md = {} if live_rows is None else {"rows": dg.MetadataValue.int(live_rows)}
+    md = {} if live_rows is None else {"rows": dg.MetadataValue.int(live_rows),
+                                       "dagster/row_count": dg.MetadataValue.int(live_rows)}
     md |= {
         "changelog_rows_read": dg.MetadataValue.int(result.rows),
         "applied_changelog_version": dg.MetadataValue.int(result.applied_version),
@@ -73,6 +74,19 @@ def replica_metadata(result, live_rows: int | None) -> dict[str, dg.MetadataValu
     if result.warning:
         md["warning"] = dg.MetadataValue.text(result.warning)
     return md
+
+
+def replica_table_metadata(builder, name: str) -> dict[str, dg.MetadataValue]:
+    """The replica table's columns as they are after the apply (they follow the source's
+    schema changes); nothing before it has a table."""
+    from binlog_assets.lakehouse.delta_log import table_exists, table_location
+    from binlog_assets.orchestration.table_metadata import delta_column_schema
+
+    database, table = builder.table_name(name)
+    if not table_exists(builder.spark, database, table):
+        return {}
+    schema = delta_column_schema(table_location(builder.spark, database, table))
+    return {"dagster/column_schema": dg.MetadataValue.table_schema(schema)}
 
 
 def position_label(position: tuple[int, ...]) -> str:

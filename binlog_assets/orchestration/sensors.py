@@ -9,18 +9,21 @@ covers a contiguous range of the dynamic partitions (Dagster runs ranges, not se
 a range may include idle partitions between due ones, which cost a checkpoint read each.
 A partition that a queued or running consumer run holds is never requested again (one
 owner per partition), and no range spans one. Its JSON cursor remembers since when
-each partition has been lagging; run keys carry the end offsets, so one end is never
-requested twice.
+each partition has been lagging (ISO times); run keys carry each partition's checkpoint
+and end offset, so one stretch is never requested twice, and a request Dagster would drop
+for its key is named in the skip reason instead.
 """
 
 import hashlib
 import json
 import time
 from collections.abc import Sequence
+from datetime import UTC, datetime
 
 import dagster as dg
+from dagster._core.storage.tags import RUN_KEY_TAG, SENSOR_NAME_TAG
 
-from binlog_assets.consume.lag import measure_lag
+from binlog_assets.consume.lag import PartitionLag, measure_lag
 from binlog_assets.orchestration.partitions import (
     CHANGELOG_ASSET_KEY,
     KAFKA_PARTITIONS_NAME,
@@ -33,11 +36,15 @@ from binlog_assets.orchestration.shared import (
     DBT_FOLLOW_INTERVAL_SECONDS,
     DBT_JOB_NAME,
     EVERY_DAEMON_PASS,
+    LAG_TAG,
     PARTITION_TAG,
     RANGE_END_TAG,
     RANGE_START_TAG,
+    REASON_TAG,
     UNFINISHED,
 )
+
+LAG_SENSOR_NAME = "kafka_lag_sensor"
 
 
 def _configured_topics(binlake: BinlakeResource) -> list[str]:
@@ -143,51 +150,88 @@ def plan_batches(known: Sequence[str], due: Sequence[str], held: set[str],
     return batches
 
 
-def batch_request(batch: Sequence[str], highs: dict[str, int]) -> dg.RunRequest:
-    """The run of one batch: a single partition as itself, a longer one as a range."""
-    ends = ",".join(f"{key}@{highs.get(key, 0)}" for key in batch)
+def lagging_since_seconds(value: str | float) -> float:
+    """A cursor's `lagging_since` entry as epoch seconds: ISO 8601 text (what the cursor
+    stores, readable in the UI) or the epoch seconds older cursors stored."""
+    if isinstance(value, int | float):
+        return float(value)
+    return datetime.fromisoformat(value).timestamp()
+
+
+def readable_time(seconds: float) -> str:
+    return datetime.fromtimestamp(seconds, UTC).isoformat(timespec="seconds")
+
+
+def batch_request(batch: Sequence[str], lags: dict[str, PartitionLag],
+                  by_threshold: set[str]) -> dg.RunRequest:
+    """The run of one batch: a single partition as itself, a longer one as a range. Its
+    run key names each partition's checkpoint and end offset, so the same stretch of a
+    partition is never requested twice, and tags say why the run was requested."""
+    def span(key: str) -> str:
+        pl = lags.get(key)
+        return f"{key}@{pl.checkpoint}-{pl.high}" if pl else f"{key}@-"
+
+    ends = ",".join(span(key) for key in batch)
+    tags = {REASON_TAG: "lag_threshold" if by_threshold.intersection(batch) else "staleness",
+            LAG_TAG: str(sum(lags[k].lag for k in batch if k in lags))}
     if len(batch) == 1:
-        return dg.RunRequest(run_key=ends, partition_key=batch[0])
+        return dg.RunRequest(run_key=ends, partition_key=batch[0], tags=tags)
     digest = hashlib.sha1(ends.encode()).hexdigest()[:16]
     return dg.RunRequest(
         run_key=f"{batch[0]}..{batch[-1]}#{digest}",
-        tags={RANGE_START_TAG: batch[0], RANGE_END_TAG: batch[-1]},
+        tags={**tags, RANGE_START_TAG: batch[0], RANGE_END_TAG: batch[-1]},
     )
 
 
+def earlier_run(instance: dg.DagsterInstance, run_key: str) -> dg.DagsterRun | None:
+    """The run this sensor already launched under `run_key`: Dagster drops a request
+    whose key was used before without a word, so the sensor says so itself."""
+    runs = instance.get_runs(filters=dg.RunsFilter(tags={
+        RUN_KEY_TAG: run_key, SENSOR_NAME_TAG: LAG_SENSOR_NAME}), limit=1)
+    return runs[0] if runs else None
+
+
 @dg.sensor(
-    name="kafka_lag_sensor",
+    name=LAG_SENSOR_NAME,
     job_name=CONSUME_JOB_NAME,
     minimum_interval_seconds=EVERY_DAEMON_PASS,
     default_status=dg.DefaultSensorStatus.RUNNING,
-    description="Requests bounded consumer runs for topic-partitions with enough lag, "
-                "up to dagster.max_partitions_per_run partitions per run.",
+    description="Requests bounded consumer runs for topic-partitions whose lag reached "
+                "dagster.lag_threshold or that lagged longer than "
+                "dagster.max_staleness_seconds, up to dagster.max_partitions_per_run "
+                "partitions per run; each request's tags say why (binlake/reason).",
 )
 def kafka_lag_sensor(
     context: dg.SensorEvaluationContext, binlake: BinlakeResource
 ) -> dg.SensorResult | dg.SkipReason:
     cfg = binlake.pipeline
     state = json.loads(context.cursor) if context.cursor else {}
-    lagging_since: dict[str, float] = state.get("lagging_since", {})
+    lagging_since = {k: lagging_since_seconds(v)
+                     for k, v in state.get("lagging_since", {}).items()}
     known = context.instance.get_dynamic_partitions(KAFKA_PARTITIONS_NAME)
     known_set = set(known)
     now = time.time()
     due: list[str] = []
-    highs: dict[str, int] = {}
+    by_threshold: set[str] = set()
+    lags: dict[str, PartitionLag] = {}
     still_lagging: dict[str, float] = {}
     total = 0
     for pl in measure_lag(binlake.kafka_conf(), binlake.group_id(), _configured_topics(binlake)):
         key = partition_key(pl.topic, pl.partition)
-        highs[key] = pl.high
+        lags[key] = pl
         if key not in known_set or pl.lag == 0:
             continue
         total += pl.lag
         since = lagging_since.get(key, now)
         still_lagging[key] = since
-        stale = now - since >= cfg.dagster.max_staleness_seconds
-        if pl.lag >= cfg.dagster.lag_threshold or stale:
+        if pl.lag >= cfg.dagster.lag_threshold:
+            by_threshold.add(key)
             due.append(key)
-    cursor = json.dumps({"lagging_since": still_lagging}, sort_keys=True)
+        elif now - since >= cfg.dagster.max_staleness_seconds:
+            due.append(key)
+    cursor = json.dumps({"lagging_since": {k: readable_time(v)
+                                           for k, v in still_lagging.items()}},
+                        sort_keys=True)
     backfill = changelog_backfill_in_progress(context.instance) if due else None
     if backfill is not None:
         return dg.SensorResult(skip_reason=dg.SkipReason(
@@ -195,18 +239,34 @@ def kafka_lag_sensor(
             f"changelog to finish (its runs own their partitions)"), cursor=cursor)
     held = held_partitions(context.instance, known) if due else set()
     batches = plan_batches(known, due, held, cfg.dagster.max_partitions_per_run)
-    if not batches:
-        if due:
-            reason = (f"{len(due)} partitions are due, but runs in flight hold them: "
-                      f"{sorted(held & set(due))[:10]}")
-        elif still_lagging:
-            reason = (f"{len(still_lagging)} partitions lag {total} records in all, under "
-                      f"lag_threshold={cfg.dagster.lag_threshold} and not yet stale")
+    requests, taken = [], []
+    for batch in batches:
+        request = batch_request(batch, lags, by_threshold)
+        run = earlier_run(context.instance, request.run_key)
+        if run is None:
+            requests.append(request)
         else:
-            reason = "no lag on any known partition"
-        return dg.SensorResult(skip_reason=dg.SkipReason(reason), cursor=cursor)
-    return dg.SensorResult(run_requests=[batch_request(b, highs) for b in batches],
-                           cursor=cursor)
+            taken.append(f"{request.run_key} was already requested: run {run.run_id[:8]} "
+                         f"{run.status.value}")
+    if taken:
+        context.log.info("; ".join(taken))
+    if requests:
+        return dg.SensorResult(run_requests=requests, cursor=cursor)
+    if taken:
+        reason = (f"{len(taken)} due batches were already requested with the same "
+                  f"checkpoints and end offsets; waiting for new records or a re-execution "
+                  f"of that run: " + "; ".join(taken[:5]))
+    elif due:
+        reason = (f"{len(due)} partitions are due, but runs in flight hold them: "
+                  f"{sorted(held & set(due))[:10]}")
+    elif still_lagging:
+        reason = (f"{len(still_lagging)} partitions lag {total} records in all, under "
+                  f"lag_threshold={cfg.dagster.lag_threshold} and not yet stale (oldest "
+                  f"since {readable_time(min(still_lagging.values()))}, stale after "
+                  f"{cfg.dagster.max_staleness_seconds} s)")
+    else:
+        reason = "no lag on any known partition"
+    return dg.SensorResult(skip_reason=dg.SkipReason(reason), cursor=cursor)
 
 
 binlake_automation_sensor = dg.AutomationConditionSensorDefinition(

@@ -15,6 +15,11 @@ DBT_FOLLOW_INTERVAL_SECONDS = 300
 RANGE_START_TAG = "dagster/asset_partition_range_start"
 RANGE_END_TAG = "dagster/asset_partition_range_end"
 PARTITION_TAG = "dagster/partition"
+# Why the lag sensor requested a run: `lag_threshold` (a partition's lag reached
+# dagster.lag_threshold) or `staleness` (it lagged longer than max_staleness_seconds),
+# and the records its due partitions lagged by then.
+REASON_TAG = "binlake/reason"
+LAG_TAG = "binlake/lag"
 # Runs that hold their partitions: everything not finished.
 UNFINISHED = [dg.DagsterRunStatus.QUEUED, dg.DagsterRunStatus.NOT_STARTED,
               dg.DagsterRunStatus.STARTING, dg.DagsterRunStatus.STARTED,

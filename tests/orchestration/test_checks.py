@@ -50,8 +50,10 @@ def test_lag_check_fails_above_the_limit_and_names_the_partitions(
         result = _check(changelog_lag_check, instance, binlake)
     assert not result.passed
     md = {k: v.value for k, v in result.metadata.items()}
-    assert md["partitions_over_limit"] == {partition_key(topic, 0): 5}
-    assert (md["max_lag"], md["total_lag"], md["limit"]) == (5, 7, 3)
+    assert [r.data for r in md["partitions_over_limit"].records] == [
+        {"partition": partition_key(topic, 0), "lag_records": 5}]
+    assert (md["max_lag_records"], md["total_lag_records"]) == (5, 7)
+    assert md["limit"] == "3 records (dagster.max_lag_records)"
 
 
 def test_agreement_check_reports_a_kafka_commit_the_changelog_does_not_have(
@@ -69,8 +71,10 @@ def test_agreement_check_reports_a_kafka_commit_the_changelog_does_not_have(
         result = _check(checkpoint_agreement_check, instance, binlake)
     assert passed.passed
     assert not result.passed and result.severity == dg.AssetCheckSeverity.WARN
-    disagreements = result.metadata["disagreements"].value
-    assert disagreements == {key0: {"changelog": None, "metadata": None, "kafka": 4}}
+    assert result.metadata["partitions_disagreeing"].value == 1
+    rows = {r.data["partition"]: r.data for r in result.metadata["checkpoints"].records}
+    assert rows[key0] == {"partition": key0, "changelog": None, "metadata": None,
+                          "kafka": 4, "agree": False}
     # The partition nothing committed for agrees (nothing anywhere).
-    assert result.metadata["checkpoints"].value[key1] == {
-        "changelog": None, "metadata": None, "kafka": None}
+    assert rows[key1] == {"partition": key1, "changelog": None, "metadata": None,
+                          "kafka": None, "agree": True}

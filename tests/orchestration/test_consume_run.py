@@ -94,13 +94,42 @@ def test_one_run_consumes_a_range_of_partitions_without_a_jvm(
             md = records[0].asset_materialization.metadata
             assert md["records"].value == n
             assert md["committed_offset"].value == n
-            assert md["partition"].value == partition
+            # Not a number: the UI would plot a partition's constant number over time.
+            assert md["partition"].value == str(partition)
+            assert md["consume_seconds"].value >= 0
+            # Dagster's standard row count: the changelog's rows (one event per record).
+            assert md["dagster/row_count"].value == sum(PER_PARTITION.values())
+        # Where each partition stands, one numeric key per partition (a plot each) and
+        # one table, on the source's Kafka asset.
+        (obs,) = instance.fetch_observations(dg.AssetKey(["kafka", "multi"]), limit=5).records
+        md = obs.asset_observation.metadata
+        for partition, n in PER_PARTITION.items():
+            assert md[f"committed_offset/{keys[partition]}"].value == n
+            assert md[f"lag_records/{keys[partition]}"].value == 0
+        assert md["total_lag_records"].value == 0
+        rows = {r.data["partition"]: r.data for r in md["partitions"].records}
+        assert {k: (r["committed_offset"], r["end_offset"], r["lag"], r["dead_lettered"])
+                for k, r in rows.items()} == {keys[p]: (n, n, 0, 0)
+                                              for p, n in PER_PARTITION.items()}
+        assert all(r["last_run"].startswith(result["run_id"][:8]) for r in rows.values())
 
     # A second run over the same range reads nothing new and still exits cleanly.
     again, proc = _child(env, keys[0], keys[-1])
     assert proc.returncode == 0 and again["success"], proc.stderr[-4000:]
     assert {p: writer.checkpoint(group, topic, p) for p in PER_PARTITION} == {0: 7, 1: None,
                                                                              2: 5}
+    # It consumed nothing: observations, and no materialization to start downstream work.
+    with dg.DagsterInstance.from_config(str(home)) as instance:
+        for key in keys:
+            assert len(instance.fetch_materializations(
+                dg.AssetRecordsFilter(asset_key=dg.AssetKey("changelog"),
+                                      asset_partitions=[key]), limit=5).records) == 1
+            (seen,) = instance.fetch_observations(
+                dg.AssetRecordsFilter(asset_key=dg.AssetKey("changelog"),
+                                      asset_partitions=[key]), limit=5).records
+            assert seen.asset_observation.metadata["records"].value == 0
+        assert len(instance.fetch_observations(dg.AssetKey(["kafka", "multi"]),
+                                               limit=5).records) == 2
 
 
 def test_a_failing_partition_fails_the_run_and_the_others_keep_their_metadata(

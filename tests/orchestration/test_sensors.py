@@ -3,6 +3,7 @@
 import json
 import time
 import uuid
+from datetime import datetime
 from pathlib import Path
 
 import dagster as dg
@@ -10,6 +11,7 @@ import pytest
 import yaml
 from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewPartitions
+from dagster._core.storage.tags import RUN_KEY_TAG, SENSOR_NAME_TAG
 
 from binlog_assets.config import PipelineConfig
 from binlog_assets.dev.kafka import create_topic
@@ -20,7 +22,13 @@ from binlog_assets.orchestration.sensors import (
     kafka_partition_discovery_sensor,
     plan_batches,
 )
-from binlog_assets.orchestration.shared import CONSUME_JOB_NAME, RANGE_END_TAG, RANGE_START_TAG
+from binlog_assets.orchestration.shared import (
+    CONSUME_JOB_NAME,
+    LAG_TAG,
+    RANGE_END_TAG,
+    RANGE_START_TAG,
+    REASON_TAG,
+)
 
 
 @pytest.fixture
@@ -96,9 +104,26 @@ def test_lag_sensor_transitions(topic_config) -> None:
         produce(bootstrap, topic, 0, 1)
         r2 = tick(r1.cursor)
         assert [(r.partition_key, r.run_key) for r in r2.run_requests] == [(keys[0],
-                                                                            f"{keys[0]}@3")]
-        # lagging_since survives the request (the run has not caught up yet).
+                                                                            f"{keys[0]}@0-3")]
+        # The request says why it was made, and by how much the partition lagged.
+        assert r2.run_requests[0].tags[REASON_TAG] == "lag_threshold"
+        assert r2.run_requests[0].tags[LAG_TAG] == "3"
+        # lagging_since survives the request (the run has not caught up yet), readable.
         assert json.loads(r2.cursor)["lagging_since"] == json.loads(r1.cursor)["lagging_since"]
+        since = json.loads(r2.cursor)["lagging_since"][keys[0]]
+        assert abs(datetime.fromisoformat(since).timestamp() - time.time()) < 60
+
+        # That request's run ended without moving the checkpoint (it failed): the same
+        # stretch is not requested again, and the skip reason says so rather than nothing.
+        instance.add_run(dg.DagsterRun(
+            job_name=CONSUME_JOB_NAME, run_id=uuid.uuid4().hex,
+            status=dg.DagsterRunStatus.FAILURE,
+            tags={**r2.run_requests[0].tags, RUN_KEY_TAG: r2.run_requests[0].run_key,
+                  SENSOR_NAME_TAG: "kafka_lag_sensor"}))
+        again = tick(r2.cursor)
+        assert not again.run_requests
+        assert f"{keys[0]}@0-3 was already requested" in again.skip_reason.skip_message
+        assert "failure" in again.skip_reason.skip_message.lower()
 
         # Both partitions lag: one run for both, as a range of the dynamic partitions.
         produce(bootstrap, topic, 1, 5)
@@ -106,6 +131,7 @@ def test_lag_sensor_transitions(topic_config) -> None:
         (both,) = r3.run_requests
         assert both.partition_key is None
         assert (both.tags[RANGE_START_TAG], both.tags[RANGE_END_TAG]) == tuple(keys)
+        assert (both.tags[REASON_TAG], both.tags[LAG_TAG]) == ("lag_threshold", "8")
 
         # While that run is running, it holds both partitions: nothing is requested again.
         instance.add_run(dg.DagsterRun(job_name=CONSUME_JOB_NAME, run_id=uuid.uuid4().hex,
@@ -159,6 +185,9 @@ def test_lag_sensor_requests_stale_lag_under_the_threshold(topic_config) -> None
         r = kafka_lag_sensor(dg.build_sensor_context(
             instance=instance, resources={"binlake": binlake}, cursor=old))
         assert [x.partition_key for x in r.run_requests] == [key]
+        assert r.run_requests[0].tags[REASON_TAG] == "staleness"
+        # The cursor keeps the old start, now as a readable time.
+        assert json.loads(r.cursor)["lagging_since"] == {key: "1970-01-01T00:00:00+00:00"}
 
 
 KEYS = [f"t:{i}" for i in range(8)]

@@ -1,0 +1,99 @@
+"""Dagster's standard table metadata for binlake's Delta tables: each table's name, its
+location and its columns on the asset's definition, and its row count (and, for a
+replica, its columns as they are now) on each materialization, so that the UI shows
+a Columns section and row counts as it does for any table asset.
+
+Everything is read from the Delta log with delta-rs: no Spark job, no catalog call.
+"""
+
+from __future__ import annotations
+
+import dagster as dg
+
+from binlog_assets.config import PipelineConfig
+from binlog_assets.lakehouse.changelog import (
+    CHANGELOG_COLUMNS,
+    changelog_name,
+    changelog_uri,
+)
+from binlog_assets.lakehouse.delta_log import file_rows, open_log
+
+CHANGELOG_COLUMN_DOCS = {
+    "topic": "Kafka topic of the record",
+    "partition": "Kafka partition of the record",
+    "offset": "Kafka offset of the record",
+    "row_index": "row within the record (a record may carry several rows)",
+    "table": "source table, db.table",
+    "op": "c insert, u update, d delete, r snapshot read, t truncate, ddl",
+    "key": "primary-key values (JSON)",
+    "key_columns": "names of the key columns",
+    "before": "row image before the change (JSON)",
+    "after": "row image after the change (JSON)",
+    "pos_phase": "0 for snapshot reads, 1 for streamed changes",
+    "pos_file": "binlog file index",
+    "pos_pos": "byte position in the binlog file",
+    "pos_row": "row within the binlog event",
+    "source_ts": "source commit time (ms since the epoch)",
+    "ddl": "the statement of a schema change",
+    "column_types": "source column types (JSON)",
+    "value_types": "types of values the producer sent without a schema (JSON)",
+    "raw": "the Kafka record's value, when the source keeps it",
+    "ingested_at": "when binlake appended the row",
+}
+
+# delta-rs spells Delta's primitive types as the protocol does; Spark SQL (what dbt and
+# users query with) names some differently.
+_SPARK_NAMES = {"long": "bigint", "integer": "int", "short": "smallint", "byte": "tinyint"}
+
+
+def table_uri(config: PipelineConfig, table: str) -> str:
+    """Where a managed table of the lakehouse database lives (the catalog's default)."""
+    database = config.lakehouse.database
+    return config.lakehouse.uri("warehouse", f"{database}.db", table)
+
+
+def changelog_definition_metadata(config: PipelineConfig) -> dict[str, object]:
+    database, table = changelog_name(config)
+    return {
+        "dagster/table_name": f"{database}.{table}",
+        "dagster/uri": dg.MetadataValue.path(changelog_uri(config)),
+        "dagster/column_schema": dg.TableSchema(columns=[
+            dg.TableColumn(name, kind, description=CHANGELOG_COLUMN_DOCS.get(name))
+            for name, kind in CHANGELOG_COLUMNS]),
+    }
+
+
+def replica_definition_metadata(config: PipelineConfig, name: str) -> dict[str, object]:
+    database = config.lakehouse.database
+    return {
+        "dagster/table_name": f"{database}.{name}",
+        "dagster/uri": dg.MetadataValue.path(table_uri(config, name)),
+        "current_view": f"{database}.{name}_current",
+    }
+
+
+def type_name(kind) -> str:  # noqa: ANN001 - a deltalake.schema type
+    """A delta-rs schema type as Spark SQL names it (`decimal(20,0)`, `array<string>`)."""
+    tag = getattr(kind, "type", None)
+    if tag == "array":
+        return f"array<{type_name(kind.element_type)}>"
+    if tag == "map":
+        return f"map<{type_name(kind.key_type)},{type_name(kind.value_type)}>"
+    if tag == "struct":
+        return "struct<" + ",".join(f"{f.name}:{type_name(f.type)}" for f in kind.fields) + ">"
+    return _SPARK_NAMES.get(str(tag), str(tag))
+
+
+def delta_column_schema(uri: str) -> dg.TableSchema:
+    """The table's columns as its Delta log declares them now (column mapping's logical
+    names), with their nullability."""
+    return dg.TableSchema(columns=[
+        dg.TableColumn(f.name, type_name(f.type),
+                       constraints=dg.TableColumnConstraints(nullable=f.nullable))
+        for f in open_log(uri).schema().fields])
+
+
+def delta_row_count(uri: str) -> int | None:
+    """Rows in the table by its log's file statistics (None: a file has none). For an
+    append-only table, such as the changelog, that is its row count."""
+    return file_rows(open_log(uri))

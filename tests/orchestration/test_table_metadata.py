@@ -1,0 +1,74 @@
+"""Dagster's standard table metadata on binlake's table assets, and the Kafka source
+assets upstream of the changelog."""
+
+from __future__ import annotations
+
+from decimal import Decimal
+from pathlib import Path
+
+import dagster as dg
+import pyarrow as pa
+
+from binlog_assets.orchestration.table_metadata import (
+    CHANGELOG_COLUMN_DOCS,
+    delta_column_schema,
+    delta_row_count,
+    type_name,
+)
+
+
+def test_table_assets_name_their_tables_columns_and_sources(binlake_env: Path) -> None:
+    from binlog_assets.definitions import PIPELINE_CONFIG, defs
+    from binlog_assets.lakehouse.changelog import CHANGELOG_COLUMNS, changelog_uri
+
+    graph = defs.resolve_asset_graph()
+    db = PIPELINE_CONFIG.lakehouse.database
+    changelog = graph.get(dg.AssetKey("changelog"))
+    md = changelog.metadata
+    assert md["dagster/table_name"] == f"{db}.changelog"
+    assert md["dagster/uri"].value == changelog_uri(PIPELINE_CONFIG)
+    columns = md["dagster/column_schema"].columns
+    assert [(c.name, c.type) for c in columns] == list(CHANGELOG_COLUMNS)
+    assert all(c.description == CHANGELOG_COLUMN_DOCS[c.name] for c in columns)
+    # Every source's topics are an asset upstream of the changelog.
+    sources = {dg.AssetKey(["kafka", s.name]) for s in PIPELINE_CONFIG.sources}
+    assert changelog.parent_keys == sources
+    for key in sources:
+        assert graph.get(key).is_external
+    from binlog_assets.orchestration.replica_reports import replica_names
+
+    assert replica_names(PIPELINE_CONFIG)
+    for name in replica_names(PIPELINE_CONFIG):
+        replica = graph.get(dg.AssetKey(["replica", name])).metadata
+        assert replica["dagster/table_name"] == f"{db}.{name}"
+        assert replica["dagster/uri"].value.endswith(f"{db}.db/{name}")
+
+
+def test_delta_schema_types_read_as_spark_sql_names_them(tmp_path: Path) -> None:
+    from deltalake import write_deltalake
+
+    data = pa.table({
+        "id": pa.array([1, 2], pa.int64()),
+        "n": pa.array([1, 2], pa.int32()),
+        "amount": pa.array([Decimal("1.50"), None], pa.decimal128(20, 2)),
+        "tags": pa.array([["a"], []], pa.list_(pa.string())),
+        "at": pa.array([0, 1], pa.timestamp("us", tz="UTC")),
+    })
+    write_deltalake(str(tmp_path / "t"), data)
+    schema = delta_column_schema(str(tmp_path / "t"))
+    assert [(c.name, c.type) for c in schema.columns] == [
+        ("id", "bigint"), ("n", "int"), ("amount", "decimal(20,2)"),
+        ("tags", "array<string>"), ("at", "timestamp")]
+    assert delta_row_count(str(tmp_path / "t")) == 2
+    write_deltalake(str(tmp_path / "t"), data, mode="append")
+    assert delta_row_count(str(tmp_path / "t")) == 4
+
+
+def test_type_names_of_nested_types() -> None:
+    from deltalake.schema import ArrayType, Field, MapType, PrimitiveType, StructType
+
+    assert type_name(MapType(PrimitiveType("string"), PrimitiveType("long"))) == \
+        "map<string,bigint>"
+    assert type_name(StructType([Field("a", PrimitiveType("short")),
+                                 Field("b", ArrayType(PrimitiveType("byte")))])) == \
+        "struct<a:smallint,b:array<tinyint>>"
