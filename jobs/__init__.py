@@ -11,6 +11,7 @@
 
 import dagster as dg
 
+from binlog_assets.orchestration.consume_runs import CHANGELOG_RUN_CONFIG_SCAFFOLD
 from binlog_assets.orchestration.shared import CONSUME_JOB_NAME, DBT_JOB_NAME
 
 REPLICAS = dg.AssetSelection.key_prefixes("replica")
@@ -25,8 +26,10 @@ consume_changelog_job = dg.define_asset_job(
     name=CONSUME_JOB_NAME,
     # Partitioned as the changelog asset is (one partition per topic-partition).
     selection=dg.AssetSelection.assets("changelog"),
-    description="Bounded consumer runs of Kafka topic-partitions into the changelog.",
+    description="Bounded consumer runs of Kafka topic-partitions into the changelog. To "
+                "replay, set start_offset (or start_timestamp_ms) in the launchpad.",
     executor_def=ONE_PROCESS,
+    config=CHANGELOG_RUN_CONFIG_SCAFFOLD,
 )
 
 build_replicas_job = dg.define_asset_job(
@@ -34,6 +37,7 @@ build_replicas_job = dg.define_asset_job(
     selection=REPLICAS,
     description="Apply new changelog data to every replica (or rebuild them: run config).",
     executor_def=ONE_PROCESS,
+    config={"ops": {"replicas": {"config": {"rebuild": False}}}},
 )
 
 dbt_build_job = dg.define_asset_job(

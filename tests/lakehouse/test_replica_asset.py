@@ -52,6 +52,12 @@ def test_row_count_check_catches_a_missing_row_and_a_rebuild_restores_it(
     assert result.success
     (mat,) = result.asset_materializations_for_node("replicas")
     assert mat.metadata["rows"].value == 5  # shop_1: 1, 4, 5, 30; shop_2: 9
+    # Dagster's standard table metadata: the live rows, and the columns as the table has
+    # them (the Delta log's, read by delta-rs, typed as Spark SQL names them).
+    assert mat.metadata["dagster/row_count"].value == 5
+    columns = {c.name: c.type for c in mat.metadata["dagster/column_schema"].schema.columns}
+    table = spark.table(f"{config.lakehouse.database}.orders")
+    assert columns == {f.name: f.dataType.simpleString() for f in table.schema.fields}
     check = _check(result)
     assert check.passed, check.description
     assert check.metadata["changelog_live_keys"].value == 5
