@@ -24,6 +24,7 @@ from binlog_assets.orchestration.dbt import (
     dbt_env,
     write_profiles,
 )
+from jobs import dbt_hourly_schedule
 
 
 def _profile(tmp_path: Path, **spark) -> tuple[dict, object]:
@@ -145,3 +146,8 @@ def test_each_model_links_to_its_sql(dbt_models: dg.AssetsDefinition) -> None:
         sql = list((DBT_PROJECT_DIR / "models").rglob(f"{spec.key.path[-1]}.sql"))
         assert [Path(r.file_path) for r in refs] == sql
 
+
+def test_the_hourly_dbt_schedule_is_off_and_says_so() -> None:
+    assert dbt_hourly_schedule.default_status == dg.DefaultScheduleStatus.STOPPED
+    assert "Off until turned on" in (dbt_hourly_schedule.description or "")
+    assert "dbt_follow_sensor" in dbt_hourly_schedule.description
