@@ -6,7 +6,8 @@
 - `build_replicas_job`: apply new changelog data to the replicas (launchpad config
   `ops.replicas.config.rebuild: true` rebuilds them from the whole changelog).
 - `dbt_build_job`: dbt build (models and tests) over the replicas; `dbt_follow_sensor`
-  launches it when replicas change (at most every 5 minutes), and hourly by schedule.
+  launches it when replicas change (at most every 5 minutes). `dbt_hourly_schedule`
+  would rebuild hourly too, but is off until turned on in the UI.
 """
 
 import dagster as dg
@@ -47,9 +48,14 @@ dbt_build_job = dg.define_asset_job(
     executor_def=ONE_PROCESS,
 )
 
+# Off by default, and saying so: dbt_follow_sensor already rebuilds after replica
+# changes; the hourly rebuild is for whoever wants one regardless of changes.
 dbt_hourly_schedule = dg.ScheduleDefinition(
     name="dbt_hourly_schedule",
     job=dbt_build_job,
     cron_schedule="15 * * * *",
-    description="Rebuild the dbt models every hour (dbt_follow_sensor also follows replicas).",
+    default_status=dg.DefaultScheduleStatus.STOPPED,
+    description=("Off until turned on in the UI: then rebuilds the dbt models every hour "
+                 "at :15. dbt_follow_sensor is what follows the replicas (a build after "
+                 "they change)."),
 )

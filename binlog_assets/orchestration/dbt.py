@@ -8,16 +8,29 @@ tests show up as asset checks. dbt runs in its own process (the dbt CLI) and the
 catalog is embedded Derby, one JVM at a time: dbt steps share the `spark` pool with the
 other Spark steps, so they never hold the catalog together. With `spark.remote`, dbt's
 session is one more client of that Spark Connect server, and takes no pool slot.
+
+What the UI shows comes from the dbt project's YAML: each model's declared columns
+(`data_type`, `description`) become its `dagster/column_schema`, its relation its
+`dagster/table_name`, each data test's `description` its asset check's description, and
+each model links to its .sql file (a code reference).
 """
 
 import os
 import subprocess
 import sys
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 import dagster as dg
 import yaml
-from dagster_dbt import DagsterDbtTranslator, DbtCliResource, DbtProject, dbt_assets
+from dagster_dbt import (
+    DagsterDbtTranslator,
+    DagsterDbtTranslatorSettings,
+    DbtCliResource,
+    DbtProject,
+    dbt_assets,
+)
 
 from binlog_assets.config import PipelineConfig
 from binlog_assets.environment import REPO_ROOT, var_dir
@@ -38,6 +51,17 @@ class BinlakeDbtTranslator(DagsterDbtTranslator):
 
     def get_group_name(self, dbt_resource_props) -> str:
         return DBT_GROUP
+
+    def get_asset_check_spec(self, asset_spec: dg.AssetSpec, manifest: Mapping[str, Any],
+                             unique_id: str, project: DbtProject | None
+                             ) -> dg.AssetCheckSpec | None:
+        """dagster-dbt describes a check by the test's `meta.description`; dbt (1.9+) has
+        a `description` of its own on data tests, the one our schema.yml files set."""
+        spec = super().get_asset_check_spec(asset_spec, manifest, unique_id, project)
+        if spec is None or spec.description:
+            return spec
+        description = self.get_resource_props(manifest, unique_id).get("description")
+        return spec._replace(description=description or None)
 
 
 def profiles_dir() -> Path:
@@ -106,9 +130,10 @@ def build_dbt_assets(config: PipelineConfig) -> tuple[dg.AssetsDefinition, DbtCl
 
     # The pool keeps dbt's JVM and a replica build's off the embedded catalog at once; a
     # Spark Connect server serves both together.
-    @dbt_assets(manifest=project.manifest_path,
+    @dbt_assets(manifest=project.manifest_path, project=project,
                 pool=None if config.spark.remote else SPARK_POOL,
-                dagster_dbt_translator=BinlakeDbtTranslator())
+                dagster_dbt_translator=BinlakeDbtTranslator(
+                    DagsterDbtTranslatorSettings(enable_code_references=True)))
     def binlake_dbt_models(context: dg.AssetExecutionContext, dbt: DbtCliResource,
                            binlake: BinlakeResource):
         """Staging models over the replicas and the marts built on them (dbt build: models

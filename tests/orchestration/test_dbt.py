@@ -4,14 +4,27 @@ binlake's group with no automation of their own."""
 
 from __future__ import annotations
 
+import json
+import re
 import shutil
+from collections.abc import Iterator
 from pathlib import Path
 
+import dagster as dg
+import pytest
+import sqlglot
 import yaml
 
 from binlog_assets.config import parse_config
 from binlog_assets.lakehouse.spark import spark_conf
-from binlog_assets.orchestration.dbt import BinlakeDbtTranslator, dbt_env, write_profiles
+from binlog_assets.orchestration.dbt import (
+    DBT_PROJECT_DIR,
+    BinlakeDbtTranslator,
+    build_dbt_assets,
+    dbt_env,
+    write_profiles,
+)
+from jobs import dbt_hourly_schedule
 
 
 def _profile(tmp_path: Path, **spark) -> tuple[dict, object]:
@@ -47,10 +60,6 @@ def test_each_database_gets_its_own_manifest_and_table_names(
         tmp_path: Path, monkeypatch) -> None:
     """Two configurations in turn (as BINLAKE_CONFIG switches them): each dbt asset's
     table name is its own database's marts, not the first one parsed."""
-    import dagster as dg
-
-    from binlog_assets.orchestration.dbt import DBT_PROJECT_DIR, build_dbt_assets
-
     monkeypatch.setenv("BINLAKE_VAR_DIR", str(tmp_path / "var"))
     names = {}
     for database in ("dbtswitch_a", "dbtswitch_b"):
@@ -64,3 +73,81 @@ def test_each_database_gets_its_own_manifest_and_table_names(
         names[database] = spec.metadata["dagster/table_name"]
     assert names == {"dbtswitch_a": "dbtswitch_a_marts.customer_revenue",
                      "dbtswitch_b": "dbtswitch_b_marts.customer_revenue"}
+
+
+# What Spark makes of each model over the demo shop's replicas (checked with Spark:
+# count() is bigint; sum(int * decimal(12,2)) is decimal(33,2)).
+MODEL_COLUMNS = {
+    "stg_customers": {"customer_id": "int", "customer_name": "string", "email": "string",
+                      "changed_at_ms": "timestamp"},
+    "stg_products": {"product_id": "int", "product_name": "string",
+                     "price": "decimal(12,2)"},
+    "stg_orders": {"order_key": "string", "shard": "string", "order_id": "int",
+                   "customer_id": "int", "product_id": "int", "quantity": "int",
+                   "status": "string"},
+    "customer_revenue": {"customer_id": "int", "customer_name": "string",
+                         "orders": "bigint", "revenue": "decimal(33,2)"},
+}
+
+
+@pytest.fixture(scope="module")
+def dbt_models(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dg.AssetsDefinition]:
+    """The dbt assets as the code location builds them (one dbt parse for the module)."""
+    tmp_path = tmp_path_factory.mktemp("dbt_ui")
+    database = "dbtui"
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        monkeypatch.setenv("BINLAKE_VAR_DIR", str(tmp_path / "var"))
+        cfg = parse_config({"lakehouse": {"path": str(tmp_path / "lake"),
+                                          "database": database}})
+        try:
+            assets, _resource = build_dbt_assets(cfg)
+            yield assets
+        finally:
+            shutil.rmtree(DBT_PROJECT_DIR / "target" / database, ignore_errors=True)
+
+
+def test_each_model_shows_its_columns_with_types_and_descriptions(
+        dbt_models: dg.AssetsDefinition) -> None:
+    specs = {s.key.to_user_string(): s for s in dbt_models.specs}
+    assert set(specs) == set(MODEL_COLUMNS)
+    for name, expected in MODEL_COLUMNS.items():
+        metadata = specs[name].metadata
+        assert metadata["dagster/table_name"] == f"dbtui_marts.{name}"
+        columns = metadata["dagster/column_schema"].columns
+        assert {c.name: c.type for c in columns} == expected, name
+        assert all(c.description and c.description.strip() for c in columns), name
+
+
+def test_declared_columns_are_the_ones_each_model_selects(
+        dbt_models: dg.AssetsDefinition) -> None:
+    """A column added to (or dropped from) a model's SQL and not its schema.yml fails
+    here: the UI would show a schema the table does not have."""
+    manifest = json.loads((DBT_PROJECT_DIR / "target" / "dbtui" / "manifest.json").read_text())
+    models = [n for n in manifest["nodes"].values() if n["resource_type"] == "model"]
+    assert {m["name"] for m in models} == set(MODEL_COLUMNS)
+    for model in models:
+        # ref()/source() calls become a plain table name, so the SQL parses as Spark's.
+        sql = re.sub(r"\{\{.*?\}\}", "t", model["raw_code"])
+        selected = sqlglot.parse_one(sql, read="spark").named_selects
+        assert selected == list(model["columns"]), model["name"]
+
+
+def test_each_dbt_test_is_a_described_asset_check(dbt_models: dg.AssetsDefinition) -> None:
+    checks = {(c.asset_key.to_user_string(), c.name): c for c in dbt_models.check_specs}
+    assert len(checks) == 10
+    assert all(c.description and c.description.strip() for c in checks.values())
+    shard = checks[("stg_orders", "accepted_values_stg_orders_shard__shop_1__shop_2")]
+    assert shard.description == "Orders come only from the shards shop_1 and shop_2."
+
+
+def test_each_model_links_to_its_sql(dbt_models: dg.AssetsDefinition) -> None:
+    for spec in dbt_models.specs:
+        refs = spec.metadata["dagster/code_references"].code_references
+        sql = list((DBT_PROJECT_DIR / "models").rglob(f"{spec.key.path[-1]}.sql"))
+        assert [Path(r.file_path) for r in refs] == sql
+
+
+def test_the_hourly_dbt_schedule_is_off_and_says_so() -> None:
+    assert dbt_hourly_schedule.default_status == dg.DefaultScheduleStatus.STOPPED
+    assert "Off until turned on" in (dbt_hourly_schedule.description or "")
+    assert "dbt_follow_sensor" in dbt_hourly_schedule.description
