@@ -38,7 +38,6 @@ build_replicas_job = dg.define_asset_job(
     selection=REPLICAS,
     description="Apply new changelog data to every replica (or rebuild them: run config).",
     executor_def=ONE_PROCESS,
-    config={"ops": {"replicas": {"config": {"rebuild": False}}}},
 )
 
 dbt_build_job = dg.define_asset_job(

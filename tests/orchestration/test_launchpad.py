@@ -28,10 +28,3 @@ def test_the_consume_job_opens_on_its_replay_fields(binlake_env: Path) -> None:
     assert "wins over start_timestamp_ms" in docs["start_offset"]
     assert "Ignored when start_offset is set" in docs["start_timestamp_ms"]
     assert all(docs.values())
-
-
-def test_the_replica_job_opens_on_rebuild(binlake_env: Path) -> None:
-    from binlog_assets.definitions import defs
-
-    job = defs.resolve_job_def("build_replicas_job")
-    assert job.run_config == {"ops": {"replicas": {"config": {"rebuild": False}}}}
