@@ -238,6 +238,10 @@ class SparkConfig(_Model):
         return int(rest.split("/", 1)[0])
 
 
+_EMAIL = re.compile(r"[^@\s]+@[^@\s]+\.[^@\s]+")
+_TEAM = re.compile(r"team:[A-Za-z0-9_-]+")
+
+
 class DagsterConfig(_Model):
     lag_threshold: int = Field(1, ge=0, description="records of lag that trigger a run")
     max_staleness_seconds: int = Field(300, ge=0)
@@ -257,6 +261,18 @@ class DagsterConfig(_Model):
     replica_poll_seconds: float = Field(
         0.5, gt=0, le=60, description="how often a follower run looks for a new changelog "
                                       "version (a read of the changelog's log)")
+    owners: list[str] = Field(
+        default_factory=list,
+        description="owners of binlake's assets in the UI: emails or `team:<name>`")
+
+    @field_validator("owners")
+    @classmethod
+    def _owners_are_emails_or_teams(cls, owners: list[str]) -> list[str]:
+        # Dagster's own rule, checked here so a bad owner fails at load naming the field.
+        for owner in owners:
+            if not (_EMAIL.fullmatch(owner) or _TEAM.fullmatch(owner)):
+                raise ValueError(f"{owner!r} is neither an email nor 'team:<name>'")
+        return owners
 
 
 class PipelineConfig(_Model):

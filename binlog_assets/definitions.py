@@ -2,6 +2,8 @@
 checks, jobs and sensors. The dbt models are a location of their own
 (`dbt_definitions.py`), so that no run here imports dbt."""
 
+import warnings
+
 import dagster as dg
 
 from binlog_assets.config import load_config
@@ -33,9 +35,22 @@ changelog_batched = changelog.with_attributes(backfill_policy=dg.BackfillPolicy.
         deps=[kafka_source_key(s.name) for s in PIPELINE_CONFIG.sources],
         metadata={**spec.metadata, **changelog_definition_metadata(PIPELINE_CONFIG)}))
 
+
+def _owned(spec: dg.AssetSpec) -> dg.AssetSpec:
+    return spec.replace_attributes(owners=PIPELINE_CONFIG.dagster.owners)
+
+
+# Each asset links to its code in the UI, and names its owners (`dagster.owners`). The
+# API is marked beta: its warning would be in every run's log.
+with warnings.catch_warnings():
+    warnings.simplefilter("ignore", dg.BetaWarning)
+    ASSETS = [a.map_asset_specs(_owned) if isinstance(a, dg.AssetsDefinition) else _owned(a)
+              for a in dg.with_source_code_references([
+                  *kafka_source_specs(PIPELINE_CONFIG), changelog_batched,
+                  build_replica_assets(PIPELINE_CONFIG)])]
+
 defs = dg.Definitions(
-    assets=[*kafka_source_specs(PIPELINE_CONFIG), changelog_batched,
-            build_replica_assets(PIPELINE_CONFIG)],
+    assets=ASSETS,
     asset_checks=[changelog_lag_check, checkpoint_agreement_check],
     jobs=[consume_changelog_job, build_replicas_job, follow_replicas_job],
     sensors=[kafka_partition_discovery_sensor, kafka_lag_sensor, binlake_automation_sensor,

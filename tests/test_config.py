@@ -54,6 +54,8 @@ def test_repository_default_config_is_valid() -> None:
               ({"replica_mode": "upsert"}, "replica_mode"),
           ]],
         ({"spark": {"remote": "sc://localhost:15002\n"}}, "spark.remote"),
+        ({"dagster": {"owners": ["data engineering"]}}, "dagster.owners"),
+        ({"dagster": {"owners": ["team:data eng"]}}, "dagster.owners"),
         *[({"sources": [{"name": "s", "topics": ["t"], "handlers": spec,
                          "tables": [{"source": "shop.products", "replica": "r"}]}]},
            "sources[0].handlers")

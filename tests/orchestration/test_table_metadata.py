@@ -3,11 +3,16 @@ assets upstream of the changelog."""
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 from decimal import Decimal
 from pathlib import Path
 
 import dagster as dg
 import pyarrow as pa
+import yaml
 
 from binlog_assets.orchestration.table_metadata import (
     CHANGELOG_COLUMN_DOCS,
@@ -72,3 +77,28 @@ def test_type_names_of_nested_types() -> None:
     assert type_name(StructType([Field("a", PrimitiveType("short")),
                                  Field("b", ArrayType(PrimitiveType("byte")))])) == \
         "struct<a:smallint,b:array<tinyint>>"
+
+
+def test_assets_name_their_owners_and_link_to_their_code(tmp_path: Path) -> None:
+    from binlog_assets.environment import REPO_ROOT
+
+    config = yaml.safe_load((REPO_ROOT / "binlake.yaml").read_text())
+    config["dagster"]["owners"] = ["data@example.com", "team:lakehouse"]
+    path = tmp_path / "binlake.yaml"
+    path.write_text(yaml.safe_dump(config))
+    # In a fresh interpreter: the definitions module reads its config once, at import.
+    probe = ("import json; import dagster as dg; from binlog_assets.definitions import defs;"
+             "g = defs.resolve_asset_graph();"
+             "print(json.dumps({k.to_user_string(): [list(g.get(k).owners), [r.file_path "
+             "for r in g.get(k).metadata.get('dagster/code_references', "
+             "dg.CodeReferencesMetadataValue(code_references=[])).code_references]] "
+             "for k in g.get_all_asset_keys()}))")
+    proc = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                          env={**os.environ, "BINLAKE_CONFIG": str(path)},
+                          cwd=REPO_ROOT, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    found = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert {k: owners for k, (owners, _) in found.items()} == {
+        k: ["data@example.com", "team:lakehouse"] for k in found}
+    assert found["changelog"][1][0].endswith("orchestration/changelog_asset.py")
+    assert found["replica/customers"][1][0].endswith("orchestration/replica_assets.py")
