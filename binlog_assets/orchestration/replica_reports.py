@@ -80,12 +80,16 @@ def replica_table_metadata(builder, name: str) -> dict[str, dg.MetadataValue]:
     """The replica table's columns as they are after the apply (they follow the source's
     schema changes); nothing before it has a table."""
     from binlog_assets.lakehouse.delta_log import table_exists, table_location
-    from binlog_assets.orchestration.table_metadata import delta_column_schema
+    from binlog_assets.orchestration.table_metadata import (
+        REPLICA_COLUMN_DOCS,
+        delta_column_schema,
+    )
 
     database, table = builder.table_name(name)
     if not table_exists(builder.spark, database, table):
         return {}
-    schema = delta_column_schema(table_location(builder.spark, database, table))
+    schema = delta_column_schema(table_location(builder.spark, database, table),
+                                 REPLICA_COLUMN_DOCS)
     return {"dagster/column_schema": dg.MetadataValue.table_schema(schema)}
 
 

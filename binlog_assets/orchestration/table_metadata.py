@@ -41,6 +41,17 @@ CHANGELOG_COLUMN_DOCS = {
     "ingested_at": "when binlake appended the row",
 }
 
+# binlake's own columns of a replica (the rest are the source table's).
+REPLICA_COLUMN_DOCS = {
+    "_source_db": "source database of the row (shards of one replica keep theirs apart)",
+    "_source_table": "source table of the row",
+    "_position": "binlog position of the last change applied to the row",
+    "_op": "that change's op: a deleted row stays as a tombstone (d, t) until purged; "
+           "`<replica>_current` holds the live rows",
+    "_source_ts": "source commit time of that change",
+    "_applied_at": "when binlake applied it",
+}
+
 # delta-rs spells Delta's primitive types as the protocol does; Spark SQL (what dbt and
 # users query with) names some differently.
 _SPARK_NAMES = {"long": "bigint", "integer": "int", "short": "smallint", "byte": "tinyint"}
@@ -84,11 +95,12 @@ def type_name(kind) -> str:  # noqa: ANN001 - a deltalake.schema type
     return _SPARK_NAMES.get(str(tag), str(tag))
 
 
-def delta_column_schema(uri: str) -> dg.TableSchema:
+def delta_column_schema(uri: str, docs: dict[str, str] | None = None) -> dg.TableSchema:
     """The table's columns as its Delta log declares them now (column mapping's logical
-    names), with their nullability."""
+    names), with their nullability and, where `docs` has one, a description."""
+    docs = docs or {}
     return dg.TableSchema(columns=[
-        dg.TableColumn(f.name, type_name(f.type),
+        dg.TableColumn(f.name, type_name(f.type), description=docs.get(f.name),
                        constraints=dg.TableColumnConstraints(nullable=f.nullable))
         for f in open_log(uri).schema().fields])
 

@@ -58,6 +58,8 @@ def test_row_count_check_catches_a_missing_row_and_a_rebuild_restores_it(
     columns = {c.name: c.type for c in mat.metadata["dagster/column_schema"].schema.columns}
     table = spark.table(f"{config.lakehouse.database}.orders")
     assert columns == {f.name: f.dataType.simpleString() for f in table.schema.fields}
+    docs = {c.name: c.description for c in mat.metadata["dagster/column_schema"].schema.columns}
+    assert docs["_position"].startswith("binlog position") and docs["id"] is None
     check = _check(result)
     assert check.passed, check.description
     assert check.metadata["changelog_live_keys"].value == 5
