@@ -78,19 +78,25 @@ def replica_metadata(result, live_rows: int | None) -> dict[str, dg.MetadataValu
 
 def replica_table_metadata(builder, name: str) -> dict[str, dg.MetadataValue]:
     """The replica table's columns as they are after the apply (they follow the source's
-    schema changes); nothing before it has a table."""
+    schema changes), and its history table's when it keeps one; nothing before it has a
+    table."""
     from binlog_assets.lakehouse.delta_log import table_exists, table_location
     from binlog_assets.orchestration.table_metadata import (
         REPLICA_COLUMN_DOCS,
         delta_column_schema,
     )
 
-    database, table = builder.table_name(name)
-    if not table_exists(builder.spark, database, table):
-        return {}
-    schema = delta_column_schema(table_location(builder.spark, database, table),
-                                 REPLICA_COLUMN_DOCS)
-    return {"dagster/column_schema": dg.MetadataValue.table_schema(schema)}
+    tables = [("dagster/column_schema", builder.table_name(name))]
+    # Only when configured: a catalog lookup is a round trip in a follower's every apply.
+    if any(t.history for s in builder.config.sources for t in s.tables if t.replica == name):
+        tables.append(("history_column_schema", builder.history_name(name)))
+    md = {}
+    for key, (database, table) in tables:
+        if table_exists(builder.spark, database, table):
+            schema = delta_column_schema(table_location(builder.spark, database, table),
+                                         REPLICA_COLUMN_DOCS)
+            md[key] = dg.MetadataValue.table_schema(schema)
+    return md
 
 
 def position_label(position: tuple[int, ...]) -> str:

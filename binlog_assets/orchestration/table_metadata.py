@@ -50,6 +50,9 @@ REPLICA_COLUMN_DOCS = {
            "`<replica>_current` holds the live rows",
     "_source_ts": "source commit time of that change",
     "_applied_at": "when binlake applied it",
+    "_valid_from": "history: position from which this version of the row held",
+    "_valid_to": "history: position at which the next change replaced it (null: current)",
+    "_is_current": "history: whether this is the row's current version",
 }
 
 # delta-rs spells Delta's primitive types as the protocol does; Spark SQL (what dbt and
@@ -76,11 +79,15 @@ def changelog_definition_metadata(config: PipelineConfig) -> dict[str, object]:
 
 def replica_definition_metadata(config: PipelineConfig, name: str) -> dict[str, object]:
     database = config.lakehouse.database
-    return {
+    md: dict[str, object] = {
         "dagster/table_name": f"{database}.{name}",
         "dagster/uri": dg.MetadataValue.path(table_uri(config, name)),
         "current_view": f"{database}.{name}_current",
     }
+    if any(t.history for s in config.sources for t in s.tables if t.replica == name):
+        md["history_table"] = f"{database}.{name}_history"
+        md["history_uri"] = dg.MetadataValue.path(table_uri(config, f"{name}_history"))
+    return md
 
 
 def type_name(kind) -> str:  # noqa: ANN001 - a deltalake.schema type

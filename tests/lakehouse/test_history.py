@@ -6,6 +6,8 @@ from lake_events import MakeConfig, Partition, Source, row
 
 from binlog_assets.lakehouse.changelog import ChangelogWriter
 from binlog_assets.lakehouse.replica import ReplicaBuilder
+from binlog_assets.orchestration.replica_reports import replica_table_metadata
+from binlog_assets.orchestration.table_metadata import replica_definition_metadata
 
 
 def test_history_orders_versions_by_position(spark, make_config: MakeConfig) -> None:
@@ -53,6 +55,16 @@ def test_history_orders_versions_by_position(spark, make_config: MakeConfig) -> 
     live = {(r["id"], r["note"]) for r in spark.table(f"{db}.orders_current").collect()}
     assert current == live == {(1, "again")}
     assert builder.apply("orders").skipped
+
+    # The replica asset's metadata carries the history table's columns beside its own.
+    md = replica_table_metadata(builder, "orders")
+    history = {c.name: c.type for c in md["history_column_schema"].schema.columns}
+    assert history == {f.name: f.dataType.simpleString()
+                       for f in spark.table(f"{db}.orders_history").schema.fields}
+    assert "_valid_to" in history and "_valid_to" not in {
+        c.name for c in md["dagster/column_schema"].schema.columns}
+    assert replica_definition_metadata(config, "orders")["history_table"] == \
+        f"{db}.orders_history"
 
 
 def test_history_keeps_columns_named_like_its_working_columns(
