@@ -26,6 +26,8 @@ same events reduced independently (live row count and the sum of a decimal colum
     .venv/bin/python bench/bench_merge.py                         # 1,000,000 events
     .venv/bin/python bench/bench_merge.py --events 100000         # quick variant
     .venv/bin/python bench/bench_merge.py --empty-replica         # initial build
+    .venv/bin/python bench/bench_merge.py --events 100000 --rewrite-ratio 1e12 \
+        --table-features deletion_vectors                         # a MERGE with DVs
 """
 
 from __future__ import annotations
@@ -239,7 +241,11 @@ def main() -> None:
     parser.add_argument("--rewrite-ratio", type=float, default=None,
                         help="lakehouse.rewrite_ratio (default: the config default, 0.5; 0 always "
                              "rewrites, 1e12 always MERGEs)")
+    parser.add_argument("--table-features", default="",
+                        help="lakehouse.table_features, comma-separated (deletion_vectors, "
+                             "column_mapping, type_widening; default: none)")
     args = parser.parse_args()
+    features = [f for f in args.table_features.split(",") if f]
     keys = args.keys or max(1, args.events // 2)
     snapshot = not args.empty_replica
 
@@ -248,6 +254,7 @@ def main() -> None:
         def config(database: str) -> PipelineConfig:
             return parse_config({
                 "lakehouse": {"path": lake, "database": database,
+                              "table_features": features,
                               **({} if args.rewrite_ratio is None
                                  else {"rewrite_ratio": args.rewrite_ratio})},
                 "spark": {"master": "local[2]", "conf": {
@@ -274,7 +281,8 @@ def main() -> None:
     print(f"\n{args.events:,} events over {keys:,} keys ({case}) -> {m.rows:,} replica rows "
           f"({m.live:,} live); {m.result.written:,} rows written by the apply "
           f"(rewrite_ratio {args.rewrite_ratio if args.rewrite_ratio is not None else 'default'}"
-          f"); shuffle partitions {args.shuffle_partitions}")
+          f"); shuffle partitions {args.shuffle_partitions}; table features "
+          f"{features or 'none'}")
     for r, (a, w) in enumerate(zip(m.apply_seconds, m.write_seconds, strict=True), 1):
         print(f"round {r}: apply {a:.1f}s ({args.events / a:,.0f} events/s), "
               f"plain write {w:.1f}s, apply/write {a / w:.2f}")

@@ -189,6 +189,9 @@ class SourceConfig(_Model):
         return self.dead_letter_topic or defaults.dead_letter_topic(self.name)
 
 
+TableFeature = Literal["deletion_vectors", "column_mapping", "type_widening"]
+
+
 class LakehouseConfig(_Model):
     path: str = Field("var/lakehouse", description="root of the warehouse and the catalog")
     database: Identifier = "binlake"
@@ -197,7 +200,19 @@ class LakehouseConfig(_Model):
     # the replica in one pass (one aggregate over its rows and the batch, one overwrite)
     # instead of MERGEing: a catch-up touches every file anyway. 0 always rewrites.
     rewrite_ratio: float = Field(0.5, ge=0)
+    # Delta table features of the replicas (and their history tables) beyond what every
+    # mainstream reader opens (delta-rs, polars, DuckDB, Trino): opt in to each.
+    table_features: list[TableFeature] = Field(
+        default_factory=list,
+        description="opt-in Delta features of new replica tables: deletion_vectors, "
+                    "column_mapping, type_widening (README: Table features)")
 
+    @field_validator("table_features")
+    @classmethod
+    def _no_repeats(cls, features: list[str]) -> list[str]:
+        if len(set(features)) != len(features):
+            raise ValueError(f"{features} names a feature twice")
+        return features
 
     @property
     def is_local(self) -> bool:

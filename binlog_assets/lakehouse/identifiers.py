@@ -71,6 +71,20 @@ def check_columns(names: Iterable[str], table: str) -> list[str]:
     return out
 
 
+# Characters Delta refuses in a column name unless the table maps its columns by name.
+UNMAPPED_REFUSES = frozenset(" ,;{}()\n\t=")
+
+
+def check_unmapped_names(names: Iterable[str], table: str) -> None:
+    """Refuse, naming them, columns a Delta table without column mapping cannot hold."""
+    bad = [n for n in names if UNMAPPED_REFUSES.intersection(n)]
+    if bad:
+        raise UnsafeIdentifierError(
+            f"table {table!r}: column(s) {bad} hold characters Delta stores only with "
+            f"column mapping (any of ' ,;{{}}()\\n\\t='): add column_mapping to "
+            f"lakehouse.table_features (readers on delta-rs then cannot open the table)")
+
+
 def quote(name: str) -> str:
     """`name` as one Spark SQL identifier: in backticks, any backtick doubled."""
     return "`" + name.replace("`", "``") + "`"

@@ -100,7 +100,7 @@ from binlog_assets.lakehouse.delta_log import (
     table_version,
     txn_version,
 )
-from binlog_assets.lakehouse.identifiers import col, qualified
+from binlog_assets.lakehouse.identifiers import check_unmapped_names, col, qualified
 from binlog_assets.lakehouse.replica_plan import (
     APPEND_ONLY,
     KEY_PROPERTY,
@@ -154,15 +154,23 @@ PURGED_PROPERTY = "binlake.tombstones_purged_at"  # epoch seconds of the last pu
 # this share of the retention window, so tombstones live between 1 and 1.1 windows.
 PURGE_EVERY = 0.1
 
-_TABLE_PROPERTIES = {
-    # Source column names may hold anything a MySQL identifier can; column mapping stores
-    # them as written (and allows adding columns without rewriting files).
-    "delta.columnMapping.mode": "name",
-    # Widening int -> bigint, float -> double or a decimal's precision without a rewrite.
-    "delta.enableTypeWidening": "true",
+# Each opt-in table feature (`lakehouse.table_features`) and the property that turns it
+# on. None is on by default: each adds a reader feature that delta-rs (and the readers
+# built on it) refuse, so a replica would be Spark's alone (README: Table features).
+FEATURE_PROPERTIES = {
     # A MERGE that touches a few rows of a file marks them instead of rewriting the file.
-    "delta.enableDeletionVectors": "true",
+    "deletion_vectors": ("delta.enableDeletionVectors", "true"),
+    # Column names with characters Delta otherwise refuses (` ,;{}()\n\t=`), stored as
+    # written; renames and drops without rewriting files.
+    "column_mapping": ("delta.columnMapping.mode", "name"),
+    # Widening int -> bigint, float -> double or a decimal's precision without a rewrite
+    # (without it, a widened column rewrites the table once: `schema.apply_changes`).
+    "type_widening": ("delta.enableTypeWidening", "true"),
 }
+
+
+def feature_properties(features: list[str]) -> dict[str, str]:
+    return dict(FEATURE_PROPERTIES[f] for f in features)
 
 
 @dataclass(frozen=True)
@@ -366,6 +374,10 @@ class ReplicaBuilder:
                 self._create(target, route, source_key, change, rule.name,
                              history=target != table)
             elif change:
+                mapped = "delta.columnMapping.mode" in table_detail(
+                    self.spark, *target)["properties"]
+                if change.add and not mapped:
+                    check_unmapped_names([f.name for f in change.add], qualified(*target))
                 apply_changes(self.spark, target, change)
         if (change or not exists) and not rule.append:
             self._create_view(route.replica)
@@ -387,7 +399,11 @@ class ReplicaBuilder:
         if not history:
             # A new table has no tombstone to purge for a while.
             properties[PURGED_PROPERTY] = f"{datetime.now(UTC).timestamp():.3f}"
-        create_table(self.spark, target, schema, {**properties, **_TABLE_PROPERTIES})
+        features = self.config.lakehouse.table_features
+        if "column_mapping" not in features:
+            check_unmapped_names([f.name for f in schema], qualified(*target))
+        create_table(self.spark, target, schema,
+                     {**properties, **feature_properties(features)})
 
     def _create_view(self, replica: str) -> None:
         # Spark fixes a view's columns when it is created, so it is re-created whenever

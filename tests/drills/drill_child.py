@@ -41,7 +41,11 @@ def main() -> None:
         for key in keys:
             result = dg.materialize([changelog], partition_key=key, instance=instance,
                                     resources=resources)
-            md = result.asset_materializations_for_node("changelog")[0].metadata
+            # A run that read nothing records an observation instead of a materialization.
+            (event,) = (result.asset_materializations_for_node("changelog")
+                        or [o for o in result.asset_observations_for_node("changelog")
+                            if o.asset_key == changelog.key])
+            md = event.metadata
             out["runs"][key] = {name: md[name].value for name in
                                 ("start_offset", "checkpoint_source", "committed_offset",
                                  "records", "events", "dead_lettered") if name in md}

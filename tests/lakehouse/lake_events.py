@@ -95,6 +95,7 @@ ALWAYS_REWRITE = 0.0
 def config_for(base: PipelineConfig, tables: list[dict[str, Any]], *,
                retention_hours: float | None = None,
                rewrite_ratio: float | None = None,
+               table_features: list[str] | None = None,
                dagster: dict[str, Any] | None = None) -> PipelineConfig:
     """`base` with a new database and one source whose table configs are `tables`
     (and `dagster` settings on top of the base's)."""
@@ -105,6 +106,8 @@ def config_for(base: PipelineConfig, tables: list[dict[str, Any]], *,
         data["lakehouse"]["tombstone_retention_hours"] = retention_hours
     if rewrite_ratio is not None:
         data["lakehouse"]["rewrite_ratio"] = rewrite_ratio
+    if table_features is not None:
+        data["lakehouse"]["table_features"] = table_features
     data["sources"] = [{"name": "src", "topics": ["binlog"], "format": "debezium",
                         "tables": tables}]
     return parse_config(data)
