@@ -1,6 +1,8 @@
 """Pipeline configuration: one YAML file turned into validated, typed models.
 
 The file is named by `BINLAKE_CONFIG` (default: `binlake.yaml` at the repository root).
+Any string value may name environment variables, `${NAME}` or `${NAME:-default}`
+(`$${` is a literal `${`), resolved when the file loads, so secrets stay out of it.
 Everything is checked when the code location loads: an unknown field, a bad value, an
 invalid regex or an unknown librdkafka property fails with `ConfigError` naming the
 field by its path (`sources[0].tables[1].ordering`), never later inside a run.
@@ -371,12 +373,42 @@ def _field_path(loc: tuple[Any, ...]) -> str:
     return out or "(root)"
 
 
+_ENV_REF = re.compile(r"\$(\$)?\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
+
+
+def resolve_env(data: Any, origin: str = "<config>", path: tuple[Any, ...] = ()) -> Any:
+    """`data` with every `${NAME}` in its strings replaced by the environment's value; a
+    variable that is not set (and has no default) fails naming the field and the
+    variable, never a value."""
+    if isinstance(data, dict):
+        return {k: resolve_env(v, origin, (*path, k)) for k, v in data.items()}
+    if isinstance(data, list):
+        return [resolve_env(v, origin, (*path, i)) for i, v in enumerate(data)]
+    if not isinstance(data, str) or "${" not in data:
+        return data
+
+    def value(ref: re.Match[str]) -> str:
+        if ref.group(1):
+            return ref.group(0)[1:]
+        name, default = ref.group(2), ref.group(3)
+        if name in os.environ:
+            return os.environ[name]
+        if default is not None:
+            return default
+        raise ConfigError(f"{origin}: {_field_path(path)}: environment variable {name} is "
+                          f"not set")
+
+    return _ENV_REF.sub(value, data)
+
+
 def parse_config(data: Any, origin: str = "<config>") -> PipelineConfig:
-    """Validate a parsed YAML document; raises ConfigError naming each bad field."""
+    """Validate a parsed YAML document (its `${NAME}` references resolved); raises
+    ConfigError naming each bad field."""
     if data is None:
         data = {}
     if not isinstance(data, dict):
         raise ConfigError(f"{origin}: the top level must be a mapping, got {type(data).__name__}")
+    data = resolve_env(data, origin)
     try:
         return PipelineConfig.model_validate(data)
     except ValidationError as e:

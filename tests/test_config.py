@@ -131,3 +131,27 @@ def test_spark_remote_names_a_local_server_or_not() -> None:
     theirs = parse_config({"spark": {"remote": "sc://spark.example:443/;use_ssl=true"}}).spark
     assert theirs.remote_port is None  # the stack starts nothing for someone else's server
     assert parse_config({}).spark.remote is None
+
+
+def test_values_name_environment_variables(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("BINLAKE_TEST_PASSWORD", "s3cr3t-Value")
+    monkeypatch.delenv("BINLAKE_TEST_UNSET", raising=False)
+    cfg = parse_config({"kafka": {
+        "security.protocol": "SASL_PLAINTEXT", "sasl.mechanisms": "SCRAM-SHA-512",
+        "sasl.username": "${BINLAKE_TEST_UNSET:-alice}",
+        "sasl.password": "${BINLAKE_TEST_PASSWORD}",
+        "client.id": "binlake-$${literal}"}})
+    assert cfg.kafka["sasl.password"] == "s3cr3t-Value"
+    assert cfg.kafka["sasl.username"] == "alice"  # the default after `:-`
+    assert cfg.kafka["client.id"] == "binlake-${literal}"
+
+
+def test_a_missing_variable_fails_at_load_naming_the_field_and_the_variable(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("KAFKA_PASSWORD_UNSET_X", raising=False)
+    with pytest.raises(ConfigError) as err:
+        parse_config({"sources": [{"name": "s", "topics": ["t"]}],
+                      "kafka": {"sasl.password": "${KAFKA_PASSWORD_UNSET_X}"}},
+                     origin="binlake.yaml")
+    assert str(err.value) == ("binlake.yaml: kafka.sasl.password: environment variable "
+                              "KAFKA_PASSWORD_UNSET_X is not set")

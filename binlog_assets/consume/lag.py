@@ -25,6 +25,7 @@ from confluent_kafka import (
 )
 
 from binlog_assets.consume.checkpoint import retry_retriable
+from binlog_assets.consume.preflight import check_cluster
 
 
 @dataclass(frozen=True)
@@ -57,6 +58,8 @@ def topic_partitions(consumer: Consumer, topics: Iterable[str]) -> list[tuple[st
 
 
 def measure_lag(kafka_conf: dict, group_id: str, topics: Iterable[str]) -> list[PartitionLag]:
+    # Wrong credentials fail here within a second, not as a 30 s metadata timeout.
+    check_cluster(kafka_conf)
     consumer = Consumer({**kafka_conf, "group.id": group_id, "enable.auto.commit": False})
     try:
         tps = topic_partitions(consumer, topics)

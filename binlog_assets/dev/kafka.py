@@ -11,7 +11,7 @@ from __future__ import annotations
 import subprocess
 import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar
 
@@ -51,12 +51,22 @@ class KafkaBroker(LocalDaemon):
     port: int | None = None
     controller_port: int | None = None
     heap: str = "768m"
+    # SCRAM-SHA-512 users (name -> password): with any, a SASL_PLAINTEXT listener on
+    # `sasl_port` beside the plaintext one (which the broker and the stack's tools use).
+    scram_users: dict[str, str] = field(default_factory=dict)
+    sasl_port: int | None = None
 
     @property
     def bootstrap_servers(self) -> str:
         if self.port is None:
             raise RuntimeError("broker not started")
         return f"127.0.0.1:{self.port}"
+
+    @property
+    def sasl_bootstrap_servers(self) -> str:
+        if self.sasl_port is None:
+            raise RuntimeError("broker not started with scram_users")
+        return f"127.0.0.1:{self.sasl_port}"
 
     def _marker(self) -> Path:
         return self.data_dir
@@ -70,13 +80,18 @@ class KafkaBroker(LocalDaemon):
             return time.monotonic() - began
         self.port = self.port or free_port()
         self.controller_port = self.controller_port or free_port()
+        if self.scram_users:
+            self.sasl_port = self.sasl_port or free_port()
         props = self._write_config()
         logs = self.data_dir / "logs"
         if not (logs / "meta.properties").exists():
+            # SCRAM credentials live in the cluster's metadata, written when it is formatted.
+            scram = [f"--add-scram=SCRAM-SHA-512=[name={name},password={password}]"
+                     for name, password in self.scram_users.items()]
             self._java(
                 "kafka.tools.StorageTool", "format", "--config", str(props),
                 # One form: a random id starting with "-" would read as an option.
-                f"--cluster-id={_cluster_id()}", "--ignore-formatted",
+                f"--cluster-id={_cluster_id()}", "--ignore-formatted", *scram,
             ).check_returncode()
         cmd = self._java_cmd("kafka.Kafka", str(props))
         self._launch(cmd, "broker.stdout", lambda proc: self._wait_ready(began, timeout, proc))
@@ -118,6 +133,14 @@ class KafkaBroker(LocalDaemon):
             # Compaction drills need the cleaner to act within a test, not after hours.
             "log.cleaner.backoff.ms": "500",
         }
+        if self.scram_users:
+            sasl = f"SASL_PLAINTEXT://127.0.0.1:{self.sasl_port}"
+            lines["listeners"] += f",{sasl}"
+            lines["advertised.listeners"] += f",{sasl}"
+            lines["listener.security.protocol.map"] += ",SASL_PLAINTEXT:SASL_PLAINTEXT"
+            lines["sasl.enabled.mechanisms"] = "SCRAM-SHA-512"
+            lines["listener.name.sasl_plaintext.scram-sha-512.sasl.jaas.config"] = (
+                "org.apache.kafka.common.security.scram.ScramLoginModule required;")
         props.write_text("".join(f"{k}={v}\n" for k, v in lines.items()))
         return props
 

@@ -18,6 +18,7 @@ from binlog_assets.config import PipelineConfig
 from binlog_assets.consume.checkpoint import CHANGELOG, Checkpoint, offset_for_timestamp
 from binlog_assets.consume.errors import ErrorPolicy
 from binlog_assets.consume.handlers import HandlerRegistry
+from binlog_assets.consume.preflight import check_cluster
 from binlog_assets.consume.run import BoundedRun, RunSettings, RunSummary
 from binlog_assets.lakehouse.changelog import ChangelogWriter
 from binlog_assets.lakehouse.fence import FencedChangelogSink
@@ -139,6 +140,8 @@ def consume_partitions(
     """Bounded runs of every partition in `keys`, `parallel` at a time, sharing one
     changelog writer and the handlers' clients (opened once for the run). A partition
     that fails does not stop the others: its outcome carries the error."""
+    # Refused credentials fail the run at once, named, instead of empty polls until the end.
+    check_cluster(kafka_conf)
     writer = ChangelogWriter(cfg)
 
     def one(key: str) -> PartitionOutcome:

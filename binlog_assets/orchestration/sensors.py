@@ -63,7 +63,9 @@ def kafka_partition_discovery_sensor(
     from confluent_kafka import Consumer
 
     from binlog_assets.consume.lag import topic_partitions
+    from binlog_assets.consume.preflight import check_cluster
 
+    check_cluster(binlake.kafka_conf())
     consumer = Consumer({**binlake.kafka_conf(), "group.id": "binlake-discovery"})
     try:
         found = [partition_key(t, p) for t, p in
