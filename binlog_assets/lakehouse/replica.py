@@ -377,7 +377,7 @@ class ReplicaBuilder:
                 mapped = "delta.columnMapping.mode" in table_detail(
                     self.spark, *target)["properties"]
                 if change.add and not mapped:
-                    check_unmapped_names([f.name for f in change.add], qualified(*target))
+                    check_unmapped_names([f.name for f in change.add], ".".join(target))
                 apply_changes(self.spark, target, change)
         if (change or not exists) and not rule.append:
             self._create_view(route.replica)
@@ -401,7 +401,7 @@ class ReplicaBuilder:
             properties[PURGED_PROPERTY] = f"{datetime.now(UTC).timestamp():.3f}"
         features = self.config.lakehouse.table_features
         if "column_mapping" not in features:
-            check_unmapped_names([f.name for f in schema], qualified(*target))
+            check_unmapped_names([f.name for f in schema], ".".join(target))
         create_table(self.spark, target, schema,
                      {**properties, **feature_properties(features)})
 

@@ -108,7 +108,9 @@ def test_a_column_name_only_column_mapping_can_hold_is_named(
     config = make_config([{"source": "shop.items", "replica": "items"}])
     part = Partition(ChangelogWriter(config))
     part.write(part.records([[event]]))
-    with pytest.raises(UnsafeIdentifierError, match=r"\['unit price'\].*column_mapping"):
+    with pytest.raises(UnsafeIdentifierError,
+                       match=r"table 'lake_\w+\.items': column\(s\) \['unit price'\]"
+                             r".*column_mapping"):
         ReplicaBuilder(spark, config).apply("items")
 
     mapped = make_config([{"source": "shop.items", "replica": "items"}],

@@ -170,7 +170,10 @@ def _hostile_event(values: dict, position: int, types: dict) -> ChangeEvent:
 
 
 def test_hostile_names_are_replicated_as_data(spark, make_config_each_path: MakeConfig) -> None:
-    config = make_config_each_path([{"source": re.escape(HOSTILE_TABLE), "replica": "weird"}])
+    # Names like these need column mapping, an opt-in (a replica without it refuses
+    # them by name: tests/lakehouse/test_delta_readers.py).
+    config = make_config_each_path([{"source": re.escape(HOSTILE_TABLE), "replica": "weird"}],
+                                   table_features=["column_mapping"])
     db = config.lakehouse.database
     part, builder = setup(spark, config)
     part.writer.ensure_table()
@@ -190,7 +193,10 @@ def test_hostile_names_are_replicated_as_data(spark, make_config_each_path: Make
 @pytest.mark.parametrize("column", ["_op", "new\nline", "Dot.Ted"])
 def test_unusable_names_are_rejected_before_anything_runs(
         spark, make_config_each_path: MakeConfig, column: str) -> None:
-    config = make_config_each_path([{"source": re.escape(HOSTILE_TABLE), "replica": "weird"}])
+    # Names like these need column mapping, an opt-in (a replica without it refuses
+    # them by name: tests/lakehouse/test_delta_readers.py).
+    config = make_config_each_path([{"source": re.escape(HOSTILE_TABLE), "replica": "weird"}],
+                                   table_features=["column_mapping"])
     part, builder = setup(spark, config)
     types = {"id": "bigint", "dot.ted": "string", column: "string"}
     event = _hostile_event({"id": 1, "dot.ted": "x", column: "y"}, 10, types)
