@@ -136,7 +136,7 @@ def generate(spark: SparkSession, config: PipelineConfig, events: int, keys: int
 def _append(rows: DataFrame, name: str) -> None:
     """One changelog commit carrying its survey, as `ChangelogWriter.write` makes them."""
     (rows.write.format("delta").mode("append")
-     .option("userMetadata", commit_metadata("bench", survey_of_frame(rows)))
+     .option("userMetadata", commit_metadata("bench", [list(g) for g in survey_of_frame(rows)]))
      .saveAsTable(name))
 
 

@@ -57,9 +57,13 @@ def topic_partitions(consumer: Consumer, topics: Iterable[str]) -> list[tuple[st
     return out
 
 
-def measure_lag(kafka_conf: dict, group_id: str, topics: Iterable[str]) -> list[PartitionLag]:
+def measure_lag(kafka_conf: dict, group_id: str, topics: Iterable[str], *,
+                check: bool = True) -> list[PartitionLag]:
+    """Lag of every partition of `topics`; `check=False` when the caller has just checked
+    the cluster (`check_cluster`) itself."""
     # Wrong credentials fail here within a second, not as a 30 s metadata timeout.
-    check_cluster(kafka_conf)
+    if check:
+        check_cluster(kafka_conf)
     consumer = Consumer({**kafka_conf, "group.id": group_id, "enable.auto.commit": False})
     try:
         tps = topic_partitions(consumer, topics)
