@@ -209,6 +209,14 @@ class LakehouseConfig(_Model):
         description="opt-in Delta features of new replica tables: deletion_vectors, "
                     "column_mapping, type_widening (README: Table features)")
 
+    vacuum_retention_hours: float = Field(
+        168.0, ge=168,
+        description="VACUUM keeps every file a version this recent needs (Delta refuses "
+                    "less than its 7-day default, and binlake keeps that check)")
+    zorder_replicas: bool = Field(
+        False, description="maintenance clusters each replica by its key (OPTIMIZE ZORDER "
+                           "BY) instead of compacting it only")
+
     @field_validator("table_features")
     @classmethod
     def _no_repeats(cls, features: list[str]) -> list[str]:

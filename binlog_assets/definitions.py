@@ -10,6 +10,10 @@ from binlog_assets.config import load_config
 from binlog_assets.orchestration.changelog_asset import changelog
 from binlog_assets.orchestration.checks import changelog_lag_check, checkpoint_agreement_check
 from binlog_assets.orchestration.kafka_sources import kafka_source_key, kafka_source_specs
+from binlog_assets.orchestration.maintenance import (
+    lakehouse_maintenance_job,
+    lakehouse_maintenance_schedule,
+)
 from binlog_assets.orchestration.replica_assets import build_replica_assets
 from binlog_assets.orchestration.replica_follower import (
     follow_replicas_job,
@@ -52,7 +56,9 @@ with warnings.catch_warnings():
 defs = dg.Definitions(
     assets=ASSETS,
     asset_checks=[changelog_lag_check, checkpoint_agreement_check],
-    jobs=[consume_changelog_job, build_replicas_job, follow_replicas_job],
+    jobs=[consume_changelog_job, build_replicas_job, follow_replicas_job,
+          lakehouse_maintenance_job],
+    schedules=[lakehouse_maintenance_schedule],
     sensors=[kafka_partition_discovery_sensor, kafka_lag_sensor, binlake_automation_sensor,
              replica_follower_sensor],
     resources={"binlake": BinlakeResource()},

@@ -168,7 +168,8 @@ def test_events_to_replicas_to_dbt_through_backfill_and_automation(e2e_env, spar
     try:
         subprocess.run(
             [str(BIN / "dagster"), "job", "backfill", "-w", "workspace.yaml",
-             "-j", "consume_changelog_job", "--partitions", ",".join(keys), "--noprompt"],
+             "--location", "binlake", "-j", "consume_changelog_job",
+             "--partitions", ",".join(keys), "--noprompt"],
             cwd=REPO_ROOT, env=env, check=True, capture_output=True, timeout=300)
 
         with dg.DagsterInstance.from_config(str(home)) as instance:

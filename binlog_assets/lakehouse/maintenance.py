@@ -1,0 +1,89 @@
+"""Table upkeep: compaction and VACUUM of the changelog and the replicas.
+
+Each consumer run adds a small changelog file and each apply rewrites replica files, so
+without compaction reads and MERGEs slow down over a day. The changelog is compacted by
+delta-rs (no JVM) with an empty survey in its commit metadata: the commit adds no rows,
+and replica builds plan from surveys, so one without would make the next apply scan its
+whole range. Replicas (and history tables) are compacted by Spark's `OPTIMIZE`, which
+every table feature supports. VACUUM keeps every file that a version within
+`lakehouse.vacuum_retention_hours` needs (Delta's own check refuses less than its
+`deletedFileRetentionDuration`, 7 days by default, and binlake never turns it off). The
+changelog is vacuumed only once every replica has applied its current version: a replica
+that is behind reads the change feed of older versions, whose files compaction replaced.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from binlog_assets.config import PipelineConfig
+from binlog_assets.lakehouse.changelog import changelog_uri, commit_metadata
+from binlog_assets.lakehouse.delta_log import (
+    delta_rs_uri,
+    open_log,
+    table_detail,
+    table_location,
+)
+from binlog_assets.lakehouse.identifiers import qualified, quote
+from binlog_assets.lakehouse.replica_plan import KEY_PROPERTY
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+
+@dataclass(frozen=True)
+class Upkeep:
+    """What maintenance did to one table."""
+
+    table: str
+    files_before: int
+    bytes_before: int
+    files_after: int
+    bytes_after: int
+    files_vacuumed: int
+    note: str = ""
+
+
+def live_files(location: str) -> tuple[int, int]:
+    """(data files, bytes) of the table's current version, from its log."""
+    sizes = open_log(location).get_add_actions(flatten=True).column("size_bytes").to_pylist()
+    return len(sizes), sum(sizes)
+
+
+def compact_changelog(config: PipelineConfig, *, vacuum: bool) -> Upkeep:
+    """Compact the changelog (delta-rs); vacuum it too when `vacuum`."""
+    from deltalake import CommitProperties, DeltaTable
+
+    uri = changelog_uri(config)
+    before = live_files(uri)
+    table = DeltaTable(delta_rs_uri(uri))
+    table.optimize.compact(commit_properties=CommitProperties(
+        custom_metadata={"userMetadata": commit_metadata("optimize", [])}))
+    removed = (table.vacuum(retention_hours=int(config.lakehouse.vacuum_retention_hours),
+                            dry_run=False) if vacuum else [])
+    after = live_files(uri)
+    note = "" if vacuum else "not vacuumed: a replica has not applied the current version"
+    return Upkeep(qualified(config.lakehouse.database, "changelog"), *before, *after,
+                  len(removed), note)
+
+
+def compact_table(spark: SparkSession, config: PipelineConfig, table: tuple[str, str]
+                  ) -> Upkeep:
+    """OPTIMIZE and VACUUM a replica or history table; with `lakehouse.zorder_replicas`,
+    OPTIMIZE clusters it by its key (`ZORDER BY`)."""
+    location = table_location(spark, *table)
+    before = live_files(location)
+    name = qualified(*table)
+    zorder = []
+    if config.lakehouse.zorder_replicas:
+        properties = table_detail(spark, *table)["properties"]
+        zorder = json.loads(properties.get(KEY_PROPERTY, "[]"))
+    order = f" ZORDER BY ({', '.join(quote(c) for c in zorder)})" if zorder else ""
+    spark.sql(f"OPTIMIZE {name}{order}").collect()
+    hours = int(config.lakehouse.vacuum_retention_hours)
+    # VACUUM answers with the table's path; its DRY RUN lists what it would delete.
+    removed = spark.sql(f"VACUUM {name} RETAIN {hours} HOURS DRY RUN").count()
+    spark.sql(f"VACUUM {name} RETAIN {hours} HOURS").collect()
+    return Upkeep(name, *before, *live_files(location), removed)
