@@ -40,6 +40,8 @@ SchemaEvolution = Literal["evolve", "exception", "ignore"]
 # `merge`: one row per key (the primary key, or `key_columns`), MERGEd by position;
 # `append`: the log of the table's changes, one row per change, no key.
 ReplicaMode = Literal["merge", "append"]
+# What a replica does when its source table (or database) is dropped.
+OnDrop = Literal["truncate", "keep"]
 
 # Matched whole (`fullmatch`): `$` would also match before a trailing newline.
 _IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
@@ -58,7 +60,7 @@ _MAX_KEY_SLOTS = 32_768
 
 
 # Settings of a table config that shape its replica table, equal for all its sources.
-REPLICA_SETTINGS = ("key_columns", "replica_mode", "schema_evolution", "history")
+REPLICA_SETTINGS = ("key_columns", "replica_mode", "schema_evolution", "history", "on_drop")
 
 
 class ConfigError(ValueError):
@@ -84,6 +86,10 @@ class TableConfig(_Model):
                              "replicated as `append` either way, with a warning")
     schema_evolution: SchemaEvolution = "evolve"
     history: bool = Field(False, description="also keep an SCD type 2 history table")
+    on_drop: OnDrop = Field(
+        "truncate", description="when the source table or its database is dropped: "
+                                "`truncate` its rows leave the replica (as a TRUNCATE "
+                                "would); `keep` they stay as they last were")
 
     @field_validator("key_columns")
     @classmethod
@@ -131,7 +137,10 @@ class SourceConfig(_Model):
     """A set of Kafka topics in one change-event format."""
 
     name: Identifier
-    topics: tuple[str, ...] = Field(min_length=1)
+    topics: tuple[str, ...] = Field(
+        min_length=1, description="topic names; one starting with `^` is a regex (as in "
+                                  "Kafka's subscriptions) over the cluster's topics, so a "
+                                  "new table's topic joins without a config change")
     format: Format = "debezium"
     ordering: Ordering = ORDERING_KEY
     lanes: int = Field(defaults.LANES, ge=1, le=4096, description="events handled at once, at most")
@@ -156,6 +165,22 @@ class SourceConfig(_Model):
         None, description="`package.module:attribute` naming the HandlerRegistry whose "
                           "handlers this source's events go through")
 
+
+    @field_validator("topics")
+    @classmethod
+    def _patterns_compile(cls, v: tuple[str, ...]) -> tuple[str, ...]:
+        for topic in v:
+            if topic.startswith("^"):
+                try:
+                    re.compile(topic)
+                except re.error as e:
+                    raise ValueError(f"{topic!r} is not a valid topic regex: {e}") from e
+        return v
+
+    def matches(self, topic: str) -> bool:
+        """Whether `topic` is one of this source's: named, or matched by a `^` regex."""
+        return topic in self.topics or any(
+            t.startswith("^") and re.match(t, topic) for t in self.topics)
 
     @model_validator(mode="after")
     def _slots_bounded(self) -> SourceConfig:
@@ -365,8 +390,9 @@ class PipelineConfig(_Model):
         raise KeyError(f"no source named {name!r}; configured: {[s.name for s in self.sources]}")
 
     def source_for_topic(self, topic: str) -> SourceConfig:
-        for s in self.sources:
-            if topic in s.topics:
+        # A name wins over a regex; between regexes, the first source listed.
+        for s in [*(s for s in self.sources if topic in s.topics), *self.sources]:
+            if s.matches(topic):
                 return s
         raise KeyError(f"topic {topic!r} belongs to no configured source")
 

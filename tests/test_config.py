@@ -24,6 +24,10 @@ def test_repository_default_config_is_valid() -> None:
         ({"lakehouse": {"database": "bad; drop"}}, "lakehouse.database"),
         ({"sources": [{"name": "s", "topics": []}]}, "sources[0].topics"),
         ({"sources": [{"name": "s", "topics": ["t"], "format": "avro"}]}, "sources[0].format"),
+        ({"sources": [{"name": "s", "topics": ["^shop\\.(orders"]}]}, "sources[0].topics"),
+        ({"sources": [{"name": "s", "topics": ["t"],
+                       "tables": [{"source": "a.b", "replica": "r", "on_drop": "delete"}]}]},
+         "sources[0].tables[0].on_drop"),
         ({"sources": [{"name": "s", "topics": ["t"], "lanes": 0}]}, "sources[0].lanes"),
         ({"sources": [{"name": "s", "topics": ["t"],
                        "tables": [{"source": "a.b", "replica": "r", "ordering": "row"}]}]},
@@ -155,3 +159,15 @@ def test_a_missing_variable_fails_at_load_naming_the_field_and_the_variable(
                      origin="binlake.yaml")
     assert str(err.value) == ("binlake.yaml: kafka.sasl.password: environment variable "
                               "KAFKA_PASSWORD_UNSET_X is not set")
+
+
+def test_topic_regexes_find_their_source_names_first() -> None:
+    cfg = parse_config({"sources": [
+        {"name": "shards", "topics": [r"^shop\.shop_\d+\.orders$"]},
+        {"name": "one", "topics": ["shop.shop_7.orders", "other"]},
+    ]})
+    assert cfg.source_for_topic("shop.shop_3.orders").name == "shards"
+    assert cfg.source_for_topic("shop.shop_7.orders").name == "one"  # named beats regex
+    assert not cfg.sources[0].matches("shop.shop_3.orders_old")
+    with pytest.raises(KeyError, match="belongs to no configured source"):
+        cfg.source_for_topic("shop.customers")

@@ -13,6 +13,7 @@ what `get_watermark_offsets(cached=False)` returns for one partition. A sensor t
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -46,10 +47,18 @@ class PartitionLag:
 
 
 def topic_partitions(consumer: Consumer, topics: Iterable[str]) -> list[tuple[str, int]]:
-    """Existing partitions of `topics` (a topic that does not exist yet has none)."""
+    """Existing partitions of `topics` (a topic that does not exist yet has none); an
+    entry starting with `^` is a regex over the cluster's topics (internal ones aside)."""
     meta = consumer.list_topics(timeout=30)
-    out = []
+    names: list[str] = []
     for topic in topics:
+        if topic.startswith("^"):
+            names += sorted(n for n in meta.topics
+                            if not n.startswith("__") and re.match(topic, n))
+        else:
+            names.append(topic)
+    out = []
+    for topic in dict.fromkeys(names):
         t = meta.topics.get(topic)
         if t is None or t.error is not None:
             continue

@@ -35,6 +35,7 @@ from binlog_assets.formats.base import (
     split_key_change,
 )
 from binlog_assets.formats.event import (
+    DATABASE_WIDE,
     OP_DDL,
     OP_DELETE,
     OP_READ,
@@ -44,6 +45,7 @@ from binlog_assets.formats.event import (
     PHASE_STREAM,
     ChangeEvent,
     Position,
+    dropped_database,
 )
 from binlog_assets.formats.mysql_types import mysql_type, time_text
 
@@ -475,6 +477,11 @@ class DebeziumDecoder(ChangeDecoder):
                 ChangeEvent(table, OP_DDL, (), columns, None, None, position, source_ts,
                             topic, partition, offset, index, ddl, column_types or None)
             )
+        if not events and type(database) is str and dropped_database(ddl) == database:
+            # Debezium lists no tables for a dropped database; replicas still must know.
+            events.append(
+                ChangeEvent(f"{database}.{DATABASE_WIDE}", OP_DDL, (), (), None, None,
+                            position, source_ts, topic, partition, offset, 0, ddl))
         if not events:
             if not (database and source.get("table")):
                 return self._skip("debezium:ddl_without_table")

@@ -27,6 +27,22 @@ PHASE_STREAM = 1
 
 _BINLOG_SUFFIX = re.compile(r"\.(\d+)$")
 
+# A statement on a whole database has no table: its DDL event's table is `db.*`. Only
+# DROP DATABASE is kept (replicas act on it); the others change no replica.
+DATABASE_WIDE = "*"
+_DROP_DATABASE = re.compile(
+    r"^\s*DROP\s+(?:DATABASE|SCHEMA)\s+(?:IF\s+EXISTS\s+)?(`(?:[^`]|``)+`|[A-Za-z0-9_$]+)",
+    re.I)
+
+
+def dropped_database(ddl: str) -> str | None:
+    """The database a `DROP DATABASE` statement drops, else None."""
+    m = _DROP_DATABASE.match(ddl)
+    if m is None:
+        return None
+    name = m.group(1)
+    return name[1:-1].replace("``", "`") if name.startswith("`") else name
+
 
 class DecodeError(ValueError):
     """A message that cannot become ChangeEvents; the message says which field is wrong."""

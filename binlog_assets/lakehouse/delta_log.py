@@ -195,12 +195,23 @@ def create_table(spark: SparkSession, table: tuple[str, str], schema: T.StructTy
     """`CREATE TABLE IF NOT EXISTS ... USING DELTA` with `schema` and `properties`."""
     columns = ", ".join(f"{quote(f.name)} {f.dataType.simpleString()}"
                         + ("" if f.nullable else " NOT NULL") for f in schema)
-    props = ", ".join(f"{_literal(k)} = {_literal(v)}" for k, v in properties.items())
+    props = _properties_sql(properties)
     spark.sql(f"CREATE DATABASE IF NOT EXISTS {qualified(table[0])}")
     spark.sql(f"CREATE TABLE IF NOT EXISTS {qualified(*table)} ({columns}) USING DELTA"
               + (f" TBLPROPERTIES ({props})" if props else ""))
 
 
-def _literal(text: str) -> str:
+def set_properties(spark: SparkSession, table: tuple[str, str], properties: dict[str, str]
+                   ) -> None:
+    """`ALTER TABLE ... SET TBLPROPERTIES` (one commit), any text as the values."""
+    spark.sql(f"ALTER TABLE {qualified(*table)} SET TBLPROPERTIES "
+              f"({_properties_sql(properties)})")
+
+
+def _properties_sql(properties: dict[str, str]) -> str:
+    return ", ".join(f"{sql_string(k)} = {sql_string(v)}" for k, v in properties.items())
+
+
+def sql_string(text: str) -> str:
     """`text` as a Spark SQL string literal (backslash escapes, as Spark parses them)."""
     return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"

@@ -53,8 +53,10 @@ Replica table `<database>.<replica>`: `_source_db`, `_source_table` (in the key 
 replica gathers several source tables), the key columns, the source columns, then
 `_position`, `_op` (c/u/r live, d tombstone, t truncate marker), `_source_ts` (source
 commit time) and `_applied_at` (when this apply wrote the row). Live rows are the view
-`<database>.<replica>_current` (`_op` not in d, t): what dbt reads. Tables use Delta
-column mapping (any source column name), type widening and deletion vectors.
+`<database>.<replica>_current` (`_op` not in d, t): what dbt reads. Delta's column
+mapping, type widening and deletion vectors are opt-in (`lakehouse.table_features`).
+Renames and drops of columns and tables, read from the batch's DDL, are
+`replica_ddl.py`'s.
 With `history: true`, `<database>.<replica>_history` keeps SCD type 2 versions
 (`history.py`).
 
@@ -89,11 +91,13 @@ from binlog_assets.lakehouse.columns import (
     split_table,
     working_column,
 )
+from binlog_assets.lakehouse.ddl import DdlPlan
 from binlog_assets.lakehouse.delta_log import (
     create_table,
     forget,
     merge_aliases,
     metrics_since,
+    set_properties,
     stored_rows,
     table_detail,
     table_exists,
@@ -101,6 +105,18 @@ from binlog_assets.lakehouse.delta_log import (
     txn_version,
 )
 from binlog_assets.lakehouse.identifiers import check_unmapped_names, col, qualified
+from binlog_assets.lakehouse.replica_ddl import (
+    SOURCES_PROPERTY,
+    Sources,
+    drop_columns,
+    drop_markers,
+    drop_stale,
+    move_renamed_values,
+    move_table_rows,
+    plan_columns,
+    read_ddl,
+    track_sources,
+)
 from binlog_assets.lakehouse.replica_plan import (
     APPEND_ONLY,
     KEY_PROPERTY,
@@ -259,7 +275,9 @@ class ReplicaBuilder:
 
         batch = read_changelog(spark, self.config, start, up_to)
         survey = survey_batch(spark, self.config, batch, route, start, up_to)
-        rule = key_rule(route, survey, props) if survey.tables else None
+        ddl = read_ddl(batch, route) if survey.ddl and props else DdlPlan()
+        # A dropped database or a table renamed away names no table routed here.
+        rule = key_rule(route, survey, props) if survey.tables or ddl else None
         if rule is None or (not survey.rows and not props):
             # Nothing for this replica (or only truncates of a table whose key is not
             # known yet, which leave nothing to build). An empty MERGE would move its
@@ -278,7 +296,7 @@ class ReplicaBuilder:
 
         now = datetime.now(UTC)
         key = rule.key
-        changes = self._prepare_tables(route, survey, rule)
+        changes, sources = self._prepare_tables(route, survey, rule, ddl, props)
         columns = self._source_columns(replica_table)
         if rule.append:
             from binlog_assets.lakehouse.append_replica import append_changes
@@ -296,6 +314,8 @@ class ReplicaBuilder:
             return self._result(route, survey, up_to, rule, changes, written=written)
 
         rows = keyed_rows(batch, route, survey, key, columns)
+        if route.on_drop == "truncate":
+            rows = drop_markers(spark, rows, sources, survey)
         if route.history:
             from binlog_assets.lakehouse.history import merge_history
 
@@ -341,14 +361,15 @@ class ReplicaBuilder:
         return (dict(detail["properties"] or {}), int(detail["numFiles"] or 0),
                 str(detail["location"]))
 
-    def _prepare_tables(self, route: ReplicaRoute, survey: Survey, rule: Rule
-                        ) -> list[str]:
-        """Create or evolve the replica (and history) for the batch's columns.
+    def _prepare_tables(self, route: ReplicaRoute, survey: Survey, rule: Rule,
+                        ddl: DdlPlan, props: dict[str, str]) -> tuple[list[str], Sources]:
+        """Create or evolve the replica (and history) for the batch's columns, and do
+        what its DDL asks of the replica's columns and rows (`replica_ddl.py`).
 
-        Returns a description of each change made. Schema changes commit before the MERGE;
-        they are idempotent, so a crash in between is harmless. An append-only replica has
-        neither a history (it is one) nor a view of live rows (without a key there are
-        none to tell apart).
+        Returns a description of each change made, and the replica's source tables.
+        Schema changes commit before the MERGE; they are idempotent, so a crash in
+        between is harmless. An append-only replica has neither a history (it is one)
+        nor a view of live rows (without a key there are none to tell apart).
         """
         source_key = [k for k in rule.key if k not in SOURCE_KEY_COLUMNS]
         missing = [k for k in source_key if k not in survey.declared
@@ -359,6 +380,11 @@ class ReplicaBuilder:
             raise ReplicaError(f"replica {route.replica!r}: no type known for key column(s) "
                                f"{missing} in {survey.tables[:5]}")
         current = self._source_columns(table) if exists else {}
+        sources = track_sources(props, survey, ddl, route,
+                                self._held_tables(table) if exists and not props.get(
+                                    SOURCES_PROPERTY) else [])
+        if exists:
+            drop_stale(survey, sources)
         # A new table takes every column of the batch, whatever the mode: there is no
         # schema yet to keep.
         change = plan_changes(current, survey.declared, survey.inferred,
@@ -372,19 +398,45 @@ class ReplicaBuilder:
         for target in targets:
             if not table_exists(self.spark, *target):
                 self._create(target, route, source_key, change, rule.name,
-                             history=target != table)
+                             history=target != table, sources=sources)
             elif change:
                 mapped = "delta.columnMapping.mode" in table_detail(
                     self.spark, *target)["properties"]
                 if change.add and not mapped:
                     check_unmapped_names([f.name for f in change.add], ".".join(target))
                 apply_changes(self.spark, target, change)
-        if (change or not exists) and not rule.append:
+        structural = False
+        if exists and ddl and not rule.append:
+            described_ddl, structural = self._apply_ddl(table, route, rule, ddl, sources,
+                                                        survey)
+            described += described_ddl
+        if exists and (sources.changed or SOURCES_PROPERTY not in props):
+            set_properties(self.spark, table, {SOURCES_PROPERTY: sources.property_value()})
+        if (change or structural or not exists) and not rule.append:
             self._create_view(route.replica)
-        return described
+        return described, sources
+
+    def _apply_ddl(self, table: tuple[str, str], route: ReplicaRoute, rule: Rule,
+                   ddl: DdlPlan, sources: Sources, survey: Survey) -> tuple[list[str], bool]:
+        """Renames and drops (`replica_ddl.py`); (descriptions, whether columns changed)."""
+        current = self._source_columns(table)
+        columns = plan_columns(current, ddl, sources, survey, rule.key, route)
+        described = columns.describe()
+        if columns.renames:
+            move_renamed_values(self.spark, table, columns.renames, current)
+        if columns.drops:
+            mapped = "delta.columnMapping.mode" in table_detail(self.spark, *table)[
+                "properties"]
+            drop_columns(self.spark, table, columns.drops, mapped=mapped)
+        described += move_table_rows(self.spark, table, ddl, route, rule.key)
+        verb = "its rows leave the replica" if route.on_drop == "truncate" else "rows kept"
+        described += [f"drop table {t}: {verb}" for t, _ in sources.dropped]
+        described += sources.notes
+        return described, bool(columns.renames or columns.drops)
 
     def _create(self, target: tuple[str, str], route: ReplicaRoute, source_key: list[str],
-                change: SchemaChange, rule: str, *, history: bool) -> None:
+                change: SchemaChange, rule: str, *, history: bool, sources: Sources
+                ) -> None:
         from binlog_assets.lakehouse.history import HISTORY_METADATA
 
         columns = change.columns
@@ -397,6 +449,7 @@ class ReplicaBuilder:
         properties = {KEY_PROPERTY: json.dumps(source_key), RULE_PROPERTY: rule,
                       SHARDED_PROPERTY: str(route.sharded).lower()}
         if not history:
+            properties[SOURCES_PROPERTY] = sources.property_value()
             # A new table has no tombstone to purge for a while.
             properties[PURGED_PROPERTY] = f"{datetime.now(UTC).timestamp():.3f}"
         features = self.config.lakehouse.table_features
@@ -412,6 +465,13 @@ class ReplicaBuilder:
             f"CREATE OR REPLACE VIEW {qualified(*self.current_view_name(replica))} AS "
             f"SELECT * FROM {qualified(*self.table_name(replica))} "
             f"WHERE _op NOT IN ('{OP_DELETE}', '{OP_TRUNCATE}')")
+
+    def _held_tables(self, table: tuple[str, str]) -> list[str]:
+        """The source tables an existing replica holds rows of (one job, once: replicas
+        record their source tables from then on)."""
+        rows = (self.spark.table(qualified(*table)).select("_source_db", "_source_table")
+                .distinct().collect())
+        return [f"{r[0]}.{r[1]}" for r in rows if r[0] is not None and r[1] is not None]
 
     def _source_columns(self, table: tuple[str, str]) -> dict[str, T.DataType]:
         """The replica's key and source columns with their types, in table order."""

@@ -11,12 +11,19 @@ takes a rebuild, and the error says so.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from pyspark.sql import types as T
 
-from binlog_assets.formats.event import OP_CREATE, OP_DELETE, OP_READ, OP_TRUNCATE, OP_UPDATE
+from binlog_assets.formats.event import (
+    OP_CREATE,
+    OP_DDL,
+    OP_DELETE,
+    OP_READ,
+    OP_TRUNCATE,
+    OP_UPDATE,
+)
 from binlog_assets.lakehouse.changelog_reader import read_survey, survey_of_frame
 from binlog_assets.lakehouse.identifiers import check_columns
 from binlog_assets.lakehouse.routing import SOURCE_KEY_COLUMNS, ReplicaRoute
@@ -74,6 +81,12 @@ class Survey:
     truncates: dict[str, tuple[int, ...]]  # db.table -> highest truncate position
     upserts: int = 0
     deletes: int = 0
+    # db.table -> (position, lower-case columns) of its latest declared definition
+    table_columns: dict[str, tuple[tuple[int, ...], list[str]]] = field(default_factory=dict)
+    # Whether the batch holds any DDL (a rename or drop may concern the replica).
+    ddl: bool = False
+    # Replica column (lower-case) -> former names a renamed column has in older images.
+    aliases: dict[str, list[str]] = field(default_factory=dict)
 
 
 def survey_batch(spark: SparkSession, config: PipelineConfig, batch: DataFrame,
@@ -89,9 +102,16 @@ def survey_batch(spark: SparkSession, config: PipelineConfig, batch: DataFrame,
     # Earliest first, so that the column order of a new table is the source's.
     for table, op, column_types, value_types, key_columns, n, last in sorted(
             groups, key=lambda g: g.last):
+        survey.ddl = survey.ddl or op == OP_DDL
         if table not in routed:
             continue
         last = tuple(last)
+        if column_types and op != OP_TRUNCATE:
+            # Sorted by position: the last group seen is the table's latest definition
+            # (with the image fields it did not declare).
+            survey.table_columns[table] = (last, [
+                c.lower() for types in (column_types, value_types) if types
+                for c in json.loads(types)])
         if op in LIVE_OPS:
             survey.upserts += n
         elif op == OP_DELETE:

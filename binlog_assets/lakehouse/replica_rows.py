@@ -191,6 +191,11 @@ def column_spellings(columns: dict[str, T.DataType], survey: Survey) -> dict[str
         names = spellings.get(name.lower())
         if names is not None and name not in names:
             names.append(name)
+    # A renamed column's older images still name it the old way (after the new name:
+    # an image has one or the other), unless the old name is a replica column itself.
+    for lower, names in spellings.items():
+        names += [old for old in survey.aliases.get(lower, ())
+                  if old.lower() not in spellings and old not in names]
     return spellings
 
 

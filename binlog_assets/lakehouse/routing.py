@@ -17,7 +17,13 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from binlog_assets.config import PipelineConfig, ReplicaMode, SchemaEvolution, TableConfig
+from binlog_assets.config import (
+    OnDrop,
+    PipelineConfig,
+    ReplicaMode,
+    SchemaEvolution,
+    TableConfig,
+)
 
 _EXACT_NAME = re.compile(r"[\w$]+\.[\w$]+")
 
@@ -35,6 +41,7 @@ class ReplicaRoute:
     schema_evolution: SchemaEvolution
     history: bool
     sharded: bool
+    on_drop: OnDrop
     _exact: frozenset[str]
     _patterns: tuple[re.Pattern[str], ...]
 
@@ -75,6 +82,7 @@ def _route(replica: str, tables: list[TableConfig]) -> ReplicaRoute:
         replica_mode=first.replica_mode,
         schema_evolution=first.schema_evolution,
         history=first.history,
+        on_drop=first.on_drop,
         sharded=bool(patterns) or len(tables) > 1,
         _exact=exact,
         _patterns=patterns,

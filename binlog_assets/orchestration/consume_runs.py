@@ -170,5 +170,5 @@ def _registries(cfg: PipelineConfig, keys: Sequence[str],
     if handlers is not None:
         return [handlers]
     topics = {parse_partition_key(k)[0] for k in keys}
-    found = (s.handler_registry() for s in cfg.sources if topics.intersection(s.topics))
+    found = (s.handler_registry() for s in cfg.sources if any(map(s.matches, topics)))
     return list({id(r): r for r in found}.values())

@@ -73,6 +73,10 @@ def replica_metadata(result, live_rows: int | None) -> dict[str, dg.MetadataValu
         md["key_rule"] = dg.MetadataValue.text(result.key_rule)
     if result.warning:
         md["warning"] = dg.MetadataValue.text(result.warning)
+    if result.schema_changes:
+        # What the source's DDL did to the replica, as the apply made it (README: Schema
+        # changes).
+        md["schema_changes"] = dg.MetadataValue.json(list(result.schema_changes))
     return md
 
 

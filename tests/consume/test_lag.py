@@ -27,7 +27,7 @@ from confluent_kafka import (
 from confluent_kafka.admin import AdminClient
 
 from binlog_assets.consume import lag
-from binlog_assets.consume.lag import PartitionLag, measure_lag
+from binlog_assets.consume.lag import PartitionLag, measure_lag, topic_partitions
 from binlog_assets.dev.kafka import KafkaBroker, create_topic
 
 
@@ -243,3 +243,10 @@ def test_a_partition_error_raises_and_the_consumer_is_closed(
     with pytest.raises(KafkaException):
         measure_lag({}, "g", ["a"])
     assert fake_consumer.instances[0].closed
+
+
+def test_topic_regexes_expand_over_the_cluster_topics() -> None:
+    consumer = FakeConsumer({})
+    # `^a$` matches `a` only; `broken` (an errored topic) and unknown names give nothing.
+    assert topic_partitions(consumer, ["^a$", "a", "missing"]) == [("a", 0), ("a", 1), ("a", 2)]
+    assert topic_partitions(consumer, ["^b"]) == []

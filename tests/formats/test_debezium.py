@@ -408,3 +408,14 @@ def test_transaction_metadata_records_are_skipped():
     decoder = DebeziumDecoder()
     assert decoder.decode(encode({"status": "BEGIN", "id": "571:53195829", "ts_ms": 1})) == []
     assert decoder.skipped == {"debezium:transaction": 1}
+
+
+def test_drop_database_becomes_a_database_wide_ddl_event():
+    # Debezium lists no tableChanges for DROP DATABASE; replicas of its tables must know.
+    decoder = DebeziumDecoder()
+    record = {"source": {"db": "inventory", "file": "mysql-bin.000004", "pos": 4},
+              "databaseName": "inventory", "ddl": "DROP DATABASE `inventory`",
+              "tableChanges": []}
+    [event] = decoder.decode(encode(record), offset=5)
+    assert (event.op, event.table, event.ddl) == ("ddl", "inventory.*", record["ddl"])
+    assert decoder.skipped == {}

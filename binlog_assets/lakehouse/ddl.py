@@ -1,0 +1,138 @@
+"""What a batch's DDL events say a replica must do, beyond the columns they declare.
+
+A DDL event carries the table's definition after the statement (its columns and their
+types, `column_types`) and the statement's text. The definition is enough to add and
+widen columns; renames and drops are only in the text, so they are read from it here:
+
+- `RENAME COLUMN a TO b`, `CHANGE [COLUMN] a b <type>`: the values of `a` move to `b`
+  (a drop of `a` and an add of `b` would lose every row not changed since).
+- A definition without a column the replica has: the column is dropped (by
+  `plan_drops`, once no source table of the replica still has it).
+- `RENAME TABLE a TO b` / `ALTER TABLE a RENAME [TO|AS] b`: the rows of `a` become rows
+  of `b` when both feed the replica; otherwise the replica loses `a` as if dropped.
+- `DROP TABLE a`, `DROP DATABASE d`: the replica does what its `on_drop` says.
+
+Only these statement shapes are read; anything else a statement does is described by
+the definition it produced (MariaDB and MySQL print DDL back as the user wrote it, so
+the forms above are matched case-insensitively with optional quoting).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+
+from binlog_assets.formats.event import DATABASE_WIDE, dropped_database
+
+_NAME = r"(?:`(?:[^`]|``)+`|[A-Za-z0-9_$]+)"
+_QUALIFIED = rf"{_NAME}(?:\s*\.\s*{_NAME})?"
+_RENAME_COLUMN = re.compile(rf"\bRENAME\s+COLUMN\s+({_NAME})\s+TO\s+({_NAME})", re.I)
+_CHANGE_COLUMN = re.compile(
+    rf"\bCHANGE\s+(?:COLUMN\s+)?(?:IF\s+EXISTS\s+)?({_NAME})\s+({_NAME})", re.I)
+_RENAME_TABLE = re.compile(r"^\s*RENAME\s+TABLES?\s+(.*)$", re.I | re.S)
+_RENAME_PAIR = re.compile(rf"({_QUALIFIED})\s+TO\s+({_QUALIFIED})", re.I)
+_ALTER_RENAME = re.compile(
+    rf"^\s*ALTER\s+(?:ONLINE\s+|IGNORE\s+)*TABLE\s+(?:IF\s+EXISTS\s+)?({_QUALIFIED})"
+    rf".*?\bRENAME\s+(?:TO\s+|AS\s+)?({_QUALIFIED})\s*(?:,|$)", re.I | re.S)
+_DROP_TABLE = re.compile(r"^\s*DROP\s+(?:TEMPORARY\s+)?TABLES?\b", re.I)
+
+
+def _unquote(name: str) -> str:
+    name = name.strip()
+    if name.startswith("`") and name.endswith("`"):
+        return name[1:-1].replace("``", "`")
+    return name
+
+
+def _qualify(name: str, database: str) -> str:
+    parts = [_unquote(p) for p in re.findall(_NAME, name)]
+    return ".".join(parts) if len(parts) > 1 else f"{database}.{parts[0]}"
+
+
+@dataclass(frozen=True)
+class DdlEvent:
+    """One DDL row of the changelog: `table` is `db.table` (`db.*` for a database-wide
+    statement), `columns` its canonical types after the statement (None when not given)."""
+
+    table: str
+    position: tuple[int, ...]
+    ddl: str
+    columns: dict[str, str] | None = None
+    source_ts: int | None = None
+
+    @classmethod
+    def from_row(cls, table: str, position: tuple, ddl: str | None,
+                 column_types: str | None, source_ts: int | None = None) -> DdlEvent:
+        return cls(table, tuple(position), ddl or "",
+                   json.loads(column_types) if column_types else None, source_ts)
+
+    @property
+    def database(self) -> str:
+        return self.table.split(".", 1)[0]
+
+
+@dataclass
+class DdlPlan:
+    """What a batch's DDL asks of one replica, in binlog order."""
+
+    # (db.table, old column, new column, position of the rename)
+    column_renames: list[tuple[str, str, str, tuple[int, ...]]] = field(default_factory=list)
+    # db.table -> its columns (lower-case) by its latest definition in the batch
+    definitions: dict[str, tuple[tuple[int, ...], list[str]]] = field(default_factory=dict)
+    # (old db.table, new db.table, position)
+    table_renames: list[tuple[str, str, tuple[int, ...]]] = field(default_factory=list)
+    # db.table (or db.* for DROP DATABASE) -> position of its drop
+    drops: dict[str, tuple[int, ...]] = field(default_factory=dict)
+
+    def __bool__(self) -> bool:
+        return bool(self.column_renames or self.definitions or self.table_renames
+                    or self.drops)
+
+
+def column_renames(ddl: str) -> list[tuple[str, str]]:
+    """(old, new) of each column the statement renames, in statement order."""
+    found = [(m.start(), _unquote(m.group(1)), _unquote(m.group(2)))
+             for pattern in (_RENAME_COLUMN, _CHANGE_COLUMN) for m in pattern.finditer(ddl)]
+    return [(old, new) for _, old, new in sorted(found) if old.lower() != new.lower()]
+
+
+def table_renames(ddl: str, database: str) -> list[tuple[str, str]]:
+    """(old db.table, new db.table) of each table the statement renames."""
+    m = _RENAME_TABLE.match(ddl)
+    if m is not None:
+        return [(_qualify(a, database), _qualify(b, database))
+                for a, b in _RENAME_PAIR.findall(m.group(1))]
+    m = _ALTER_RENAME.match(ddl)
+    if m is not None and not re.search(r"\bRENAME\s+(?:COLUMN|INDEX|KEY)\b", m.group(0), re.I):
+        return [(_qualify(m.group(1), database), _qualify(m.group(2), database))]
+    return []
+
+
+def plan_ddl(events: list[DdlEvent], routed) -> DdlPlan:  # noqa: ANN001 - routed: str -> bool
+    """The plan for a replica whose source tables are those `routed(db.table)` accepts.
+
+    A rename of a routed table is kept whichever way it goes (into or out of the
+    replica); a database drop is kept as `db.*`, for the replica to match its tables.
+    """
+    plan = DdlPlan()
+    for e in sorted(events, key=lambda e: e.position):
+        database = dropped_database(e.ddl)
+        if database is not None:
+            plan.drops[f"{database}.{DATABASE_WIDE}"] = e.position
+            continue
+        renamed = table_renames(e.ddl, e.database)
+        for old, new in renamed:
+            if routed(old) or routed(new):
+                plan.table_renames.append((old, new, e.position))
+        if not routed(e.table):
+            continue
+        if _DROP_TABLE.match(e.ddl):
+            plan.drops[e.table] = e.position
+            plan.definitions.pop(e.table, None)
+            continue
+        for old, new in column_renames(e.ddl):
+            plan.column_renames.append((e.table, old, new, e.position))
+        if e.columns is not None:
+            plan.definitions[e.table] = (e.position, [c.lower() for c in e.columns])
+    return plan

@@ -1,0 +1,286 @@
+"""Renames and drops in a replica: what a batch's DDL asks (`ddl.py`), done in Spark.
+
+A replica records the columns of each of its source tables (`binlake.source_columns`,
+by the latest definition a DDL event or a row's declared schema gave, with its
+position). From that record and the batch's DDL, under `schema_evolution: evolve`:
+
+- a renamed column gets the old column's values for every row of its table older than
+  the rename (newer rows already hold the new name), and older images still in the
+  batch are read under the old name;
+- a column no source table has any more, after a DDL event in the batch, is dropped:
+  metadata-only with column mapping, else by rewriting the table once;
+- a renamed table whose old and new names both feed the replica has its rows moved
+  to the new name (a row the new name already holds is newer and wins);
+- a dropped table (a database drop: each of its tables the replica knows), or one
+  renamed to a name the replica does not take, follows `on_drop`: `truncate` treats
+  the drop as a TRUNCATE at its position, `keep` leaves the rows as they last were.
+
+`exception` refuses renames and drops of columns as it refuses any other column change;
+`ignore` leaves the columns as they are. History tables keep every column they ever
+had (a renamed column's new name is added). Append-only replicas, the log of the
+changes, keep theirs too. A rows image older than a drop can reach an apply after it
+(the schema-change topic and the row topics are consumed apart): the record's
+positions tell it is stale, so it never re-adds a dropped column.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from pyspark.sql import functions as F
+from pyspark.sql import types as T
+
+from binlog_assets.formats.event import DATABASE_WIDE, OP_DDL, OP_TRUNCATE
+from binlog_assets.lakehouse.columns import (
+    POSITION_FIELDS,
+    changelog_position,
+    key_match,
+    split_table,
+)
+from binlog_assets.lakehouse.ddl import DdlEvent, DdlPlan, plan_ddl
+from binlog_assets.lakehouse.delta_log import merge_aliases, sql_string
+from binlog_assets.lakehouse.identifiers import qualified, quote
+from binlog_assets.lakehouse.replica_plan import Survey
+from binlog_assets.lakehouse.routing import SOURCE_KEY_COLUMNS, ReplicaRoute
+from binlog_assets.lakehouse.schema import SchemaEvolutionError
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+
+SOURCES_PROPERTY = "binlake.source_columns"
+# table -> (position of its latest definition, its lower-case columns; None: not known)
+Known = dict[str, tuple[tuple[int, ...], list[str] | None]]
+
+
+def read_ddl(batch: DataFrame, route: ReplicaRoute) -> DdlPlan:
+    """The batch's DDL events (few: one small job) planned for the replica."""
+    rows = (batch.where(F.col("op") == OP_DDL)
+            .select("table", changelog_position().alias("_p"), "ddl", "column_types",
+                    "source_ts").collect())
+    return plan_ddl([DdlEvent.from_row(r["table"], tuple(r["_p"]), r["ddl"],
+                                       r["column_types"], r["source_ts"]) for r in rows],
+                    route.matches)
+
+
+@dataclass
+class Sources:
+    """The replica's record of its source tables, before and after this batch."""
+
+    stored: Known
+    known: Known
+    # (db.table, position) of each table drop the replica acts on, in binlog order
+    dropped: list[tuple[str, tuple[int, ...]]] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def changed(self) -> bool:
+        return self.known != self.stored
+
+    def property_value(self) -> str:
+        return json.dumps({t: [list(p), c] for t, (p, c) in sorted(self.known.items())},
+                          separators=(",", ":"))
+
+    def columns(self, tables: list[str]) -> set[str] | None:
+        """Every column some source table has (lower-case); None while one of them, or
+        one of `tables` (the batch's), is unknown (a format that declares no types)."""
+        if not self.known or any(t not in self.known for t in tables):
+            return None
+        out: set[str] = set()
+        for _, cols in self.known.values():
+            if cols is None:
+                return None
+            out.update(cols)
+        return out
+
+
+def track_sources(props: dict[str, str], survey: Survey, plan: DdlPlan,
+                  route: ReplicaRoute, seed: list[str]) -> Sources:
+    """The record updated by the batch: definitions newer than the stored ones win, and
+    renamed and dropped tables leave it. `seed` are the tables an existing replica held
+    before it kept a record (their columns unknown until their next definition)."""
+    raw = json.loads(props[SOURCES_PROPERTY]) if SOURCES_PROPERTY in props else {
+        t: [[], None] for t in seed}
+    stored: Known = {t: (tuple(p), c) for t, (p, c) in raw.items()}
+    known = dict(stored)
+    for table, (pos, cols) in [*survey.table_columns.items(), *plan.definitions.items()]:
+        # The position moves only with the columns: the record is a table property,
+        # written (a commit) only when a table's columns change.
+        if table not in known or (pos >= known[table][0] and cols != known[table][1]):
+            known[table] = (pos, cols)
+    sources = Sources(stored, known)
+    # Renames and drops in binlog order: a table renamed within the replica and then
+    # dropped with its database is dropped under its new name.
+    steps = sorted([*((p, "drop", t, None) for t, p in plan.drops.items()),
+                    *((p, "rename", old, new) for old, new, p in plan.table_renames)],
+                   key=lambda s: s[0])
+    for pos, kind, name, new in steps:
+        if kind == "rename" and route.matches(name) and route.matches(new):
+            if name in known:  # the rows move with `move_table_rows`
+                entry = known.pop(name)
+                known.setdefault(new, entry)
+            continue
+        if kind == "rename" and not route.matches(name):
+            sources.notes.append(
+                f"table {name} renamed to {new}: its rows from before the rename are not "
+                f"in the replica (re-snapshot {new} to bring them)")
+            continue
+        db, table = split_table(name)
+        targets = (sorted(t for t in known if split_table(t)[0] == db)
+                   if table == DATABASE_WIDE else [name])
+        for target in targets:
+            # A table created again after the drop keeps its new definition; its rows
+            # from before the drop go all the same (the drop's marker is below the new).
+            if not (target in known and known[target][0] > pos):
+                known.pop(target, None)
+            sources.dropped.append((target, pos))
+            if new is not None:
+                sources.notes.append(f"table {target} renamed to {new}, which feeds no "
+                                     "table config of this replica")
+    return sources
+
+
+def drop_stale(survey: Survey, sources: Sources) -> None:
+    """Leave out of the batch's declared types the columns no source table has now:
+    they come from images older than a drop or rename."""
+    have = sources.columns(survey.tables)
+    if have is None:
+        return
+    for types in (survey.declared, survey.inferred):
+        for column in [c for c in types if c.lower() not in have]:
+            del types[column]
+
+
+@dataclass
+class ColumnPlan:
+    """Column renames and drops for the replica table, as replica column names."""
+
+    # (db.table, [(name, position of its rename), ...] oldest first, final name)
+    renames: list[tuple[str, list[tuple[str, tuple[int, ...]]], str]] = field(
+        default_factory=list)
+    drops: list[str] = field(default_factory=list)
+
+    def describe(self) -> list[str]:
+        return ([f"rename column {a} -> {b} ({table})" for table, steps, final in self.renames
+                 for (a, _), b in zip(steps, [*(n for n, _ in steps[1:]), final],
+                                      strict=True)]
+                + [f"drop column {c}" for c in self.drops])
+
+
+def plan_columns(current: dict[str, T.DataType], plan: DdlPlan, sources: Sources,
+                 survey: Survey, key: list[str], route: ReplicaRoute) -> ColumnPlan:
+    """What the batch's renames and drops ask of the replica's `current` columns, under
+    the replica's `schema_evolution`. Renames of one column in a row chain (a -> b -> c)
+    are one move: a row holds its value under the name it had at its position."""
+    by_lower = {c.lower(): c for c in current}
+    chains: dict[tuple[str, str], tuple[list[tuple[str, tuple[int, ...]]], str]] = {}
+    for table, old, new, pos in plan.column_renames:
+        steps, _ = chains.pop((table, old.lower()), ([], old))
+        chains[(table, new.lower())] = ([*steps, (old, pos)], new)
+    out = ColumnPlan()
+    for (table, final), (steps, _) in chains.items():
+        if final in by_lower and any(n.lower() in by_lower for n, _ in steps):
+            out.renames.append((table, [(by_lower.get(n.lower(), n), p) for n, p in steps],
+                                by_lower[final]))
+    have = sources.columns(survey.tables)
+    if have is not None and (plan.definitions or plan.column_renames):
+        keep = {k.lower() for k in key}
+        out.drops = [c for c in current if c.lower() not in have and c.lower() not in keep
+                     and c not in SOURCE_KEY_COLUMNS]
+    if route.schema_evolution == "exception" and (out.renames or out.drops):
+        raise SchemaEvolutionError(
+            f"replica {route.replica!r} has schema_evolution: exception and the source "
+            f"changed: {'; '.join(out.describe())}")
+    if route.schema_evolution == "ignore":
+        return ColumnPlan()
+    for _, steps, final in out.renames:
+        survey.aliases.setdefault(final.lower(), []).extend(n for n, _ in reversed(steps))
+    return out
+
+
+def _position_sql(position: tuple[int, ...]) -> str:
+    """A position as a SQL struct literal (Delta's UPDATE binds no SQL parameters; the
+    values are integers)."""
+    parts = [f"'{name}', CAST({int(value)} AS {data_type.simpleString()})"
+             for (name, data_type, _), value in zip(POSITION_FIELDS, position, strict=True)]
+    return f"named_struct({', '.join(parts)})"
+
+
+def _of_table(source: str) -> str:
+    db, name = split_table(source)
+    return f"_source_db = {sql_string(db)} AND _source_table = {sql_string(name)}"
+
+
+def move_renamed_values(spark: SparkSession, table: tuple[str, str],
+                        renames: list, types: dict[str, T.DataType]) -> None:
+    """Each renamed column's values for its table's rows older than the last rename: a
+    row holds its value under the name the column had at the row's position."""
+    for source, steps, final in renames:
+        cases = " ".join(
+            f"WHEN _position <= {_position_sql(pos)} THEN "
+            + (f"CAST({quote(old)} AS {types[final].simpleString()})" if old in types
+               else "NULL")
+            for old, pos in steps)
+        spark.sql(f"UPDATE {qualified(*table)} SET {quote(final)} = CASE {cases} ELSE "
+                  f"{quote(final)} END WHERE {_of_table(source)} AND "
+                  f"_position <= {_position_sql(steps[-1][1])}")
+
+
+def drop_columns(spark: SparkSession, table: tuple[str, str], columns: list[str], *,
+                 mapped: bool) -> None:
+    """Drop `columns`: metadata-only with column mapping, else one rewrite of the table
+    (Delta drops a column in place only where names are mapped)."""
+    name = qualified(*table)
+    if mapped:
+        spark.sql(f"ALTER TABLE {name} DROP COLUMNS ({', '.join(quote(c) for c in columns)})")
+        return
+    df = spark.table(name)
+    (df.select([quote(c) for c in df.columns if c not in columns])
+     .write.format("delta").mode("overwrite").option("overwriteSchema", "true")
+     .saveAsTable(name))
+
+
+def move_table_rows(spark: SparkSession, table: tuple[str, str], plan: DdlPlan,
+                    route: ReplicaRoute, key: list[str]) -> list[str]:
+    """Rows of a renamed table become rows of its new name, where both feed the replica
+    (a key the new name already holds keeps that newer row)."""
+    described = []
+    for old, new, _ in plan.table_renames:
+        if not (route.matches(old) and route.matches(new)):
+            continue
+        (old_db, old_table), (new_db, new_table) = split_table(old), split_table(new)
+        if route.sharded:
+            t, s = merge_aliases(table)
+            newer = (spark.table(qualified(*table))
+                     .where((F.col("_source_db") == new_db)
+                            & (F.col("_source_table") == new_table))
+                     .select(*[quote(k) for k in key if k not in SOURCE_KEY_COLUMNS]))
+            source_key = [k for k in key if k not in SOURCE_KEY_COLUMNS]
+            (newer.alias(s).mergeInto(qualified(*table),
+                                      key_match(source_key, t, s)
+                                      & (F.col(f"{t}._source_db") == old_db)
+                                      & (F.col(f"{t}._source_table") == old_table))
+             .whenMatched().delete().merge())
+        spark.sql(f"UPDATE {qualified(*table)} SET _source_db = {sql_string(new_db)}, "
+                  f"_source_table = {sql_string(new_table)} WHERE {_of_table(old)}")
+        described.append(f"move rows {old} -> {new}")
+    return described
+
+
+def drop_markers(spark: SparkSession, rows: DataFrame, sources: Sources,
+                 survey: Survey) -> DataFrame:
+    """`rows` with a truncate marker for each dropped table (`on_drop: truncate`), and the
+    survey's truncates moved up to the drops."""
+    if not sources.dropped:
+        return rows
+    markers = []
+    for table, pos in sources.dropped:
+        current = survey.truncates.get(table)
+        survey.truncates[table] = pos if current is None else max(current, pos)
+        db, name = split_table(table)
+        values = {"_source_db": db, "_source_table": name, "_position": pos,
+                  "_op": OP_TRUNCATE}
+        markers.append(tuple(values.get(f.name) for f in rows.schema))
+    survey.rows += len(markers)
+    return rows.unionByName(spark.createDataFrame(markers, rows.schema))

@@ -1,0 +1,237 @@
+"""Schema changes beyond ADD COLUMN, from a real binlog: MariaDB runs the DDL, Debezium
+publishes it (the schema-change topic and the row topics, consumed apart), bounded
+consumer runs write the changelog, Spark applies it; after each phase every `evolve`
+replica equals its source table, columns and rows.
+
+Phases: (1) DROP COLUMN, RENAME COLUMN, CHANGE COLUMN, MODIFY to wider types, with
+rows changed between them; an `exception` replica refuses, an `ignore` one keeps its
+columns. (2) RENAME TABLE within a replica's regex, DROP TABLE under `on_drop: truncate`
+and `keep`, DROP DATABASE.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import time
+import uuid
+from decimal import Decimal
+
+import pytest
+from confluent_kafka import Consumer
+
+from binlog_assets.config import PipelineConfig, parse_config
+from binlog_assets.consume.handlers import HandlerRegistry
+from binlog_assets.consume.lag import topic_partitions
+from binlog_assets.dev.connect import KafkaConnect
+from binlog_assets.dev.demo import wait_for_debezium
+from binlog_assets.dev.mariadb import MariaDBServer
+from binlog_assets.lakehouse.replica import ReplicaBuilder
+from binlog_assets.lakehouse.schema import SchemaEvolutionError
+from binlog_assets.orchestration.consume_runs import ChangelogRunConfig, consume_partition
+
+DB, DB2 = "ddl_e2e", "ddl_e2e_db"
+PREFIX = "shop"  # the session connector's topic prefix; `shop` is its schema-change topic
+TABLES = [
+    {"source": f"{DB}.plain", "replica": "plain"},
+    {"source": rf"{DB}\.items(_v2)?", "replica": "items"},
+    {"source": f"{DB}.strict", "replica": "strict", "schema_evolution": "exception"},
+    {"source": f"{DB}.loose", "replica": "loose", "schema_evolution": "ignore"},
+    {"source": f"{DB}.gone", "replica": "gone"},
+    {"source": f"{DB}.kept", "replica": "kept", "on_drop": "keep"},
+    {"source": f"{DB2}.t", "replica": "dbwide"},
+]
+SHARDS = r"ddl_e2e_s\d+"
+TABLES.append({"source": rf"{SHARDS}\.orders", "replica": "orders"})
+SOURCE_TABLES = ["plain", "items", "items_v2", "strict", "loose", "gone", "kept"]
+# The shards' topics by regex: a shard created later joins with no config change.
+TOPICS = [PREFIX, *(f"{PREFIX}.{DB}.{t}" for t in SOURCE_TABLES), f"{PREFIX}.{DB2}.t",
+          rf"^{PREFIX}\.{SHARDS}\.orders$"]
+METADATA = {"_source_db", "_source_table", "_position", "_op", "_source_ts", "_applied_at"}
+
+
+def _config(base: PipelineConfig) -> PipelineConfig:
+    data = base.model_dump(mode="json", exclude_none=True)
+    data["kafka"]["group.id"] = f"ddl-e2e-{uuid.uuid4().hex[:6]}"
+    data["lakehouse"] = {**data["lakehouse"], "database": f"ddl_e2e_{uuid.uuid4().hex[:6]}"}
+    data["sources"] = [{"name": "ddl", "topics": TOPICS, "format": "debezium",
+                        "tables": TABLES}]
+    return parse_config(data)
+
+
+def _norm(value):
+    if isinstance(value, Decimal):
+        return format(value.normalize(), "f")
+    if isinstance(value, dt.datetime):
+        return value.replace(tzinfo=None).isoformat()
+    return value
+
+
+def _source(conn, table: str) -> tuple[list[str], set[tuple]]:
+    with conn.cursor() as cur:
+        cur.execute(f"SELECT * FROM {table}")
+        columns = [d[0].lower() for d in cur.description]
+        return columns, {tuple(_norm(v) for v in row) for row in cur.fetchall()}
+
+
+def _replica(spark, cfg: PipelineConfig, replica: str, columns: list[str] | None = None
+             ) -> tuple[list[str], set[tuple]]:
+    df = spark.table(f"`{cfg.lakehouse.database}`.`{replica}_current`")
+    have = [c for c in df.columns if c not in METADATA]
+    picked = columns or have
+    rows = {tuple(_norm(r[c]) for c in picked) for r in df.select(*picked).collect()}
+    return [c.lower() for c in have], rows
+
+
+def _run(conn, statements: list[str]) -> None:
+    with conn.cursor() as cur:
+        for statement in statements:
+            cur.execute(statement)
+
+
+def _consume(cfg: PipelineConfig, expect: list[str]) -> None:
+    """One bounded run per topic-partition of the source (its regex expanded as the
+    discovery sensor does), once the `expect`ed tables' topics exist, up to what
+    Debezium has published."""
+    kafka_conf = dict(cfg.kafka)
+    wanted = {PREFIX, *(f"{PREFIX}.{t}" for t in expect)}
+    consumer = Consumer({**kafka_conf, "group.id": "ddl-e2e-discovery"})
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            found = {t for t, _ in topic_partitions(consumer, TOPICS)}
+            if wanted <= found:
+                break
+            assert time.monotonic() < deadline, (wanted, found)
+            time.sleep(0.5)
+    finally:
+        consumer.close()
+    ends = wait_for_debezium(kafka_conf, sorted(found), settle=3.0)
+    for key in ends:
+        summary, _ = consume_partition(cfg, kafka_conf, key, ChangelogRunConfig(),
+                                       HandlerRegistry(), group=cfg.kafka["group.id"])
+        assert summary.committed_offset == ends[key], (key, summary)
+
+
+def _assert_equal(conn, spark, cfg: PipelineConfig, replica: str, source: str) -> None:
+    src_columns, src_rows = _source(conn, source)
+    rep_columns, _ = _replica(spark, cfg, replica)
+    assert sorted(rep_columns) == sorted(src_columns), (replica, rep_columns, src_columns)
+    _, rep_rows = _replica(spark, cfg, replica, src_columns)
+    assert rep_rows == src_rows, (replica, rep_rows ^ src_rows)
+
+
+def test_schema_changes_through_debezium_follow_each_mode(
+    debezium_connect: KafkaConnect, mariadb: MariaDBServer, pipeline_config: PipelineConfig,
+    spark,
+) -> None:
+    cfg = _config(pipeline_config)
+    conn = mariadb.connect()
+    _run(conn, [
+        *(f"DROP DATABASE IF EXISTS {d}" for d in (DB, DB2, "ddl_e2e_s1", "ddl_e2e_s2")),
+        f"CREATE DATABASE {DB}", f"CREATE DATABASE {DB2}", "CREATE DATABASE ddl_e2e_s1",
+        "CREATE TABLE ddl_e2e_s1.orders (id INT PRIMARY KEY, amount DECIMAL(10,2))",
+        *(f"INSERT INTO ddl_e2e_s1.orders VALUES ({i}, {i}.50)" for i in range(1, 4)),
+        f"CREATE TABLE {DB}.plain (id INT PRIMARY KEY, qty INT, name VARCHAR(10), "
+        "price DECIMAL(10,2), note VARCHAR(20), old_name VARCHAR(20))",
+        f"CREATE TABLE {DB}.items (id INT PRIMARY KEY, label VARCHAR(20))",
+        f"CREATE TABLE {DB}.strict (id INT PRIMARY KEY, note VARCHAR(20))",
+        f"CREATE TABLE {DB}.loose (id INT PRIMARY KEY, note VARCHAR(20), v INT)",
+        f"CREATE TABLE {DB}.gone (id INT PRIMARY KEY, v INT)",
+        f"CREATE TABLE {DB}.kept (id INT PRIMARY KEY, v INT)",
+        f"CREATE TABLE {DB2}.t (id INT PRIMARY KEY, v INT)",
+        *(f"INSERT INTO {DB}.plain VALUES ({i}, {i}, 'n{i}', {i}.25, 'note{i}', 'o{i}')"
+          for i in range(1, 6)),
+        *(f"INSERT INTO {DB}.items VALUES ({i}, 'l{i}')" for i in range(1, 5)),
+        *(f"INSERT INTO {DB}.{t} VALUES ({i}, 'x{i}')" for t in ("strict",)
+          for i in range(1, 3)),
+        *(f"INSERT INTO {DB}.loose VALUES ({i}, 'x{i}', {i})" for i in range(1, 3)),
+        *(f"INSERT INTO {t} VALUES ({i}, {i})" for t in (f"{DB}.gone", f"{DB}.kept",
+                                                         f"{DB2}.t") for i in range(1, 4)),
+    ])
+    initial = [f"{DB}.{t}" for t in SOURCE_TABLES if t != "items_v2"]
+    _consume(cfg, [*initial, f"{DB2}.t", "ddl_e2e_s1.orders"])
+    builder = ReplicaBuilder(spark, cfg)
+    for replica in ("plain", "items", "strict", "loose", "gone", "kept", "dbwide", "orders"):
+        builder.apply(replica)
+    for replica, source in (("plain", "plain"), ("items", "items"), ("strict", "strict"),
+                            ("loose", "loose"), ("gone", "gone"), ("kept", "kept")):
+        _assert_equal(conn, spark, cfg, replica, f"{DB}.{source}")
+    _assert_equal(conn, spark, cfg, "dbwide", f"{DB2}.t")
+    kept_before = _replica(spark, cfg, "kept")
+
+    # Phase 1: column changes, with rows changed between them.
+    _run(conn, [
+        f"ALTER TABLE {DB}.plain DROP COLUMN note",
+        f"UPDATE {DB}.plain SET qty = qty + 10 WHERE id = 1",
+        f"ALTER TABLE {DB}.plain RENAME COLUMN old_name TO new_name",
+        f"UPDATE {DB}.plain SET new_name = 'renamed' WHERE id = 2",
+        f"ALTER TABLE {DB}.plain CHANGE COLUMN new_name newer_name VARCHAR(20)",
+        f"ALTER TABLE {DB}.plain MODIFY qty BIGINT, MODIFY name VARCHAR(200), "
+        "MODIFY price DECIMAL(12,2)",
+        f"INSERT INTO {DB}.plain VALUES (10, 5000000000, '{'w' * 150}', 1234567890.12, 'big')",
+        f"DELETE FROM {DB}.plain WHERE id = 5",
+        f"ALTER TABLE {DB}.strict DROP COLUMN note",
+        f"ALTER TABLE {DB}.loose DROP COLUMN note, RENAME COLUMN v TO w",
+        f"INSERT INTO {DB}.loose VALUES (10, 7)",
+    ])
+    _consume(cfg, initial)
+    result = builder.apply("plain")
+    _assert_equal(conn, spark, cfg, "plain", f"{DB}.plain")
+    changes = set(result.schema_changes)
+    assert {"drop column note", f"rename column old_name -> new_name ({DB}.plain)",
+            f"rename column new_name -> newer_name ({DB}.plain)"} <= changes, changes
+    assert any(c.startswith("widen qty int -> bigint") for c in changes), changes
+    assert any(c.startswith("widen price decimal(10,2) -> decimal(12,2)")
+               for c in changes), changes
+    with pytest.raises(SchemaEvolutionError, match=r"'strict'.*drop column note"):
+        builder.apply("strict")
+    builder.apply("loose")
+    loose_columns, loose_rows = _replica(spark, cfg, "loose")
+    assert loose_columns == ["id", "note", "v"], loose_columns  # as it was: ignore
+    assert {r[0] for r in loose_rows} == {1, 2, 10}, loose_rows
+
+    # Phase 2: tables and databases.
+    _run(conn, [
+        f"RENAME TABLE {DB}.items TO {DB}.items_v2",
+        f"INSERT INTO {DB}.items_v2 VALUES (100, 'after')",
+        f"UPDATE {DB}.items_v2 SET label = 'updated' WHERE id = 1",
+        f"DROP TABLE {DB}.gone", f"DROP TABLE {DB}.kept", f"DROP DATABASE {DB2}",
+    ])
+    _consume(cfg, [f"{DB}.items_v2"])
+    items = builder.apply("items")
+    _assert_equal(conn, spark, cfg, "items", f"{DB}.items_v2")
+    tables = {r["_source_table"] for r in spark.table(
+        f"`{cfg.lakehouse.database}`.`items_current`").collect()}
+    assert tables == {"items_v2"}, tables
+    assert f"move rows {DB}.items -> {DB}.items_v2" in items.schema_changes, items
+    gone = builder.apply("gone")
+    assert _replica(spark, cfg, "gone")[1] == set()
+    assert f"drop table {DB}.gone: its rows leave the replica" in gone.schema_changes, gone
+    kept = builder.apply("kept")
+    assert _replica(spark, cfg, "kept") == kept_before
+    assert f"drop table {DB}.kept: rows kept" in kept.schema_changes, kept
+    builder.apply("dbwide")
+    assert _replica(spark, cfg, "dbwide")[1] == set()
+    # Later applies change nothing more: the drops and renames are applied once.
+    again = builder.apply("plain")
+    assert (again.schema_changes, again.written) == ((), 0), again
+    assert builder.apply("plain").skipped
+    _assert_equal(conn, spark, cfg, "plain", f"{DB}.plain")
+
+    # Phase 3: a new shard; its topic matches the source's regex, its table the replica's.
+    _assert_shards(conn, spark, cfg, ["ddl_e2e_s1"])
+    _run(conn, ["CREATE DATABASE ddl_e2e_s2",
+                "CREATE TABLE ddl_e2e_s2.orders (id INT PRIMARY KEY, amount DECIMAL(10,2))",
+                *(f"INSERT INTO ddl_e2e_s2.orders VALUES ({i}, {i}.75)" for i in range(1, 3)),
+                "UPDATE ddl_e2e_s1.orders SET amount = 9.99 WHERE id = 1"])
+    _consume(cfg, ["ddl_e2e_s2.orders"])
+    builder.apply("orders")
+    _assert_shards(conn, spark, cfg, ["ddl_e2e_s1", "ddl_e2e_s2"])
+
+
+def _assert_shards(conn, spark, cfg: PipelineConfig, shards: list[str]) -> None:
+    source = {(shard, *row) for shard in shards
+              for row in _source(conn, f"{shard}.orders")[1]}
+    replica = {(r["_source_db"], r["id"], _norm(r["amount"])) for r in spark.table(
+        f"`{cfg.lakehouse.database}`.`orders_current`").collect()}
+    assert replica == source, replica ^ source

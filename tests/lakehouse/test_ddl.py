@@ -1,0 +1,185 @@
+"""Reading renames and drops out of DDL text (`lakehouse/ddl.py`), without Spark."""
+
+import pytest
+
+from binlog_assets.lakehouse.ddl import (
+    DdlEvent,
+    column_renames,
+    plan_ddl,
+    table_renames,
+)
+
+
+@pytest.mark.parametrize(("ddl", "expected"), [
+    ("ALTER TABLE t RENAME COLUMN old_name TO new_name", [("old_name", "new_name")]),
+    ("alter table `t` rename column `a b` to `c``d`", [("a b", "c`d")]),
+    ("ALTER TABLE t CHANGE COLUMN a b VARCHAR(20)", [("a", "b")]),
+    ("ALTER TABLE t CHANGE a a BIGINT", []),  # a type change, not a rename
+    ("ALTER TABLE t CHANGE IF EXISTS a B INT, RENAME COLUMN c TO d",
+     [("a", "B"), ("c", "d")]),
+    ("ALTER TABLE t MODIFY qty BIGINT, DROP COLUMN note", []),
+])
+def test_column_renames(ddl, expected):
+    assert column_renames(ddl) == expected
+
+
+@pytest.mark.parametrize(("ddl", "expected"), [
+    ("RENAME TABLE probe.items TO probe.items_v2", [("probe.items", "probe.items_v2")]),
+    ("RENAME TABLE a TO b, `x`.`c` TO `y`.d", [("db.a", "db.b"), ("x.c", "y.d")]),
+    ("ALTER TABLE items RENAME TO items_v2", [("db.items", "db.items_v2")]),
+    ("ALTER TABLE items RENAME AS other.items", [("db.items", "other.items")]),
+    ("ALTER TABLE items RENAME COLUMN a TO b", []),
+    ("ALTER TABLE items RENAME INDEX a TO b", []),
+    ("DROP TABLE items", []),
+])
+def test_table_renames(ddl, expected):
+    assert table_renames(ddl, "db") == expected
+
+
+def _event(table, pos, ddl, columns=None):
+    return DdlEvent(table, (1, 7, pos, 0, 0, 0), ddl, columns)
+
+
+def test_plan_follows_binlog_order_and_routing():
+    routed = {"db.items", "db.items_v2", "db.other"}.__contains__
+    plan = plan_ddl([
+        _event("db.items", 30, "ALTER TABLE items RENAME COLUMN a TO b",
+               {"id": "int", "b": "int"}),
+        _event("db.items", 20, "ALTER TABLE items DROP COLUMN note", {"id": "int", "a": "int"}),
+        _event("db.items_v2", 40, "RENAME TABLE items TO items_v2", {"id": "int", "b": "int"}),
+        _event("db.gone", 50, "DROP TABLE gone"),  # not routed here
+        _event("db.other", 60, "DROP TABLE `db`.`other`"),
+        _event("db2.*", 70, "DROP DATABASE db2"),
+        _event("db.unrouted", 80, "ALTER TABLE unrouted RENAME COLUMN x TO y", {"y": "int"}),
+    ], routed)
+    assert plan.column_renames == [("db.items", "a", "b", (1, 7, 30, 0, 0, 0))]
+    assert plan.definitions == {"db.items": ((1, 7, 30, 0, 0, 0), ["id", "b"]),
+                                "db.items_v2": ((1, 7, 40, 0, 0, 0), ["id", "b"])}
+    assert plan.table_renames == [("db.items", "db.items_v2", (1, 7, 40, 0, 0, 0))]
+    assert plan.drops == {"db.other": (1, 7, 60, 0, 0, 0), "db2.*": (1, 7, 70, 0, 0, 0)}
+
+
+# -- the replica's record of its source tables, and the column plan (no Spark session) --
+
+P = (1, 7, 0, 0, 0, 0)
+
+
+def _pos(n):
+    return (1, 7, n, 0, 0, 0)
+
+
+def _route(mode="evolve", source=r"db\.t\d"):
+    from binlog_assets.config import parse_config
+    from binlog_assets.lakehouse.routing import replica_route
+
+    cfg = parse_config({"sources": [{"name": "s", "topics": ["x"], "tables": [
+        {"source": source, "replica": "r", "schema_evolution": mode}]}]})
+    return replica_route(cfg, "r")
+
+
+def _survey(tables, declared=(), table_columns=None):
+    from pyspark.sql import types as T
+
+    from binlog_assets.lakehouse.replica_plan import Survey
+
+    survey = Survey(list(tables), 0, None, {c: T.StringType() for c in declared}, {}, set(),
+                    {})
+    survey.table_columns = table_columns or {}
+    return survey
+
+
+def test_a_row_image_older_than_a_drop_never_brings_the_column_back():
+    from binlog_assets.lakehouse.replica_ddl import SOURCES_PROPERTY, drop_stale, track_sources
+
+    # Stored: db.t1 dropped `note` at position 20. A late batch of rows from position 15
+    # (before the drop) still declares it.
+    props = {SOURCES_PROPERTY: '{"db.t1": [[1, 7, 20, 0, 0, 0], ["id", "qty"]]}'}
+    survey = _survey(["db.t1"], ["id", "qty", "note"],
+                     {"db.t1": (_pos(15), ["id", "qty", "note"])})
+    sources = track_sources(props, survey, plan_ddl([], _route().matches), _route(), [])
+    assert not sources.changed
+    drop_stale(survey, sources)
+    assert sorted(survey.declared) == ["id", "qty"]
+
+
+def test_columns_drop_only_when_no_source_table_has_them_and_all_are_known():
+    from pyspark.sql import types as T
+
+    from binlog_assets.lakehouse.replica_ddl import plan_columns, track_sources
+
+    current = {"id": T.IntegerType(), "qty": T.IntegerType(), "note": T.StringType()}
+    ddl = plan_ddl([_event("db.t1", 30, "ALTER TABLE t1 DROP COLUMN note",
+                           {"id": "int", "qty": "int"})], _route().matches)
+    # Shard t2 still has `note`: it stays.
+    both = track_sources({}, _survey(["db.t1"]), ddl, _route(), ["db.t1", "db.t2"])
+    assert both.columns(["db.t1"]) is None  # t2's columns are not known yet
+    stored = '{"db.t2": [[1, 7, 5, 0, 0, 0], ["id", "qty", "note"]]}'
+    from binlog_assets.lakehouse.replica_ddl import SOURCES_PROPERTY
+
+    known = track_sources({SOURCES_PROPERTY: stored}, _survey(["db.t1"]), ddl, _route(), [])
+    assert plan_columns(current, ddl, known, _survey(["db.t1"]), ["id"], _route()).drops == []
+    # Once t2 drops it too, the replica drops it.
+    ddl2 = plan_ddl([_event("db.t2", 40, "ALTER TABLE t2 DROP COLUMN note",
+                            {"id": "int", "qty": "int"})], _route().matches)
+    after = track_sources({SOURCES_PROPERTY: known.property_value()}, _survey(["db.t2"]),
+                          ddl2, _route(), [])
+    assert plan_columns(current, ddl2, after, _survey(["db.t2"]), ["id"],
+                        _route()).drops == ["note"]
+
+
+def test_renames_chain_and_follow_the_mode():
+    from pyspark.sql import types as T
+
+    from binlog_assets.lakehouse.replica_ddl import plan_columns, track_sources
+    from binlog_assets.lakehouse.schema import SchemaEvolutionError
+
+    current = {"id": T.IntegerType(), "a": T.StringType(), "c": T.StringType()}
+    events = [_event("db.t1", 10, "ALTER TABLE t1 RENAME COLUMN a TO b",
+                     {"id": "int", "b": "string"}),
+              _event("db.t1", 20, "ALTER TABLE t1 CHANGE b c VARCHAR(9)",
+                     {"id": "int", "c": "string"})]
+    ddl = plan_ddl(events, _route().matches)
+    survey = _survey(["db.t1"])
+    sources = track_sources({}, survey, ddl, _route(), [])
+    plan = plan_columns(current, ddl, sources, survey, ["id"], _route())
+    assert plan.renames == [("db.t1", [("a", _pos(10)), ("b", _pos(20))], "c")]
+    assert plan.describe() == ["rename column a -> b (db.t1)", "rename column b -> c (db.t1)",
+                               "drop column a"]
+    assert survey.aliases == {"c": ["b", "a"]}  # older images: the newest name first
+    with pytest.raises(SchemaEvolutionError, match=r"'r'.*rename column a -> b"):
+        plan_columns(current, ddl, sources, _survey(["db.t1"]), ["id"], _route("exception"))
+    ignored = plan_columns(current, ddl, sources, _survey(["db.t1"]), ["id"], _route("ignore"))
+    assert (ignored.renames, ignored.drops) == ([], [])
+
+
+def test_drops_and_renames_of_tables():
+    from binlog_assets.lakehouse.replica_ddl import track_sources
+
+    route = _route(source=r"db\.(t\d|kept)")
+    stored = {"db.t1": [[], ["id"]], "db.t2": [[], ["id"]], "db.kept": [[], ["id"]],
+              "other.t1": [[], ["id"]]}
+    import json
+
+    from binlog_assets.lakehouse.replica_ddl import SOURCES_PROPERTY
+
+    ddl = plan_ddl([_event("db.t9", 10, "RENAME TABLE t1 TO t9", {"id": "int"}),
+                    _event("db.gone", 20, "RENAME TABLE t2 TO gone", {"id": "int"}),
+                    _event("db.*", 30, "DROP DATABASE db")], route.matches)
+    sources = track_sources({SOURCES_PROPERTY: json.dumps(stored)}, _survey([]), ddl, route, [])
+    # t1 -> t9 stays in the replica (moved); t2 -> gone leaves it; the database drop
+    # takes what is left of `db` (t9 too: it was renamed before the drop).
+    assert [t for t, _ in sources.dropped] == ["db.t2", "db.kept", "db.t9"]
+    assert set(sources.known) == {"other.t1"}
+    assert any("renamed to db.gone" in n for n in sources.notes)
+
+
+def test_a_table_created_again_after_its_drop_keeps_its_new_definition():
+    from binlog_assets.lakehouse.replica_ddl import track_sources
+
+    route = _route()
+    ddl = plan_ddl([_event("db.t1", 10, "DROP TABLE t1"),
+                    _event("db.t1", 20, "CREATE TABLE t1 (id INT PRIMARY KEY)", {"id": "int"})],
+                   route.matches)
+    sources = track_sources({}, _survey(["db.t1"]), ddl, route, ["db.t1"])
+    assert sources.dropped == [("db.t1", _pos(10))]  # the old rows go
+    assert sources.known == {"db.t1": (_pos(20), ["id"])}  # the new table stays known
