@@ -41,6 +41,9 @@ def test_repository_default_config_is_valid() -> None:
         ({"lakehouse": {"database": "binlake\n"}}, "lakehouse.database"),
         ({"sources": [{"name": "shop\n", "topics": ["t"]}]}, "sources[0].name"),
         ({"spark": {"remote": "localhost:15002"}}, "spark.remote"),
+        ({"lakehouse": {"changelog_retention_days": 0}}, "lakehouse.changelog_retention_days"),
+        ({"lakehouse": {"changelog_retention_days": "a week"}},
+         "lakehouse.changelog_retention_days"),
         *[({"sources": [{"name": "s", "topics": ["t"],
                          "tables": [{"source": "a.b", "replica": "r", **table}]}]},
            f"sources[0].tables[0].{field}")
@@ -155,3 +158,9 @@ def test_a_missing_variable_fails_at_load_naming_the_field_and_the_variable(
                      origin="binlake.yaml")
     assert str(err.value) == ("binlake.yaml: kafka.sasl.password: environment variable "
                               "KAFKA_PASSWORD_UNSET_X is not set")
+
+
+def test_changelog_retention_is_off_unless_set() -> None:
+    assert parse_config({}).lakehouse.changelog_retention_days is None
+    assert parse_config({"lakehouse": {"changelog_retention_days": 7}}
+                        ).lakehouse.changelog_retention_days == 7
