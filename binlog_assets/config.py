@@ -241,6 +241,10 @@ class LakehouseConfig(_Model):
     zorder_replicas: bool = Field(
         False, description="maintenance clusters each replica by its key (OPTIMIZE ZORDER "
                            "BY) instead of compacting it only")
+    changelog_retention_days: int | None = Field(
+        None, ge=1,
+        description="maintenance deletes changelog rows ingested more than this many days "
+                    "ago that every replica has applied (unset: the changelog keeps every row)")
 
     @field_validator("table_features")
     @classmethod

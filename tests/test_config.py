@@ -45,6 +45,9 @@ def test_repository_default_config_is_valid() -> None:
         ({"lakehouse": {"database": "binlake\n"}}, "lakehouse.database"),
         ({"sources": [{"name": "shop\n", "topics": ["t"]}]}, "sources[0].name"),
         ({"spark": {"remote": "localhost:15002"}}, "spark.remote"),
+        ({"lakehouse": {"changelog_retention_days": 0}}, "lakehouse.changelog_retention_days"),
+        ({"lakehouse": {"changelog_retention_days": "a week"}},
+         "lakehouse.changelog_retention_days"),
         *[({"sources": [{"name": "s", "topics": ["t"],
                          "tables": [{"source": "a.b", "replica": "r", **table}]}]},
            f"sources[0].tables[0].{field}")
@@ -171,3 +174,9 @@ def test_topic_regexes_find_their_source_names_first() -> None:
     assert not cfg.sources[0].matches("shop.shop_3.orders_old")
     with pytest.raises(KeyError, match="belongs to no configured source"):
         cfg.source_for_topic("shop.customers")
+
+
+def test_changelog_retention_is_off_unless_set() -> None:
+    assert parse_config({}).lakehouse.changelog_retention_days is None
+    assert parse_config({"lakehouse": {"changelog_retention_days": 7}}
+                        ).lakehouse.changelog_retention_days == 7

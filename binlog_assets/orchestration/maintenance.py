@@ -1,7 +1,9 @@
-"""Lakehouse maintenance from Dagster: `lakehouse_maintenance_job` compacts and vacuums
-the changelog and every replica (and history) table (`lakehouse/maintenance.py`), and
-records for each table's asset an observation with its files and bytes before and
-after. `lakehouse_maintenance_schedule` runs it nightly once turned on in the UI.
+"""Lakehouse maintenance from Dagster: `lakehouse_maintenance_job` deletes the changelog
+rows past `lakehouse.changelog_retention_days` that every replica has applied, when set
+(`lakehouse/retention.py`), compacts and vacuums the changelog and every replica (and
+history) table (`lakehouse/maintenance.py`), and records for each table's asset an
+observation with its files and bytes before and after (and the rows retention removed).
+`lakehouse_maintenance_schedule` runs it nightly once turned on in the UI.
 
 The op holds the `spark` pool's slot: replica builds and OPTIMIZE never race for a
 replica's files (a follower run hands the slot over when this run waits for it).
@@ -9,6 +11,7 @@ replica's files (a follower run hands the slot over when this run waits for it).
 
 
 from collections.abc import Iterator
+from dataclasses import replace
 
 import dagster as dg
 
@@ -21,27 +24,47 @@ MAINTENANCE_JOB_NAME = "lakehouse_maintenance_job"
 
 
 def upkeep_metadata(upkeep) -> dict[str, dg.MetadataValue]:  # noqa: ANN001 - an Upkeep
-    md = {
-        "table": dg.MetadataValue.text(upkeep.table),
-        "files_before": dg.MetadataValue.int(upkeep.files_before),
-        "files_after": dg.MetadataValue.int(upkeep.files_after),
-        "bytes_before": dg.MetadataValue.int(upkeep.bytes_before),
-        "bytes_after": dg.MetadataValue.int(upkeep.bytes_after),
-        "files_vacuumed": dg.MetadataValue.int(upkeep.files_vacuumed),
+    return {**_files_metadata(upkeep),
+            "files_vacuumed": dg.MetadataValue.int(upkeep.files_vacuumed)}
+
+
+def retention_metadata(kept) -> dict[str, dg.MetadataValue]:  # noqa: ANN001 - a Retention
+    applied = kept.applied_version
+    return {
+        **_files_metadata(kept),
+        "step": dg.MetadataValue.text("retention"),
+        "rows_removed": dg.MetadataValue.int(kept.rows_removed),
+        "files_removed": dg.MetadataValue.int(kept.files_removed),
+        "files_rewritten": dg.MetadataValue.int(kept.files_rewritten),
+        "cutoff": dg.MetadataValue.timestamp(kept.cutoff),
+        "applied_version": dg.MetadataValue.int(-1 if applied is None else applied),
     }
-    if upkeep.note:
-        md["note"] = dg.MetadataValue.text(upkeep.note)
+
+
+def _files_metadata(done) -> dict[str, dg.MetadataValue]:  # noqa: ANN001 - Upkeep, Retention
+    md = {
+        "table": dg.MetadataValue.text(done.table),
+        "files_before": dg.MetadataValue.int(done.files_before),
+        "files_after": dg.MetadataValue.int(done.files_after),
+        "bytes_before": dg.MetadataValue.int(done.bytes_before),
+        "bytes_after": dg.MetadataValue.int(done.bytes_after),
+    }
+    if done.note:
+        md["note"] = dg.MetadataValue.text(done.note)
     return md
 
 
 @dg.op(name="lakehouse_maintenance", pool=SPARK_POOL, out={},
-       description="Compact and vacuum the changelog and every replica table.")
+       description="Delete the changelog rows past their retention that every replica "
+                   "applied (when set), compact and vacuum the changelog and every "
+                   "replica table.")
 def lakehouse_maintenance(context: dg.OpExecutionContext, binlake: BinlakeResource
                           ) -> Iterator[dg.AssetObservation]:
     from binlog_assets.lakehouse.changelog_reader import changelog_version
     from binlog_assets.lakehouse.delta_log import table_exists
     from binlog_assets.lakehouse.maintenance import compact_changelog, compact_table
     from binlog_assets.lakehouse.replica import ReplicaBuilder
+    from binlog_assets.lakehouse.retention import applied_by_every_replica, retain_changelog
 
     cfg = binlake.pipeline
     builder = ReplicaBuilder(binlake.spark(), cfg)
@@ -50,6 +73,16 @@ def lakehouse_maintenance(context: dg.OpExecutionContext, binlake: BinlakeResour
     if current >= 0:
         # A replica behind the current version still reads older versions' files.
         behind = [n for n in names if (builder.applied_version(n) or -1) < current]
+        if cfg.lakehouse.changelog_retention_days is not None:
+            # Before compaction, which would mix old rows into files of new ones.
+            applied, waiting = applied_by_every_replica(builder, current)
+            kept = retain_changelog(cfg, applied)
+            if waiting:
+                kept = replace(kept, note=f"nothing removed: {', '.join(waiting)} "
+                                          "applied no changelog version yet")
+            context.log.info(f"{kept}")
+            yield dg.AssetObservation(asset_key=CHANGELOG_ASSET_KEY,
+                                      metadata=retention_metadata(kept))
         upkeep = compact_changelog(cfg, vacuum=not behind)
         context.log.info(f"{upkeep}")
         yield dg.AssetObservation(asset_key=CHANGELOG_ASSET_KEY,
@@ -65,8 +98,9 @@ def lakehouse_maintenance(context: dg.OpExecutionContext, binlake: BinlakeResour
 
 
 @dg.job(name=MAINTENANCE_JOB_NAME, executor_def=dg.in_process_executor,
-        description="Compact and vacuum the lakehouse tables (files and bytes before and "
-                    "after are recorded on each table's asset).")
+        description="Changelog retention (when set), compaction and VACUUM of the "
+                    "lakehouse tables (files and bytes before and after, and the rows "
+                    "retention removed, are recorded on each table's asset).")
 def lakehouse_maintenance_job() -> None:
     lakehouse_maintenance()
 
@@ -76,6 +110,7 @@ lakehouse_maintenance_schedule = dg.ScheduleDefinition(
     job=lakehouse_maintenance_job,
     cron_schedule="30 3 * * *",
     default_status=dg.DefaultScheduleStatus.STOPPED,
-    description="Off until turned on in the UI: nightly compaction and VACUUM of the "
-                "changelog and replicas (lakehouse_maintenance_job).",
+    description="Off until turned on in the UI: nightly changelog retention (when set), "
+                "compaction and VACUUM of the changelog and replicas "
+                "(lakehouse_maintenance_job).",
 )

@@ -13,6 +13,7 @@ import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from decimal import Decimal
+from pathlib import Path
 from typing import Any
 
 from binlog_assets.config import PipelineConfig, parse_config
@@ -139,3 +140,20 @@ class Partition:
         return self.writer.write(events, raw, group_id=GROUP, topic=self.topic,
                                  partition=self.partition,
                                  end_offset=self.end if end_offset is None else end_offset)
+
+
+def execute_job(job, config: PipelineConfig, tmp_path: Path):  # noqa: ANN001, ANN201
+    """Run `job` in process with `config` (written as YAML under `tmp_path`) as its
+    `binlake` resource, on an ephemeral instance; its result, which must be a success."""
+    import dagster as dg
+    import yaml
+
+    from binlog_assets.orchestration.resources import BinlakeResource
+
+    path = tmp_path / "binlake.yaml"
+    path.write_text(yaml.safe_dump(config.model_dump(mode="json", exclude_none=True)))
+    result = job.execute_in_process(
+        resources={"binlake": BinlakeResource(config_path=str(path))},
+        instance=dg.DagsterInstance.ephemeral())
+    assert result.success
+    return result

@@ -3,9 +3,7 @@ they were, and the replicas go on following the changelog afterwards."""
 
 from __future__ import annotations
 
-import dagster as dg
-import yaml
-from lake_events import MakeConfig, Partition, Source, row
+from lake_events import MakeConfig, Partition, Source, execute_job, row
 
 from binlog_assets.lakehouse.changelog import ChangelogWriter, changelog_uri
 from binlog_assets.lakehouse.changelog_reader import changelog_version, read_survey
@@ -13,7 +11,6 @@ from binlog_assets.lakehouse.delta_log import table_location
 from binlog_assets.lakehouse.maintenance import compact_changelog, compact_table, live_files
 from binlog_assets.lakehouse.replica import ReplicaBuilder
 from binlog_assets.orchestration.maintenance import lakehouse_maintenance_job
-from binlog_assets.orchestration.resources import BinlakeResource
 
 
 def _rows(spark, name: str) -> list:
@@ -61,12 +58,7 @@ def test_compaction_keeps_rows_and_replicas_follow_after_it(
                     7: "n7"}
 
     # The job records files and bytes before and after on each table's asset.
-    path = tmp_path / "binlake.yaml"
-    path.write_text(yaml.safe_dump(config.model_dump(mode="json", exclude_none=True)))
-    result = lakehouse_maintenance_job.execute_in_process(
-        resources={"binlake": BinlakeResource(config_path=str(path))},
-        instance=dg.DagsterInstance.ephemeral())
-    assert result.success
+    result = execute_job(lakehouse_maintenance_job, config, tmp_path)
     seen = {(o.asset_key.to_user_string(), o.metadata["table"].value): o.metadata
             for o in result.get_asset_observation_events()
             for o in [o.event_specific_data.asset_observation]}

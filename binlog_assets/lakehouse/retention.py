@@ -1,0 +1,184 @@
+"""Changelog retention: rows ingested more than `lakehouse.changelog_retention_days` ago
+that every replica has applied leave the changelog; everything else stays.
+
+A row's age is its `ingested_at` (one value per consumer commit), which the log's file
+statistics carry, so files entirely below the cutoff are found without reading them; a
+commit's time belongs to a version, and compaction's files no longer map to versions.
+Whether every replica applied a row is decided by its file: a file that was already in
+the table at the lowest changelog version every replica and history table has applied
+(their `binlake.replica` transaction) holds rows of that version or older only, and no
+replica reads those again. Files added since (compaction's too) wait until the replicas
+move past them, and a replica that has applied nothing yet, which would read the whole
+table, holds back retention altogether.
+
+The deletion is one delta-rs commit that removes the files entirely below the cutoff
+and replaces each file partly below it by a file of its younger rows, every action with
+`dataChange=false`. Replica builds read the commits after their applied version through
+the change data feed, which skips such actions (as it skips compaction's), so no row
+removed or rewritten comes back as a new one to a replica whose range spans the commit;
+the table stays append-only (Delta refuses only removes that change data). The commit
+carries an empty survey, so replica planning sees no rows in it, and no `txn` action:
+the consumer checkpoints (`group/topic/partition` -> end offset) stay as they were, in
+the log and in its checkpoints. Removed files stay on disk until VACUUM's retention has
+passed, so time travel within it still reads them. A rebuild (or a new replica) after
+retention starts from the rows kept.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import TYPE_CHECKING
+
+from binlog_assets.config import PipelineConfig
+from binlog_assets.lakehouse.changelog import (
+    TABLE_PROPERTIES,
+    changelog_name,
+    changelog_uri,
+    commit_metadata,
+)
+from binlog_assets.lakehouse.delta_log import delta_rs_uri, table_detail, table_exists, txn_version
+from binlog_assets.lakehouse.identifiers import qualified
+from binlog_assets.lakehouse.maintenance import live_files
+from binlog_assets.lakehouse.replica_plan import APPEND_ONLY, recorded_rule
+from binlog_assets.lakehouse.routing import replica_routes
+from binlog_assets.lakehouse.transactions import APP_ID
+
+if TYPE_CHECKING:
+    from deltalake import DeltaTable
+    from deltalake.transaction import AddAction
+
+    from binlog_assets.lakehouse.replica import ReplicaBuilder
+
+# A retention commit writes the younger rows of the files it replaces into a folder of
+# its own in the table's, staged as a Delta table there (delta-rs writes the files and
+# their statistics) whose own log is deleted once the files are known.
+STAGING_PREFIX = "retention-"
+_STATS_COLUMNS = "delta.dataSkippingStatsColumns"
+
+
+@dataclass(frozen=True)
+class Retention:
+    """What changelog retention did."""
+
+    table: str
+    cutoff: datetime  # rows ingested before this went, when every replica applied them
+    applied_version: int | None  # the lowest changelog version every replica applied
+    files_before: int
+    bytes_before: int
+    files_after: int
+    bytes_after: int
+    files_removed: int = 0  # files entirely below the cutoff
+    files_rewritten: int = 0  # files partly below it, replaced by their younger rows
+    rows_removed: int = 0
+    note: str = ""
+
+
+def applied_by_every_replica(builder: ReplicaBuilder, current: int
+                             ) -> tuple[int | None, list[str]]:
+    """The lowest changelog version every replica (and history table) has applied, and
+    the tables that have applied none (then the version is None: they need every row).
+    With no replica configured nothing reads the changelog: `current`."""
+    versions, waiting = [], []
+    for name, route in sorted(replica_routes(builder.config).items()):
+        replica = builder.table_name(name)
+        targets = [replica]
+        # A history table is built alongside unless the replica is an append-only log.
+        if route.history and table_exists(builder.spark, *replica) and recorded_rule(
+                route, table_detail(builder.spark, *replica)["properties"]) != APPEND_ONLY:
+            targets.append(builder.history_name(name))
+        for target in targets:
+            version = txn_version(builder.spark, *target, APP_ID)
+            if version is None:
+                waiting.append(qualified(*target))
+            else:
+                versions.append(version)
+    if waiting:
+        return None, waiting
+    return (min(versions) if versions else current), []
+
+
+def retain_changelog(config: PipelineConfig, applied: int | None, *,
+                     now: datetime | None = None) -> Retention:
+    """Delete the changelog rows ingested more than `lakehouse.changelog_retention_days`
+    before `now` that are in files already there at version `applied` (see the module
+    docstring); None applied deletes nothing."""
+    from deltalake import CommitProperties, DeltaTable
+    from deltalake.transaction import RemoveAction
+
+    days = config.lakehouse.changelog_retention_days
+    if days is None:
+        raise ValueError("lakehouse.changelog_retention_days is not set: the changelog "
+                         "keeps every row")
+    now = now or datetime.now(UTC)
+    cutoff = now - timedelta(days=days)
+    # Statistics keep timestamps in whole milliseconds (a maximum rounded down): against
+    # a whole-millisecond cutoff they decide exactly which rows are older.
+    cutoff = cutoff.replace(microsecond=cutoff.microsecond // 1000 * 1000)
+    uri = changelog_uri(config)
+    before = live_files(uri)
+    done = Retention(qualified(*changelog_name(config)), cutoff, applied, *before, *before)
+    if applied is None:
+        return done
+    rs_uri = delta_rs_uri(uri)
+    table = DeltaTable(rs_uri)
+    settled = set(DeltaTable(rs_uri, version=applied).get_add_actions()
+                  .column("path").to_pylist())
+    files = table.get_add_actions(flatten=True)
+    old, mixed, rows_out = [], [], 0
+    for path, size, rows, first, last in zip(*(
+            files.column(c).to_pylist() for c in (
+                "path", "size_bytes", "num_records", "min.ingested_at", "max.ingested_at")),
+            strict=True):
+        if path in settled and first is not None and last is not None and first < cutoff:
+            (old if last < cutoff else mixed).append((path, size))
+            rows_out += rows or 0
+    if not old and not mixed:
+        return done
+    adds, kept = _young_rows(table, rs_uri, [p for p, _ in mixed], cutoff)
+    # Every action without data change: the change feed replicas read skips it (nothing
+    # comes back as an insert), and append-only Delta refuses only removes of data.
+    stamp = int(now.timestamp() * 1000)
+    removes = [RemoveAction(path, False, stamp, size, {}) for path, size in old + mixed]
+    table.create_write_transaction(
+        [*adds, *removes], "append", table.schema(),
+        commit_properties=CommitProperties(
+            custom_metadata={"userMetadata": commit_metadata("retention", [])}))
+    return Retention(done.table, cutoff, applied, *before, *live_files(uri),
+                     files_removed=len(old), files_rewritten=len(mixed),
+                     rows_removed=rows_out - kept)
+
+
+def _young_rows(table: DeltaTable, uri: str, paths: list[str], cutoff: datetime
+                ) -> tuple[list[AddAction], int]:
+    """Write the rows ingested at or after `cutoff` of the table's files `paths` into new
+    files of the table (not yet committed): their add actions, without data change, and
+    how many rows they hold."""
+    if not paths:
+        return [], 0
+    import pyarrow.dataset as pds
+    from deltalake import write_deltalake
+    from deltalake.transaction import AddAction
+    from pyarrow.fs import FileSelector
+
+    dataset = table.to_pyarrow_dataset()
+    wanted = set(paths)
+    young = pds.FileSystemDataset(
+        [f for f in dataset.get_fragments() if f.path in wanted], dataset.schema,
+        dataset.format, dataset.filesystem).to_table(filter=pds.field("ingested_at") >= cutoff)
+    folder = f"{STAGING_PREFIX}{uuid.uuid4().hex}"
+    write_deltalake(f"{uri.rstrip('/')}/{folder}", young,
+                    configuration={_STATS_COLUMNS: TABLE_PROPERTIES[_STATS_COLUMNS]})
+    fs, log = dataset.filesystem, f"{folder}/_delta_log"
+    adds = []
+    for info in fs.get_file_info(FileSelector(log)):
+        if info.path.endswith(".json"):
+            for line in fs.open_input_stream(info.path).read().splitlines():
+                add = json.loads(line).get("add")
+                if add:
+                    adds.append(AddAction(f"{folder}/{add['path']}", add["size"], {},
+                                          add["modificationTime"], False, add["stats"]))
+    fs.delete_dir(log)
+    return adds, young.num_rows
