@@ -101,8 +101,8 @@ def _schema(spark, config, replica: str = "orders") -> dict[str, str]:
             if not f.name.startswith("_")}
 
 
-def test_evolve_follows_ddl_and_new_fields_and_drops_with_the_source(spark, make_config_each_path: MakeConfig
-                                                          ) -> None:
+def test_evolve_follows_ddl_and_new_fields_and_drops_with_the_source(
+        spark, make_config_each_path: MakeConfig) -> None:
     config = make_config_each_path([{"source": "shop.orders", "replica": "orders"}])
     part, builder = Partition(ChangelogWriter(config)), ReplicaBuilder(spark, config)
     src = Source("shop.orders")
