@@ -272,7 +272,9 @@ class LakehouseConfig(_Model):
 
 
 class SparkConfig(_Model):
-    master: str = "local[2]"
+    # `local[N]`, or a cluster (`spark://host:port`, `yarn`, `k8s://...`); a standalone
+    # master on this machine is started by the local stack.
+    master: str = Field("local[2]", pattern=r"^\S+$")
     # A Spark Connect server (`sc://host:port`) that runs every Spark step: one warm JVM
     # for all runs instead of one started per run. Unset: Spark in each run's process.
     remote: str | None = Field(None, pattern=r"^sc://[^\s/:]+:[0-9]+(/[^\s]*)?$")
@@ -280,6 +282,12 @@ class SparkConfig(_Model):
     parallel_replicas: int = Field(
         2, ge=1, le=64, description="replicas one build applies at once, each in a Spark "
                                     "session of its own")
+
+    @property
+    def master_port(self) -> int | None:
+        """The port of a standalone master on this machine, None for any other master."""
+        m = re.fullmatch(r"spark://(127\.0\.0\.1|localhost):([0-9]+)", self.master)
+        return int(m.group(2)) if m else None
 
     @property
     def remote_port(self) -> int | None:

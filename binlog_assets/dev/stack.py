@@ -22,6 +22,7 @@ from binlog_assets.dev.connect import DebeziumConnector, KafkaConnect
 from binlog_assets.dev.kafka import KafkaBroker
 from binlog_assets.dev.mariadb import MariaDBServer
 from binlog_assets.dev.redis import REDIS_URL_ENV, RedisServer
+from binlog_assets.dev.spark_cluster import SparkCluster
 from binlog_assets.dev.spark_connect import SparkConnectServer
 from binlog_assets.environment import embedded_broker_dir, var_dir
 
@@ -46,6 +47,16 @@ def local_spark(config: PipelineConfig) -> SparkConnectServer | None:
     if config.spark.remote_port is None:
         return None
     return SparkConnectServer.for_config(config, var_dir() / "spark-connect")
+
+
+def local_spark_cluster(config: PipelineConfig) -> SparkCluster | None:
+    """The standalone cluster `spark.master` names on this machine, None for any other
+    master (`local[N]`, or a cluster elsewhere)."""
+    if config.spark.master_port is None:
+        return None
+    cluster = SparkCluster(var_dir() / "spark-cluster")
+    cluster.master.port = config.spark.master_port
+    return cluster
 
 
 def local_redis(config: PipelineConfig) -> RedisServer | None:
@@ -84,6 +95,9 @@ def up(config: PipelineConfig) -> str:
         broker = local_broker()
         seconds = broker.start()
         lines.append(f"{broker.status()} (ready in {seconds:.1f}s)")
+    if (cluster := local_spark_cluster(config)) is not None:
+        seconds = cluster.start()
+        lines.append(f"{cluster.status()}\n(spark cluster ready in {seconds:.1f}s)")
     if (spark := local_spark(config)) is not None:
         seconds = spark.start()
         lines.append(f"{spark.status()} (ready in {seconds:.1f}s)")
@@ -100,6 +114,8 @@ def down(config: PipelineConfig) -> str:
     spark = local_spark(config)
     if spark is not None:
         spark.stop()
+    if (cluster := local_spark_cluster(config)) is not None:
+        cluster.stop()
     redis = RedisServer(var_dir() / "redis")
     redis.stop()
     if config.bootstrap_servers:
@@ -115,7 +131,9 @@ def status(config: PipelineConfig) -> str:
     kafka = (f"kafka: configured bootstrap.servers={config.bootstrap_servers}"
              if config.bootstrap_servers else local_broker().status())
     redis = local_redis(config)
-    return "\n".join([kafka, *([spark.status()] if spark else []),
+    cluster = local_spark_cluster(config)
+    return "\n".join([kafka, *([cluster.status()] if cluster else []),
+                      *([spark.status()] if spark else []),
                       *([redis.status()] if redis else [])])
 
 
