@@ -237,6 +237,10 @@ def _arrow_table(rows: Sequence[tuple], ingested_at: datetime):  # noqa: ANN202
     return Table.from_arrays(arrays, schema=schema)
 
 
+class ConcurrentPartitionWrite(RuntimeError):
+    """Another writer committed the same partition's transaction at the same time."""
+
+
 class ChangelogWriter:
     """Appends decoded events to the changelog with delta-rs, one idempotent commit per
     call. Safe to share between threads: commits of one writer take turns."""
@@ -297,6 +301,7 @@ class ChangelogWriter:
         held no change: the commit carries the transaction and adds no file.
         """
         from deltalake import CommitProperties, Transaction, write_deltalake
+        from deltalake.exceptions import CommitFailedError
 
         txn = changelog_app_id(group_id, topic, partition)
         for event in events:
@@ -315,13 +320,23 @@ class ChangelogWriter:
             rows = [event_row(e, raw.get(e.offset) if raw else None, now)
                     for e in events if done is None or e.offset >= done]
             tag = f"{txn}@{end_offset}#{uuid.uuid4().hex}"
-            write_deltalake(
-                table, _arrow_table(rows, now), mode="append",
-                commit_properties=CommitProperties(
-                    app_transactions=[Transaction(txn, end_offset)],
-                    custom_metadata={"userMetadata": commit_metadata(tag,
-                                                                     survey_of_rows(rows))}),
-            )
+            try:
+                write_deltalake(
+                    table, _arrow_table(rows, now), mode="append",
+                    commit_properties=CommitProperties(
+                        app_transactions=[Transaction(txn, end_offset)],
+                        custom_metadata={"userMetadata": commit_metadata(
+                            tag, survey_of_rows(rows))}),
+                )
+            except CommitFailedError as e:
+                # delta-rs's conflict check refuses a commit whose transaction id another
+                # commit took since this one read the table: the race of two runs on one
+                # partition, which on object storage no file lock prevents.
+                if "Concurrent transaction" not in str(e):
+                    raise
+                raise ConcurrentPartitionWrite(
+                    f"{topic}[{partition}]: another run committed this partition's "
+                    f"changelog at the same time ({e})") from e
             return table.version()
 
 

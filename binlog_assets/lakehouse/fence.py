@@ -7,8 +7,10 @@ nothing more and fails with a clear message. Check and write happen under a file
 per partition when the lakehouse is a local path, so no other process can commit in
 between (delta-rs does not refuse a transaction version it already holds, delta-rs
 #2580: the writer reads it again under the lock). On object storage there is no such
-lock: the lag sensor's one-owner rule and Dagster's one-run-per-partition limit
-(dagster.yaml) are the lines there.
+lock; there delta-rs commits with conditional writes (`AWS_CONDITIONAL_PUT=etag`, S3's
+`If-None-Match`; without it or a locking provider delta-rs refuses to write to S3), and
+its conflict check refuses a commit whose transaction id (group + topic-partition)
+another commit took since it read the table: of two racing runs, one is fenced there.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from binlog_assets.formats.event import ChangeEvent
+from binlog_assets.lakehouse.changelog import ConcurrentPartitionWrite
 
 
 class FencedRunError(RuntimeError):
@@ -69,8 +72,12 @@ class FencedChangelogSink:
                 raise FencedRunError(
                     f"{self.topic}[{self.partition}] was overtaken: its changelog checkpoint "
                     f"is {current}, this run expected {self.expected}; it writes nothing more")
-            version = self.writer.write(events, raw, group_id=self.group, topic=self.topic,
-                                        partition=self.partition, end_offset=end_offset)
+            try:
+                version = self.writer.write(events, raw, group_id=self.group,
+                                            topic=self.topic, partition=self.partition,
+                                            end_offset=end_offset)
+            except ConcurrentPartitionWrite as e:
+                raise FencedRunError(f"{e}; this run writes nothing more") from e
         if version is None:
             raise FencedRunError(
                 f"{self.topic}[{self.partition}]: another run wrote up to {end_offset} first")
