@@ -8,7 +8,7 @@ export DAGSTER_HOME := $(CURDIR)/var/dagster
 
 .PHONY: setup demo test test-long drills-long test-unit stack-up stack-down stack-status source-up source-down source-status dev lint bench
 
-setup: .cache/apt.stamp $(VENV)/.installed $(JARS)/kafka/.stamp $(JARS)/delta/.stamp $(JARS)/connect/.stamp $(DAGSTER_HOME)/dagster.yaml
+setup: .cache/apt.stamp $(VENV)/.installed $(JARS)/kafka/.stamp $(JARS)/delta/.stamp $(JARS)/connect/.stamp $(JARS)/s3/.stamp $(DAGSTER_HOME)/dagster.yaml
 
 .cache/apt.stamp: setup/apt.sh
 	@mkdir -p .cache

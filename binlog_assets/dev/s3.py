@@ -83,6 +83,6 @@ class S3Server(LocalDaemon):
                      ).create_bucket(Bucket=name)
 
     def status(self) -> str:
-        pid = self.running_pid()
-        return (f"s3: stopped (data in {self.data_dir})" if pid is None
-                else f"s3: running pid={pid} {self.endpoint}")
+        if self.running_pid() is None or not self._reuse_port():
+            return f"s3: stopped (data in {self.data_dir})"
+        return f"s3: running pid={self.running_pid()} {self.endpoint}"

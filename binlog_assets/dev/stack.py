@@ -22,6 +22,7 @@ from binlog_assets.dev.connect import DebeziumConnector, KafkaConnect
 from binlog_assets.dev.kafka import KafkaBroker
 from binlog_assets.dev.mariadb import MariaDBServer
 from binlog_assets.dev.redis import REDIS_URL_ENV, RedisServer
+from binlog_assets.dev.s3 import S3Server
 from binlog_assets.dev.spark_cluster import SparkCluster
 from binlog_assets.dev.spark_connect import SparkConnectServer
 from binlog_assets.environment import embedded_broker_dir, var_dir
@@ -57,6 +58,27 @@ def local_spark_cluster(config: PipelineConfig) -> SparkCluster | None:
     cluster = SparkCluster(var_dir() / "spark-cluster")
     cluster.master.port = config.spark.master_port
     return cluster
+
+
+def local_s3(config: PipelineConfig) -> S3Server | None:
+    """The S3-compatible server for an `s3a://` lakehouse when the environment names no
+    store of its own (`AWS_ENDPOINT_URL` unset, or on this machine); None otherwise."""
+    endpoint = os.environ.get("AWS_ENDPOINT_URL", "")
+    if not config.lakehouse.path.startswith("s3a://") or (
+            endpoint and "127.0.0.1" not in endpoint and "localhost" not in endpoint):
+        return None
+    return S3Server(var_dir() / "s3")
+
+
+def s3_env(config: PipelineConfig) -> str:
+    """`export` lines pointing S3 clients at the local server (`eval` them in the shell
+    that runs Dagster), starting it and the lakehouse's bucket when needed."""
+    if (s3 := local_s3(config)) is None:
+        return "# no local S3: the lakehouse is not on s3a://, or AWS_ENDPOINT_URL names a store"
+    if not s3._reuse_port():  # noqa: SLF001 - a running server keeps its port
+        s3.start()
+        s3.create_bucket(config.lakehouse.path[len("s3a://"):].split("/", 1)[0])
+    return "\n".join(f"export {k}={v}" for k, v in s3.env().items())
 
 
 def local_redis(config: PipelineConfig) -> RedisServer | None:
@@ -98,6 +120,9 @@ def up(config: PipelineConfig) -> str:
     if (cluster := local_spark_cluster(config)) is not None:
         seconds = cluster.start()
         lines.append(f"{cluster.status()}\n(spark cluster ready in {seconds:.1f}s)")
+    if (s3 := local_s3(config)) is not None:
+        s3_env(config)
+        lines.append(f"{s3.status()} (for its environment: eval \"$(stack s3-env)\")")
     if (spark := local_spark(config)) is not None:
         seconds = spark.start()
         lines.append(f"{spark.status()} (ready in {seconds:.1f}s)")
@@ -116,6 +141,7 @@ def down(config: PipelineConfig) -> str:
         spark.stop()
     if (cluster := local_spark_cluster(config)) is not None:
         cluster.stop()
+    S3Server(var_dir() / "s3").stop()
     redis = RedisServer(var_dir() / "redis")
     redis.stop()
     if config.bootstrap_servers:
@@ -179,6 +205,7 @@ _ACTIONS = {
     "source-down": source_down,
     "source-status": source_status,
     "redis-url": redis_url,
+    "s3-env": s3_env,
 }
 
 

@@ -29,6 +29,30 @@ def delta_jars() -> list[str]:
     return sorted(str(p) for p in jars_dir("delta").glob("*.jar"))
 
 
+def s3_jars() -> list[str]:
+    return sorted(str(p) for p in jars_dir("s3").glob("*.jar"))
+
+
+def _s3a_conf() -> dict[str, str]:
+    """Hadoop's S3A filesystem for an `s3a://` lakehouse: on the class path (not in
+    `spark.jars`, which would copy its 690 MB AWS SDK into every session), pointed at the
+    endpoint and region the environment names; credentials come from the environment
+    too (the AWS SDK's default chain)."""
+    classpath = ":".join(s3_jars())
+    conf = {"spark.driver.extraClassPath": classpath,
+            "spark.executor.extraClassPath": classpath}
+    endpoint = os.environ.get("AWS_ENDPOINT_URL")
+    if endpoint:
+        conf["spark.hadoop.fs.s3a.endpoint"] = endpoint
+        # An S3-compatible store (moto, MinIO) serves buckets by path, not by host name.
+        conf["spark.hadoop.fs.s3a.path.style.access"] = "true"
+        conf["spark.hadoop.fs.s3a.connection.ssl.enabled"] = str(
+            endpoint.startswith("https:")).lower()
+    if region := os.environ.get("AWS_REGION"):
+        conf["spark.hadoop.fs.s3a.endpoint.region"] = region
+    return conf
+
+
 def spark_conf(config: PipelineConfig) -> dict[str, str]:
     """Every Spark setting binlake needs, with the user's `spark.conf` applied last."""
     local = config.lakehouse.is_local
@@ -62,6 +86,8 @@ def spark_conf(config: PipelineConfig) -> dict[str, str]:
             f"jdbc:derby:;databaseName={lake / 'metastore_db'};create=true"
         )
         conf["spark.driver.extraJavaOptions"] = f"-Dderby.system.home={lake}"
+    elif config.lakehouse.path.startswith("s3a://"):
+        conf.update(_s3a_conf())
     conf.update({k: str(v).lower() if isinstance(v, bool) else str(v)
                  for k, v in config.spark.conf.items()})
     return conf

@@ -80,10 +80,10 @@ def test_seeded_workload_through_a_spark_standalone_cluster(
         events = sum(s.events for s in summaries)
 
         child = subprocess.run(
-            [sys.executable, str(HERE / "cluster_child.py"), str(config_path),
+            [sys.executable, str(HERE / "build_child.py"), str(config_path),
              str(mariadb.data_dir)],
             capture_output=True, text=True, timeout=900)
-        lines = [ln for ln in child.stdout.splitlines() if ln.startswith("CLUSTER-RESULT ")]
+        lines = [ln for ln in child.stdout.splitlines() if ln.startswith("BUILD-RESULT ")]
         assert child.returncode == 0 and lines, child.stderr[-4000:]
         result = json.loads(lines[0].split(" ", 1)[1])
 

@@ -1,10 +1,11 @@
-"""The replica build of the Spark cluster end-to-end test, in a process of its own (one
-SparkContext per process: the test session's own Spark is `local[2]`).
+"""The replica build of the cluster and S3 end-to-end tests, in a process of its own (one
+SparkContext per process: the test session's own Spark is `local[2]` on a local lake).
 
-`python cluster_child.py CONFIG_PATH MARIADB_DATA_DIR` builds every shop replica with
-`ReplicaBuilder` on the Spark the config names (`spark.master: spark://...`), compares
-each with its MariaDB source, and prints one `CLUSTER-RESULT <json>` line: per replica,
-(source rows, replica rows, mismatches), the executors that ran, and the seconds taken.
+`python build_child.py CONFIG_PATH MARIADB_DATA_DIR` builds every shop replica with
+`ReplicaBuilder` on the Spark and lakehouse the config names (`spark.master:
+spark://...`, `lakehouse.path: s3a://...`), compares each with its MariaDB source, and
+prints one `BUILD-RESULT <json>` line: per replica, (source rows, replica rows,
+mismatches), the executors that ran, and the seconds taken.
 """
 
 from __future__ import annotations
@@ -33,13 +34,16 @@ def main() -> None:
     comparisons = shop.compare(conn, spark, cfg.lakehouse.database)
     executors = [e.host + ":" + str(e.port)
                  for e in spark.sparkContext.statusTracker().getExecutorInfos()]
-    print("CLUSTER-RESULT " + json.dumps({
+    print("BUILD-RESULT " + json.dumps({
         "master": spark.sparkContext.master,
         # The driver is listed too: executors are the others.
         "executors": len(executors) - 1,
         "written": {n: r.written for n, r in results.items()},
         "compared": {c.replica: [c.source_rows, c.replica_rows, c.mismatched]
                      for c in comparisons},
+        "replica_location": spark.sql(
+            f"DESCRIBE DETAIL `{cfg.lakehouse.database}`.`{sorted(shop.REPLICAS)[0]}`"
+        ).collect()[0]["location"],
         "session_seconds": round(started - began, 1),
         "build_seconds": round(built - started, 1),
     }), flush=True)
