@@ -40,6 +40,15 @@ class _SparkDaemon(LocalDaemon):
                 # Spark's own daemon logs stay in the data dir.
                 "SPARK_LOG_DIR": str(self.data_dir), "SPARK_DAEMON_MEMORY": "512m"}
 
+    def _running(self) -> bool:
+        """True when an instance from this directory runs (its port read back); else
+        the directory exists and `port` is set, for a launch."""
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        if self._reuse_port():
+            return True
+        self.port = self.port or free_port()
+        return False
+
     def _spark_class(self, main: str, *args: str) -> list[str]:
         return [str(_spark_home() / "bin" / "spark-class"), main, *args]
 
@@ -79,10 +88,8 @@ class SparkMaster(_SparkDaemon):
 
     def start(self, timeout: float = 120.0) -> float:
         began = time.monotonic()
-        self.data_dir.mkdir(parents=True, exist_ok=True)
-        if self._reuse_port():
+        if self._running():
             return time.monotonic() - began
-        self.port = self.port or free_port()
         self.webui_port = self.webui_port or free_port()
         cmd = self._spark_class(_MASTER_MAIN, "--host", "127.0.0.1", "--port", str(self.port),
                                 "--webui-port", str(self.webui_port),
@@ -122,10 +129,8 @@ class SparkWorker(_SparkDaemon):
 
     def start(self, timeout: float = 120.0) -> float:
         began = time.monotonic()
-        self.data_dir.mkdir(parents=True, exist_ok=True)
-        if self._reuse_port():
+        if self._running():
             return time.monotonic() - began
-        self.port = self.port or free_port()
         cmd = self._spark_class(_WORKER_MAIN, self.master_url, "--host", "127.0.0.1",
                                 "--port", str(self.port), "--webui-port", str(free_port()),
                                 "--cores", str(self.cores), "--memory", self.memory,

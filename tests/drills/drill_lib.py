@@ -169,3 +169,38 @@ def coordinate_diff(expected: Counter, got: Counter) -> dict[str, int]:
         "unexpected": sum(1 for k in got if k not in expected),
         "duplicates": sum(n - 1 for n in got.values() if n > 1),
     }
+
+
+def seeded_build(cfg: PipelineConfig, mariadb, seed: int, statements: int, workdir: Path
+                 ) -> tuple[int, list, float, dict]:
+    """The seeded workload through Debezium and one consumer run per shop partition
+    (in this process: no Spark), then the replica build and its comparison with MariaDB
+    in a child process (`build_child.py`: the Spark the config names); returns the
+    statements run, the runs' summaries, the consume seconds and the child's result."""
+    import json
+    import subprocess
+    import sys
+
+    import yaml
+
+    from binlog_assets.consume.handlers import HandlerRegistry
+    from binlog_assets.orchestration.consume_runs import ChangelogRunConfig, consume_partition
+
+    config_path = workdir / "binlake.yaml"
+    config_path.write_text(yaml.safe_dump(cfg.model_dump(mode="json", exclude_none=True)))
+    kafka_conf = dict(cfg.kafka)
+    ran = workload(mariadb.connect(), seed, statements)
+    ends = wait_published(kafka_conf)
+    began = time.monotonic()
+    summaries = [consume_partition(cfg, kafka_conf, key, ChangelogRunConfig(),
+                                   HandlerRegistry(), group=cfg.kafka["group.id"])[0]
+                 for key in KEYS]
+    consume_seconds = time.monotonic() - began
+    assert [s.committed_offset for s in summaries] == [ends[k] for k in KEYS]
+    child = subprocess.run(
+        [sys.executable, str(Path(__file__).with_name("build_child.py")), str(config_path),
+         str(mariadb.data_dir)],
+        capture_output=True, text=True, timeout=900)
+    lines = [ln for ln in child.stdout.splitlines() if ln.startswith("BUILD-RESULT ")]
+    assert child.returncode == 0 and lines, child.stderr[-4000:]
+    return ran, summaries, consume_seconds, json.loads(lines[0].split(" ", 1)[1])

@@ -10,29 +10,22 @@ compares each with its source. The figures go to the drill report.
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import pytest
-import yaml
-from drill_lib import KEYS, shop_config, wait_published, workload
+from drill_lib import seeded_build, shop_config
 
 from binlog_assets.config import PipelineConfig, parse_config
-from binlog_assets.consume.handlers import HandlerRegistry
 from binlog_assets.dev import drills
 from binlog_assets.dev.connect import KafkaConnect
 from binlog_assets.dev.mariadb import MariaDBServer
 from binlog_assets.dev.s3 import S3Server
 from binlog_assets.lakehouse.changelog import changelog_uri
-from binlog_assets.orchestration.consume_runs import ChangelogRunConfig, consume_partition
 
 pytestmark = pytest.mark.long
 SEED = 20261125
 STATEMENTS = 300
 BUCKET = "lake"
-HERE = Path(__file__).parent
 
 
 def _s3_config(base: PipelineConfig, catalog: Path) -> PipelineConfig:
@@ -57,24 +50,8 @@ def test_seeded_workload_with_the_lakehouse_on_s3(
         for k, v in s3.env().items():
             monkeypatch.setenv(k, v)  # this process's delta-rs, and the child's Spark
         cfg = _s3_config(pipeline_config, tmp_path / "metastore_db")
-        config_path = tmp_path / "binlake.yaml"
-        config_path.write_text(yaml.safe_dump(cfg.model_dump(mode="json", exclude_none=True)))
-        kafka_conf = dict(cfg.kafka)
-        statements = workload(mariadb.connect(), SEED, STATEMENTS)
-        ends = wait_published(kafka_conf)
-        began = time.monotonic()
-        summaries = [consume_partition(cfg, kafka_conf, key, ChangelogRunConfig(),
-                                       HandlerRegistry(), group=cfg.kafka["group.id"])[0]
-                     for key in KEYS]
-        consume_seconds = time.monotonic() - began
-        assert [s.committed_offset for s in summaries] == [ends[k] for k in KEYS]
-        child = subprocess.run(
-            [sys.executable, str(HERE / "build_child.py"), str(config_path),
-             str(mariadb.data_dir)],
-            capture_output=True, text=True, timeout=900)
-        lines = [ln for ln in child.stdout.splitlines() if ln.startswith("BUILD-RESULT ")]
-        assert child.returncode == 0 and lines, child.stderr[-4000:]
-        result = json.loads(lines[0].split(" ", 1)[1])
+        statements, summaries, consume_seconds, result = seeded_build(
+            cfg, mariadb, SEED, STATEMENTS, tmp_path)
         import boto3
 
         objects = boto3.client("s3", endpoint_url=s3.endpoint,

@@ -20,23 +20,19 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-import yaml
-from drill_lib import KEYS, shop_config, wait_published, workload
+from drill_lib import seeded_build, shop_config
 
 from binlog_assets.config import PipelineConfig, parse_config
-from binlog_assets.consume.handlers import HandlerRegistry
 from binlog_assets.dev import drills
 from binlog_assets.dev.connect import KafkaConnect
 from binlog_assets.dev.mariadb import MariaDBServer
 from binlog_assets.dev.process import free_port
 from binlog_assets.dev.spark_cluster import SparkCluster
-from binlog_assets.orchestration.consume_runs import ChangelogRunConfig, consume_partition
 from binlog_assets.orchestration.dbt import DBT_PROJECT_DIR, dbt_env, write_profiles
 
 pytestmark = pytest.mark.long
 SEED = 20261124
 STATEMENTS = 300
-HERE = Path(__file__).parent
 
 
 def _cluster_config(base: PipelineConfig, lake: Path, master: str) -> PipelineConfig:
@@ -66,26 +62,9 @@ def test_seeded_workload_through_a_spark_standalone_cluster(
     try:
         cfg = _cluster_config(pipeline_config, tmp_path / "lake", cluster.url)
         assert cfg.spark.master_port == cluster.master.port
-        config_path = tmp_path / "binlake.yaml"
-        config_path.write_text(yaml.safe_dump(cfg.model_dump(mode="json", exclude_none=True)))
-        kafka_conf = dict(cfg.kafka)
-        statements = workload(mariadb.connect(), SEED, STATEMENTS)
-        ends = wait_published(kafka_conf)
-        consumed_at = time.monotonic()
-        summaries = [consume_partition(cfg, kafka_conf, key, ChangelogRunConfig(),
-                                       HandlerRegistry(), group=cfg.kafka["group.id"])[0]
-                     for key in KEYS]
-        consume_seconds = time.monotonic() - consumed_at
-        assert [s.committed_offset for s in summaries] == [ends[k] for k in KEYS]
+        statements, summaries, consume_seconds, result = seeded_build(
+            cfg, mariadb, SEED, STATEMENTS, tmp_path)
         events = sum(s.events for s in summaries)
-
-        child = subprocess.run(
-            [sys.executable, str(HERE / "build_child.py"), str(config_path),
-             str(mariadb.data_dir)],
-            capture_output=True, text=True, timeout=900)
-        lines = [ln for ln in child.stdout.splitlines() if ln.startswith("BUILD-RESULT ")]
-        assert child.returncode == 0 and lines, child.stderr[-4000:]
-        result = json.loads(lines[0].split(" ", 1)[1])
 
         profiles = write_profiles(cfg, tmp_path / "dbt-profiles")
         dbt_began = time.monotonic()

@@ -186,6 +186,12 @@ def test_events_to_replicas_to_dbt_through_backfill_and_automation(e2e_env, spar
             runs = _wait("4 backfill runs", backfill_runs, 600, daemon, log)
             assert sorted(r.tags["dagster/partition"] for r in runs) == keys
             assert len({r.tags["dagster/backfill"] for r in runs}) == 1
+            # The queued run coordinator (max_concurrent_runs: 4) ran them side by side:
+            # the last to start began before the first to end was done.
+            records = instance.get_run_records(
+                dg.RunsFilter(run_ids=[r.run_id for r in runs]))
+            spans = [(rec.start_time, rec.end_time) for rec in records]
+            assert max(s for s, _ in spans) < min(e for _, e in spans), spans
 
             # Offsets are in the metadata of each partition's materialization.
             for key in keys:
