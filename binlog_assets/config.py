@@ -35,7 +35,9 @@ CONFIG_ENV = "BINLAKE_CONFIG"
 DEFAULT_CONFIG_PATH = REPO_ROOT / "binlake.yaml"
 
 Ordering = Literal[ORDERING_MODES]
-Format = Literal["debezium", "maxwell", "canal", "dts"]
+# `debezium-avro`: Debezium through an Avro converter and a schema registry (see
+# PipelineConfig.schema_registry).
+Format = Literal["debezium", "debezium-avro", "maxwell", "canal", "dts"]
 SchemaEvolution = Literal["evolve", "exception", "ignore"]
 # `merge`: one row per key (the primary key, or `key_columns`), MERGEd by position;
 # `append`: the log of the table's changes, one row per change, no key.
@@ -344,6 +346,9 @@ class PipelineConfig(_Model):
     lakehouse: LakehouseConfig = LakehouseConfig()
     spark: SparkConfig = SparkConfig()
     dagster: DagsterConfig = DagsterConfig()
+    # The schema registry client's settings (confluent-kafka's SchemaRegistryClient keys:
+    # url, basic.auth.user.info, ssl.ca.location, ...), for `debezium-avro` sources.
+    schema_registry: dict[str, str | int | float | bool] = Field(default_factory=dict)
     sources: tuple[SourceConfig, ...] = ()
 
     @field_validator("kafka")
@@ -360,6 +365,34 @@ class PipelineConfig(_Model):
         except (KafkaException, ValueError, TypeError) as e:
             raise ValueError(f"librdkafka rejects it: {e}") from e
         return v
+
+    @field_validator("schema_registry")
+    @classmethod
+    def _registry_keys_known(cls, v: dict[str, Any]) -> dict[str, Any]:
+        if not v:
+            return v
+        if not v.get("url"):
+            raise ValueError("`url` is required (the registry's http(s) address)")
+        for key, value in v.items():  # the client's own error would not name the file
+            if key.endswith(".location") and not Path(str(value)).is_file():
+                raise ValueError(f"`{key}`: no such file {value!r}")
+        # The client checks its keys when built, without a request.
+        from confluent_kafka.schema_registry import SchemaRegistryClient
+
+        try:
+            SchemaRegistryClient(dict(v))
+        except (ValueError, TypeError, OSError) as e:
+            raise ValueError(f"the schema registry client rejects it: {e}") from e
+        return v
+
+    @model_validator(mode="after")
+    def _avro_has_registry(self) -> PipelineConfig:
+        for i, source in enumerate(self.sources):
+            if source.format == "debezium-avro" and not self.schema_registry:
+                raise ValueError(
+                    f"sources[{i}].format: 'debezium-avro' reads schemas from a registry, "
+                    f"but `schema_registry` is not set (give at least its `url`)")
+        return self
 
     @model_validator(mode="after")
     def _unique_names(self) -> PipelineConfig:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -180,3 +181,31 @@ def test_changelog_retention_is_off_unless_set() -> None:
     assert parse_config({}).lakehouse.changelog_retention_days is None
     assert parse_config({"lakehouse": {"changelog_retention_days": 7}}
                         ).lakehouse.changelog_retention_days == 7
+
+
+@pytest.mark.parametrize(("data", "says"), [
+    ({"sources": [{"name": "s", "topics": ["t"], "format": "debezium-avro"}]},
+     "sources[0].format: 'debezium-avro' reads schemas from a registry, but "
+     "`schema_registry` is not set"),
+    ({"schema_registry": {"basic.auth.user.info": "a:b"}}, "schema_registry: Value error, "
+     "`url` is required"),
+    ({"schema_registry": {"url": "http://r:8081", "bogus.key": 1}},
+     "schema_registry: Value error, the schema registry client rejects it: Unrecognized "
+     "properties: bogus.key"),
+    ({"schema_registry": {"url": "https://r:8081", "ssl.ca.location": "/nowhere/ca.pem"}},
+     "schema_registry: Value error, `ssl.ca.location`: no such file '/nowhere/ca.pem'"),
+])
+def test_a_bad_schema_registry_setting_fails_at_load(data: dict, says: str) -> None:
+    with pytest.raises(ConfigError, match=re.escape(says)):
+        parse_config(data)
+
+
+def test_registry_credentials_come_from_the_environment(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("BINLAKE_TEST_REGISTRY_PW", "r3g-Secret")
+    cfg = parse_config({
+        "schema_registry": {"url": "http://127.0.0.1:8081",
+                            "basic.auth.user.info": "binlake:${BINLAKE_TEST_REGISTRY_PW}"},
+        "sources": [{"name": "s", "topics": ["t"], "format": "debezium-avro"}]})
+    assert cfg.schema_registry["basic.auth.user.info"] == "binlake:r3g-Secret"
+    assert cfg.sources[0].format == "debezium-avro"

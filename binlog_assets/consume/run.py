@@ -22,7 +22,7 @@ from collections import Counter, deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from operator import attrgetter
-from typing import Protocol
+from typing import Any, Protocol
 
 from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
 
@@ -106,6 +106,8 @@ class RunSettings:
     commit_interval_seconds: float = 5.0
     batch_size: int = 1000
     key_columns: dict[str, list[str]] | None = None
+    # The schema registry client's settings, for formats that need one (secrets inside).
+    schema_registry: dict[str, Any] | None = field(default=None, repr=False)
 
 
 @dataclass
@@ -176,7 +178,8 @@ class BoundedRun:
         self.tp = TopicPartition(topic, partition)
         self.registry = registry
         self.settings = settings
-        self.decoder = decoder or make_decoder(settings.format, key_columns=settings.key_columns)
+        self.decoder = decoder or make_decoder(settings.format, key_columns=settings.key_columns,
+                                               schema_registry=settings.schema_registry)
         self.on_commit = on_commit
         self.sink = sink
         # (offset, events, raw value) polled but not yet given to the sink.

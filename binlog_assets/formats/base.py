@@ -26,6 +26,7 @@ from binlog_assets.formats.event import (
     OP_DELETE,
     ChangeEvent,
     DecodeError,
+    SourceUnavailableError,
     binlog_file_index,
 )
 
@@ -153,7 +154,7 @@ class ChangeDecoder:
             return self._skip("tombstone")
         try:
             return self._decode((value, topic, partition, offset, key, headers))
-        except DecodeError:
+        except (DecodeError, SourceUnavailableError):
             raise
         except Exception as exc:  # a decode boundary: any surprise means a malformed record
             raise DecodeError(

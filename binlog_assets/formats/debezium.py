@@ -255,8 +255,12 @@ class DebeziumDecoder(ChangeDecoder):
         self._key_shapes: dict[str, tuple[tuple[bytes, ...], tuple[str, ...]]] = {}
 
     def _decode(self, record: KafkaRecord) -> list[ChangeEvent]:
-        value, topic, partition, offset, key, _headers = record
-        doc, plan = self._parse(value)
+        doc, plan = self._parse(record[0])
+        return self._events(doc, plan, record)
+
+    def _events(self, doc: Any, plan: _RowPlan | None, record: KafkaRecord) -> list[ChangeEvent]:
+        """The row changes (or DDL) of one envelope, whatever encoding carried it."""
+        _value, topic, partition, offset, key, _headers = record
         if doc is None:
             return self._skip("tombstone")
         if type(doc) is not dict:

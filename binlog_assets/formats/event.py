@@ -48,6 +48,11 @@ class DecodeError(ValueError):
     """A message that cannot become ChangeEvents; the message says which field is wrong."""
 
 
+class SourceUnavailableError(RuntimeError):
+    """Something a decoder needs besides the record (a schema registry) cannot be reached:
+    no record can be decoded until it can, so the run fails rather than dead-lettering."""
+
+
 class Position(NamedTuple):
     """A total order over one binlog: compared field by field as integers.
 

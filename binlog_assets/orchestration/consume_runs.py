@@ -110,6 +110,7 @@ def consume_partition(
         ),
         key_columns={t.source: list(t.key_columns) for t in source.tables if t.key_columns}
         or None,
+        schema_registry=dict(cfg.schema_registry) or None,
     )
     with handlers.opened():
         summary = BoundedRun(topic, partition, handlers, settings, sink=sink).run()
