@@ -97,7 +97,6 @@ from binlog_assets.lakehouse.delta_log import (
     forget,
     merge_aliases,
     metrics_since,
-    set_properties,
     stored_rows,
     table_detail,
     table_exists,
@@ -108,14 +107,11 @@ from binlog_assets.lakehouse.identifiers import check_unmapped_names, col, quali
 from binlog_assets.lakehouse.replica_ddl import (
     SOURCES_PROPERTY,
     Sources,
-    drop_columns,
+    apply_ddl,
     drop_markers,
-    drop_stale,
-    move_renamed_values,
-    move_table_rows,
-    plan_columns,
     read_ddl,
-    track_sources,
+    record_sources,
+    replica_sources,
 )
 from binlog_assets.lakehouse.replica_plan import (
     APPEND_ONLY,
@@ -380,11 +376,7 @@ class ReplicaBuilder:
             raise ReplicaError(f"replica {route.replica!r}: no type known for key column(s) "
                                f"{missing} in {survey.tables[:5]}")
         current = self._source_columns(table) if exists else {}
-        sources = track_sources(props, survey, ddl, route,
-                                self._held_tables(table) if exists and not props.get(
-                                    SOURCES_PROPERTY) else [])
-        if exists:
-            drop_stale(survey, sources)
+        sources = replica_sources(self.spark, table, props, survey, ddl, route, exists=exists)
         # A new table takes every column of the batch, whatever the mode: there is no
         # schema yet to keep.
         change = plan_changes(current, survey.declared, survey.inferred,
@@ -407,32 +399,14 @@ class ReplicaBuilder:
                 apply_changes(self.spark, target, change)
         structural = False
         if exists and ddl and not rule.append:
-            described_ddl, structural = self._apply_ddl(table, route, rule, ddl, sources,
-                                                        survey)
+            described_ddl, structural = apply_ddl(self.spark, table, self._source_columns(table),
+                                                  route, rule.key, ddl, sources, survey)
             described += described_ddl
-        if exists and (sources.changed or SOURCES_PROPERTY not in props):
-            set_properties(self.spark, table, {SOURCES_PROPERTY: sources.property_value()})
+        if exists:
+            record_sources(self.spark, table, props, sources)
         if (change or structural or not exists) and not rule.append:
             self._create_view(route.replica)
         return described, sources
-
-    def _apply_ddl(self, table: tuple[str, str], route: ReplicaRoute, rule: Rule,
-                   ddl: DdlPlan, sources: Sources, survey: Survey) -> tuple[list[str], bool]:
-        """Renames and drops (`replica_ddl.py`); (descriptions, whether columns changed)."""
-        current = self._source_columns(table)
-        columns = plan_columns(current, ddl, sources, survey, rule.key, route)
-        described = columns.describe()
-        if columns.renames:
-            move_renamed_values(self.spark, table, columns.renames, current)
-        if columns.drops:
-            mapped = "delta.columnMapping.mode" in table_detail(self.spark, *table)[
-                "properties"]
-            drop_columns(self.spark, table, columns.drops, mapped=mapped)
-        described += move_table_rows(self.spark, table, ddl, route, rule.key)
-        verb = "its rows leave the replica" if route.on_drop == "truncate" else "rows kept"
-        described += [f"drop table {t}: {verb}" for t, _ in sources.dropped]
-        described += sources.notes
-        return described, bool(columns.renames or columns.drops)
 
     def _create(self, target: tuple[str, str], route: ReplicaRoute, source_key: list[str],
                 change: SchemaChange, rule: str, *, history: bool, sources: Sources
@@ -465,13 +439,6 @@ class ReplicaBuilder:
             f"CREATE OR REPLACE VIEW {qualified(*self.current_view_name(replica))} AS "
             f"SELECT * FROM {qualified(*self.table_name(replica))} "
             f"WHERE _op NOT IN ('{OP_DELETE}', '{OP_TRUNCATE}')")
-
-    def _held_tables(self, table: tuple[str, str]) -> list[str]:
-        """The source tables an existing replica holds rows of (one job, once: replicas
-        record their source tables from then on)."""
-        rows = (self.spark.table(qualified(*table)).select("_source_db", "_source_table")
-                .distinct().collect())
-        return [f"{r[0]}.{r[1]}" for r in rows if r[0] is not None and r[1] is not None]
 
     def _source_columns(self, table: tuple[str, str]) -> dict[str, T.DataType]:
         """The replica's key and source columns with their types, in table order."""

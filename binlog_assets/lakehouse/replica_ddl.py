@@ -40,7 +40,12 @@ from binlog_assets.lakehouse.columns import (
     split_table,
 )
 from binlog_assets.lakehouse.ddl import DdlEvent, DdlPlan, plan_ddl
-from binlog_assets.lakehouse.delta_log import merge_aliases, sql_string
+from binlog_assets.lakehouse.delta_log import (
+    merge_aliases,
+    set_properties,
+    sql_string,
+    table_detail,
+)
 from binlog_assets.lakehouse.identifiers import qualified, quote
 from binlog_assets.lakehouse.replica_plan import Survey
 from binlog_assets.lakehouse.routing import SOURCE_KEY_COLUMNS, ReplicaRoute
@@ -152,6 +157,35 @@ def drop_stale(survey: Survey, sources: Sources) -> None:
             del types[column]
 
 
+def replica_sources(spark: SparkSession, table: tuple[str, str], props: dict[str, str],
+                    survey: Survey, plan: DdlPlan, route: ReplicaRoute, *, exists: bool
+                    ) -> Sources:
+    """The record as the batch leaves it (`track_sources`). An existing replica without
+    one is seeded with the tables it holds rows of, and the batch's declared types lose
+    the columns no source table has now (`drop_stale`)."""
+    seed = held_tables(spark, table) if exists and not props.get(SOURCES_PROPERTY) else []
+    sources = track_sources(props, survey, plan, route, seed)
+    if exists:
+        drop_stale(survey, sources)
+    return sources
+
+
+def held_tables(spark: SparkSession, table: tuple[str, str]) -> list[str]:
+    """The source tables an existing replica holds rows of (one job, once: replicas
+    record their source tables from then on)."""
+    rows = (spark.table(qualified(*table)).select("_source_db", "_source_table")
+            .distinct().collect())
+    return [f"{r[0]}.{r[1]}" for r in rows if r[0] is not None and r[1] is not None]
+
+
+def record_sources(spark: SparkSession, table: tuple[str, str], props: dict[str, str],
+                   sources: Sources) -> None:
+    """Store the record on an existing replica when the batch changed it or the replica
+    has none yet (a commit, so only then)."""
+    if sources.changed or SOURCES_PROPERTY not in props:
+        set_properties(spark, table, {SOURCES_PROPERTY: sources.property_value()})
+
+
 @dataclass
 class ColumnPlan:
     """Column renames and drops for the replica table, as replica column names."""
@@ -197,6 +231,25 @@ def plan_columns(current: dict[str, T.DataType], plan: DdlPlan, sources: Sources
     for _, steps, final in out.renames:
         survey.aliases.setdefault(final.lower(), []).extend(n for n, _ in reversed(steps))
     return out
+
+
+def apply_ddl(spark: SparkSession, table: tuple[str, str], current: dict[str, T.DataType],
+              route: ReplicaRoute, key: list[str], plan: DdlPlan, sources: Sources,
+              survey: Survey) -> tuple[list[str], bool]:
+    """The batch's renames and drops in the replica `table`, whose key and source columns
+    are `current`; (descriptions, whether columns changed)."""
+    columns = plan_columns(current, plan, sources, survey, key, route)
+    described = columns.describe()
+    if columns.renames:
+        move_renamed_values(spark, table, columns.renames, current)
+    if columns.drops:
+        mapped = "delta.columnMapping.mode" in table_detail(spark, *table)["properties"]
+        drop_columns(spark, table, columns.drops, mapped=mapped)
+    described += move_table_rows(spark, table, plan, route, key)
+    verb = "its rows leave the replica" if route.on_drop == "truncate" else "rows kept"
+    described += [f"drop table {t}: {verb}" for t, _ in sources.dropped]
+    described += sources.notes
+    return described, bool(columns.renames or columns.drops)
 
 
 def _position_sql(position: tuple[int, ...]) -> str:
