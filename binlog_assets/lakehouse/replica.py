@@ -24,7 +24,7 @@ outcome (DESIGN.md invariants 3 and 5):
   A batch with at least `lakehouse.rewrite_ratio` changes per stored row (a catch-up,
   which touches every file anyway) skips MERGE: the stored rows and the batch go through
   one ranking per key (highest position wins, the stored row on a tie) and the result
-  overwrites the table in one commit (`_rewrite_replica`).
+  overwrites the table in one commit (`replica_rewrite.py`).
 - Tombstones. A delete keeps the row with `_op = 'd'` (values as the delete's
   before-image) so a late, older change for that key finds a newer position and is
   dropped. Tombstones older than `lakehouse.tombstone_retention_hours` (by `_applied_at`)
@@ -61,7 +61,7 @@ With `history: true`, `<database>.<replica>_history` keeps SCD type 2 versions
 (`history.py`).
 
 One module over 400 lines on purpose: the builder's table DDL and its writes (MERGE,
-rewrite, purge) share its Spark session and transaction block.
+purge) share its Spark session and transaction block.
 """
 
 from __future__ import annotations
@@ -86,7 +86,6 @@ from binlog_assets.lakehouse.changelog_reader import (
 from binlog_assets.lakehouse.columns import (
     POSITION_TYPE,
     first_per_group,
-    free_name,
     key_match,
     split_table,
     working_column,
@@ -97,7 +96,6 @@ from binlog_assets.lakehouse.delta_log import (
     forget,
     merge_aliases,
     metrics_since,
-    stored_rows,
     table_detail,
     table_exists,
     table_version,
@@ -128,8 +126,8 @@ from binlog_assets.lakehouse.replica_plan import (
     recorded_rule,
     survey_batch,
 )
+from binlog_assets.lakehouse.replica_rewrite import rewrite_replica, rewrites
 from binlog_assets.lakehouse.replica_rows import (
-    IMAGE,
     below_truncates,
     keyed_changes,
     keyed_rows,
@@ -488,9 +486,10 @@ class ReplicaBuilder:
                     .drop(_WM_DB, _WM_TABLE, _WM))
         name = ".".join(table)
         fault_point("during_replica_merge")
-        if not empty and self._rewrites(table, survey):
-            return self._rewrite_replica(table, location, rows, survey, key, columns, up_to,
-                                         now)
+        if not empty and rewrites(self.spark, table, survey,
+                                  self.config.lakehouse.rewrite_ratio):
+            return rewrite_replica(self.spark, table, location, rows, survey, key, columns,
+                                   up_to, now)
         before = table_version(self.spark, *table)
         stored_columns = self.spark.table(name).columns
         reduced = (first_per_group(rows, [col(k) for k in key], [col("_position").desc()])
@@ -517,68 +516,6 @@ class ReplicaBuilder:
         written = (int(metrics.get("numTargetRowsInserted", 0))
                    + int(metrics.get("numTargetRowsMatchedUpdated", 0)))
         return written, int(metrics.get("numTargetRowsNotMatchedBySourceDeleted", 0))
-
-    def _rewrites(self, table: tuple[str, str], survey: Survey) -> bool:
-        """Whether the batch is large enough against the replica to rewrite it rather
-        than MERGE (`lakehouse.rewrite_ratio`). The replica's size comes from its log's
-        file statistics (a Spark count was a job, 0.6-3.8 s of a one-row apply); rows
-        hidden by deletion vectors count too, which only leans towards MERGE."""
-        ratio = self.config.lakehouse.rewrite_ratio
-        if ratio == 0:
-            return True
-        stored = stored_rows(self.spark, *table)
-        if stored is None:
-            stored = self.spark.table(".".join(table)).count()
-        return survey.rows >= ratio * stored
-
-    def _rewrite_replica(self, table: tuple[str, str], location: str, rows: DataFrame,
-                         survey: Survey, key: list[str], columns: dict[str, T.DataType],
-                         up_to: int, now: datetime) -> tuple[int, int]:
-        """The replica's rows and the batch's changes in one ranking per key, written
-        back over the table in one commit; (rows written, rows truncated).
-
-        The same outcome as the MERGE, in one shuffle and one write where MERGE takes a
-        reduce, a materialized source, a join to find the files, a join to write them and
-        deletion vectors. Each key keeps its highest `_position`, and on a tie the row
-        already stored (so a re-applied range leaves every byte, `_applied_at` included,
-        as it was: the guard's `>`); rows of a truncated table below its truncate are
-        left out. Only the changes that win are parsed from their JSON image. The
-        overwrite carries the same transaction id as a MERGE would.
-        """
-        stored = self.spark.table(".".join(table))
-        names = stored.columns
-        types = {f.name: f.dataType for f in stored.schema}
-        # The working column takes a name no replica column has (a source column may be
-        # called `_stored` too).
-        image, from_table = IMAGE, free_name("_stored", names)
-        changes = rows.withColumn("_applied_at", F.lit(now))
-        both = (stored.select(*[col(c) for c in names],
-                              F.lit(None).cast(T.StringType()).alias(image),
-                              F.lit(1).alias(from_table))
-                .unionByName(changes.select(
-                    *[col(c) if c in changes.columns
-                      else F.lit(None).cast(types[c]).alias(c) for c in names],
-                    col(image), F.lit(0).alias(from_table))))
-        winners = first_per_group(both, [col(k) for k in key],
-                                  [col("_position").desc(), col(from_table).desc()])
-        winners = typed_columns(winners, survey, key, columns, [*names, from_table],
-                              stored=col(from_table) == 1, image=image)
-        cleared = below_truncates(survey.truncates)
-        from pyspark.sql import Observation
-
-        counts = Observation("binlake_rewrite")
-        winners = winners.observe(
-            counts,
-            F.sum(F.when(~cleared & (col(from_table) == 0), 1).otherwise(0)).alias("written"),
-            F.sum(F.when(cleared, 1).otherwise(0)).alias("truncated"))
-        before = table_version(self.spark, *table)
-        (winners.where(~cleared).select(*[col(c) for c in names])
-         .write.format("delta").mode("overwrite")
-         .option("txnAppId", APP_ID).option("txnVersion", up_to).save(location))
-        if table_version(self.spark, *table) == before:
-            return 0, 0  # this changelog version was recorded first: Delta skipped ours
-        got = counts.get
-        return int(got.get("written") or 0), int(got.get("truncated") or 0)
 
     def _commit_empty(self, target: tuple[str, str], up_to: int) -> None:
         empty = self.spark.table(qualified(*target)).limit(0)
