@@ -15,7 +15,8 @@ topic-partition (what one Dagster run of the changelog asset does for them, with
 Dagster: bounded runs, 4 partitions at a time, the changelog written with delta-rs);
 (2) Spark start (`get_spark`, the embedded Hive catalog's first use, which would
 otherwise fall in the first apply, `ReplicaBuilder`); (3) `ReplicaBuilder.apply` of every
-replica, one after another as the replicas asset does (the Spark jobs of each counted).
+replica, `spark.parallel_replicas` at a time with a builder each, as the replicas asset
+applies them (`--parallel-replicas 1`: one after another; the Spark jobs of each counted).
 One replica per table (`shop.t<i>` -> `t<i>`), as most Debezium users configure them;
 the product's defaults everywhere (Spark `local[2]`, 2g driver).
 The baseline, in the same run and before binlake: (a) a raw batch consume of the same
@@ -45,6 +46,7 @@ import time
 import zlib
 from collections import Counter
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from functools import reduce
 
@@ -262,22 +264,21 @@ class Phases:
     consume: float
     spark_start: float
     applies: list[float]
+    apply_wall: float  # the applies side by side, as the replicas asset runs them
     changelog_rows: int
     written: int
     changelog_version: int  # the changelog's commits: one per partition and commit point
     jobs: list[int]  # Spark jobs of each apply
 
     @property
-    def apply(self) -> float:
-        return sum(self.applies)
-
-    @property
     def total(self) -> float:
-        return self.consume + self.spark_start + self.apply
+        return self.consume + self.spark_start + self.apply_wall
 
 
-def binlake(cfg: PipelineConfig, work: Workload) -> tuple[Phases, ReplicaBuilder]:
-    """Consume every partition into the changelog, start Spark, apply every replica."""
+def binlake(cfg: PipelineConfig, work: Workload, parallel: int
+            ) -> tuple[Phases, ReplicaBuilder]:
+    """Consume every partition into the changelog, start Spark, apply every replica,
+    `parallel` at a time, each with a builder of its own (the replicas asset's way)."""
     keys = [partition_key(topic_name(t), 0) for t in range(work.topics)]
     group = group_id("binlake")
     began = time.perf_counter()
@@ -299,24 +300,27 @@ def binlake(cfg: PipelineConfig, work: Workload) -> tuple[Phases, ReplicaBuilder
     # The Hive catalog (embedded Derby) starts at its first use, which would otherwise be
     # in the first apply: it is counted here, with the JVM and the session.
     spark.catalog.tableExists(f"{DATABASE}.changelog")
-    builder = ReplicaBuilder(spark, cfg)
     started = time.perf_counter()
     context = spark.sparkContext
     tracker = context.statusTracker()
-    applies, jobs, written = [], [], 0
-    for t in range(work.topics):
+
+    def apply(t: int) -> tuple[float, int, int]:
         group = f"bench-apply-t{t}"
-        context.setJobGroup(group, group)
+        context.setJobGroup(group, group)  # a local property: this thread's jobs
         a = time.perf_counter()
-        result = builder.apply(f"t{t}")
-        applies.append(time.perf_counter() - a)
-        jobs.append(len(tracker.getJobIdsForGroup(group)))
+        result = ReplicaBuilder(spark, cfg).apply(f"t{t}")
+        seconds = time.perf_counter() - a
+        context.setLocalProperty("spark.jobGroup.id", None)
         if result.skipped or result.rows != work.records[t]:
             raise RuntimeError(f"replica t{t}: {result}")
-        written += result.written
-    context.setLocalProperty("spark.jobGroup.id", None)
-    return Phases(consumed - began, started - consumed, applies, rows, written, version,
-                  jobs), builder
+        return seconds, len(tracker.getJobIdsForGroup(group)), result.written
+
+    with ThreadPoolExecutor(parallel, thread_name_prefix="replica") as pool:
+        done = list(pool.map(apply, range(work.topics)))
+    applied = time.perf_counter()
+    return Phases(consumed - began, started - consumed, [d[0] for d in done],
+                  applied - started, rows, sum(d[2] for d in done), version,
+                  [d[1] for d in done]), ReplicaBuilder(spark, cfg)
 
 
 def verify(builder: ReplicaBuilder, work: Workload) -> None:
@@ -344,6 +348,9 @@ def main() -> None:
                         help="distinct primary keys of each table")
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--heap", default="1g", help="broker JVM heap")
+    parser.add_argument("--parallel-replicas", type=int, default=None,
+                        help="replicas applied at once (default: the product's "
+                             "spark.parallel_replicas)")
     args = parser.parse_args()
 
     lake = tempfile.mkdtemp(prefix="binlake-bench-catchup-")
@@ -363,10 +370,11 @@ def main() -> None:
                   f"{write_s:.2f}s; {load_average()}", flush=True)
 
             cfg = pipeline_config(bootstrap, os.path.join(lake, "lake"), args.topics)
-            phases, builder = binlake(cfg, work)
+            parallel = args.parallel_replicas or cfg.spark.parallel_replicas
+            phases, builder = binlake(cfg, work, parallel)
             print(f"binlake: consume {phases.consume:.2f}s, Spark start "
-                  f"{phases.spark_start:.2f}s, apply {phases.apply:.2f}s; {load_average()}",
-                  flush=True)
+                  f"{phases.spark_start:.2f}s, apply {phases.apply_wall:.2f}s; "
+                  f"{load_average()}", flush=True)
         verify(builder, work)
     finally:
         shutil.rmtree(lake, ignore_errors=True)
@@ -384,14 +392,15 @@ def main() -> None:
     for label, seconds in (
             (f"consume_partitions ({PARTITIONS_IN_PARALLEL} at a time)", phases.consume),
             ("Spark start (JVM, session, catalog)", phases.spark_start),
-            (f"apply x{args.topics}", phases.apply),
+            (f"apply x{args.topics}, {parallel} at a time", phases.apply_wall),
             ("binlake total", phases.total)):
         print(f"{label:<38}{seconds:>9.2f}{seconds / phases.total:>8.0%}")
     print(f"  consume: {rate(args.events, phases.consume):,.0f} events/s; apply: first "
           f"{phases.applies[0]:.2f}s"
           + (f", then median {statistics.median(rest):.2f}s (min {min(rest):.2f}, max "
              f"{max(rest):.2f})" if rest else "")
-          + f"; Spark jobs per apply {statistics.median(phases.jobs):.0f} (median)")
+          + f"; sum {sum(phases.applies):.2f}s; Spark jobs per apply "
+          f"{statistics.median(phases.jobs):.0f} (median)")
     print(f"binlake: {rate(args.events, phases.total):,.0f} events/s end to end")
     print(f"baseline: {baseline:.2f}s (raw consume {consume_s:.2f}s "
           f"{rate(args.events, consume_s):,.0f} msgs/s + plain Delta write {write_s:.2f}s)")
