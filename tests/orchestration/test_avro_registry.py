@@ -20,12 +20,12 @@ import orjson
 import pytest
 import yaml
 from avro_wire import SchemaRegistry, avro_value, connect_to_avro, envelope_schema
-from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka import Producer
 from confluent_kafka.schema_registry import SchemaRegistryClient
 from confluent_kafka.schema_registry.avro import AvroSerializer
 from confluent_kafka.serialization import MessageField, SerializationContext
-from dagster._serdes import serialize_value
 from deltalake import DeltaTable
+from run_records import dead_letters, recorded_texts
 
 from binlog_assets.dev.kafka import KafkaBroker, create_topic
 from binlog_assets.orchestration.changelog_asset import changelog
@@ -112,9 +112,7 @@ def test_avro_records_reach_the_changelog_and_bad_ones_are_dead_lettered(
         (mat,) = result.asset_materializations_for_node("changelog")
         assert (mat.metadata["records"].value, mat.metadata["dead_lettered"].value) == (7, 2)
         assert mat.metadata["committed_offset"].value == 7
-        run = instance.get_run_by_id(result.run_id)
-        recorded = [serialize_value(r) for r in instance.all_logs(result.run_id)]
-        recorded += [serialize_value(run.tags), serialize_value(run.run_config)]
+        recorded = recorded_texts(instance, result.run_id)
         assert recorded and not [r for r in recorded if PASSWORD in r]
 
     table = DeltaTable(str(tmp_path / "lake" / "warehouse" / "avro.db" / "changelog"))
@@ -127,13 +125,7 @@ def test_avro_records_reach_the_changelog_and_bad_ones_are_dead_lettered(
         "id": "bigint", "price": "decimal(10,2)", "placed": "timestamp"}
     assert orjson.loads(first["after"])["price"] == "123.45"
 
-    reader = Consumer({"bootstrap.servers": kafka_broker.bootstrap_servers,
-                       "group.id": f"r-{uuid.uuid4().hex[:6]}"})
-    reader.assign([TopicPartition("binlake.dlq.shop_avro", 0, 0)])
-    try:
-        msgs = [m for m in reader.consume(10, 10) if m.error() is None]
-    finally:
-        reader.close()
+    msgs = dead_letters(kafka_broker.bootstrap_servers, "binlake.dlq.shop_avro")
     found = {dict(m.headers())["binlake.offset"]: dict(m.headers()) for m in msgs
              if dict(m.headers())["binlake.topic"] == topic.encode()}
     assert sorted(found) == [b"5", b"6"]

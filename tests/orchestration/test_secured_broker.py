@@ -17,8 +17,8 @@ import dagster as dg
 import orjson
 import pytest
 import yaml
-from confluent_kafka import Consumer, Producer, TopicPartition
-from dagster._serdes import serialize_value
+from confluent_kafka import Producer
+from run_records import dead_letters, recorded_texts
 
 from binlog_assets.consume.preflight import KafkaAuthenticationError
 from binlog_assets.dev.kafka import KafkaBroker, create_topic
@@ -85,9 +85,7 @@ def test_runs_and_sensors_authenticate_with_a_password_from_the_environment(
         assert mat.metadata["committed_offset"].value == 6
 
         # The secret is nowhere in what the run recorded: events, metadata, tags, logs.
-        run = instance.get_run_by_id(result.run_id)
-        recorded = [serialize_value(r) for r in instance.all_logs(result.run_id)]
-        recorded += [serialize_value(run.tags), serialize_value(run.run_config)]
+        recorded = recorded_texts(instance, result.run_id)
         assert recorded and not [r for r in recorded if PASSWORD in r]
 
         # The lag sensor authenticates too: new records, one run requested.
@@ -100,13 +98,7 @@ def test_runs_and_sensors_authenticate_with_a_password_from_the_environment(
         assert PASSWORD not in repr(tick)
 
     # The dead letter went out through the secured listener, with its coordinates.
-    reader = Consumer({"bootstrap.servers": sasl_broker.bootstrap_servers,
-                       "group.id": f"r-{uuid.uuid4().hex[:6]}"})
-    reader.assign([TopicPartition("binlake.dlq.sec", 0, 0)])
-    try:
-        msgs = [m for m in reader.consume(10, 10) if m.error() is None]
-    finally:
-        reader.close()
+    msgs = dead_letters(sasl_broker.bootstrap_servers, "binlake.dlq.sec")
     assert [m.value() for m in msgs] == [b"{not json"]
     headers = dict(msgs[0].headers())
     assert (headers["binlake.topic"], headers["binlake.offset"]) == (topic.encode(), b"5")
