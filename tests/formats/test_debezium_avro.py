@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import base64
 import time
+from datetime import datetime
+from decimal import Decimal
 from typing import Any
 
 import orjson
@@ -294,3 +296,56 @@ def test_refused_credentials_fail_at_once_and_never_show_the_password() -> None:
 def test_the_format_needs_a_registry_url() -> None:
     with pytest.raises(ValueError, match="needs `schema_registry.url`"):
         make_decoder("debezium-avro")
+
+
+# An envelope schema as registries hold them (the shape of public captures of Debezium's
+# Avro converter): the row record named `Value` without a namespace (it takes the
+# envelope's), `after` a reference to it, NOT NULL columns with defaults, and optional
+# columns whose union puts "null" second when the column has a non-null default.
+REGISTERED = """{"type":"record","name":"Envelope","namespace":"shop.shop.tickets",
+"fields":[{"name":"before","type":["null",{"type":"record","name":"Value","fields":[
+ {"name":"id","type":"long"},
+ {"name":"title","type":{"type":"string","connect.default":"none"},"default":"none"},
+ {"name":"prio","type":[{"type":"int","connect.type":"int16","connect.default":9},"null"],
+  "default":9},
+ {"name":"opened","type":{"type":"long","connect.version":1,"connect.default":0,
+  "connect.parameters":{"__debezium.source.column.type":"DATETIME"},
+  "connect.name":"io.debezium.time.Timestamp"},"default":0},
+ {"name":"cost","type":["null",{"type":"bytes","scale":2,"precision":8,
+  "connect.version":1,"connect.parameters":{"scale":"2",
+  "connect.decimal.precision":"8"},"connect.name":"org.apache.kafka.connect.data.Decimal",
+  "logicalType":"decimal"}],"default":null}],
+ "connect.name":"shop.shop.tickets.Value"}],"default":null},
+{"name":"after","type":["null","Value"],"default":null},
+{"name":"source","type":{"type":"record","name":"Source","namespace":"io.debezium.connector.mariadb",
+ "fields":[{"name":"version","type":"string"},{"name":"connector","type":"string"},
+ {"name":"name","type":"string"},{"name":"ts_ms","type":"long"},
+ {"name":"snapshot","type":[{"type":"string","connect.version":1,
+  "connect.parameters":{"allowed":"true,last,false,incremental"},"connect.default":"false",
+  "connect.name":"io.debezium.data.Enum"},"null"],"default":"false"},
+ {"name":"db","type":"string"},{"name":"table","type":["null","string"],"default":null},
+ {"name":"server_id","type":"long"},{"name":"file","type":"string"},
+ {"name":"pos","type":"long"},{"name":"row","type":"int"}],
+ "connect.name":"io.debezium.connector.mariadb.Source"}},
+{"name":"op","type":"string"},{"name":"ts_ms","type":["null","long"],"default":null}],
+"connect.name":"shop.shop.tickets.Envelope"}"""
+
+
+def test_a_schema_in_the_registry_s_own_shape_decodes(registry: SchemaRegistry) -> None:
+    schema = orjson.loads(REGISTERED)
+    value = {"before": None, "op": "c", "ts_ms": 5,
+             "after": {"id": 4, "title": "late", "prio": None, "opened": 1589355606100,
+                       "cost": Decimal("12.50")},
+             "source": {"version": "3.4.0.Final", "connector": "mariadb", "name": "shop",
+                        "ts_ms": 5, "snapshot": "false", "db": "shop", "table": "tickets",
+                        "server_id": 1, "file": "mysql-bin.000002", "pos": 77, "row": 1}}
+    record = wire(registry.register(schema), schema, value)
+    [event] = _avro_decoder(registry).decode(record, topic="shop.shop.tickets", offset=3,
+                                             key=orjson.dumps({"id": 4}))
+    assert (event.table, event.op, event.key, event.position.pos) == \
+        ("shop.tickets", "c", (4,), 77)
+    assert event.after == {"id": 4, "title": "late", "prio": None,
+                           "opened": datetime(2020, 5, 13, 7, 40, 6, 100000),
+                           "cost": Decimal("12.50")}
+    assert event.column_types == {"id": "bigint", "title": "string", "prio": "int",
+                                  "opened": "timestamp", "cost": "decimal(8,2)"}
