@@ -7,8 +7,8 @@ coordinates) and counts as done. A `KeyBreaker` keeps one poison row from holdin
 lane through retry after retry: once a key has dead-lettered `breaker_threshold` events
 in a row, its later events go straight to the dead letters. In strict mode the first
 exhausted failure stops the dispatcher instead, and the event is never marked done, so
-the committed offset stays before it. The retry loop itself lives in `lanes.py`, next to
-the lanes it runs on.
+the committed offset stays before it. The retry loop itself lives in `invoke.py`, which
+calls the handlers.
 """
 
 from __future__ import annotations

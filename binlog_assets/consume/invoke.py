@@ -182,6 +182,23 @@ class Invoker:
                             "dead-lettered without retries", event.table, event.key)
         return True
 
+    def handle_run(self, lane, batch: list[ChangeEvent], start: int,  # noqa: ANN001
+                   handlers: tuple[Handler, ...], worker: WorkerState, done: list[int]) -> int:
+        """The run of `batch[start]`'s table from `start` on (BATCH_MAX_EVENTS at most) through
+        handlers of which some take batches; appends its offsets to `done`. Returns where
+        the run ends, or -1 when the dispatcher stopped before all of it was done."""
+        end = _same_table_end(batch, start, batch[start].table)
+        run = batch[start:end]
+        if self.handle_many(run, handlers, worker):
+            done.extend([e.offset for e in run])
+            return end
+        # Replayed one at a time: only the events that fail dead-letter.
+        for event in run:
+            if not self.handle(lane, event, handlers, None, worker):
+                return -1
+            done.append(event.offset)
+        return end
+
     def handle_many(self, events: list[ChangeEvent], handlers: tuple[Handler, ...],
                     worker: WorkerState) -> bool:
         """Consecutive events of one table through handlers of which some take batches:
@@ -306,6 +323,16 @@ class Invoker:
                 log.warning("handler %r has been running for %.0fs on %s (timeout %ss): its "
                             "lane waits for it", name, now - began, where,
                             self.timeout_seconds)
+
+
+def _same_table_end(batch: list[ChangeEvent], index: int, table: str) -> int:
+    """Where the run of `table`'s events starting at `index` ends (BATCH_MAX_EVENTS at
+    most): what one batch handler call receives."""
+    end = min(len(batch), index + BATCH_MAX_EVENTS)
+    for i in range(index + 1, end):
+        if batch[i].table != table:
+            return i
+    return end
 
 
 def _bucket(seconds: float) -> int:

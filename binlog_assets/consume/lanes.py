@@ -14,8 +14,8 @@ record decoded into several events is reported once, when its last event is done
 `max_in_flight` bounds what the poll thread should submit: it checks `is_full()` and
 pauses the partition, and resumes at `below_low_water()`. `submit_many` never blocks.
 
-One module over 400 lines on purpose: the submit path and the worker loop share the
-dispatcher's lock, lane states and in-flight count; the roles around them are apart.
+Over 400 lines on purpose: the submit path, the worker loop and the done reports share the
+dispatcher's lock, halted flag and in-flight count, and keep their per-event loops inline.
 """
 
 from __future__ import annotations
@@ -29,19 +29,10 @@ from time import monotonic, perf_counter
 from types import TracebackType
 
 from binlog_assets.consume import defaults
-from binlog_assets.consume.barriers import (
-    AWAIT_FENCES,
-    BARRIER_OPS,
-    FENCE,
-    GATE,
-    RELEASE,
-    Barrier,
-    Control,
-)
+from binlog_assets.consume.barriers import BARRIER_OPS, Barriers
 from binlog_assets.consume.errors import DeadLetter, DispatcherStopped, ErrorPolicy
 from binlog_assets.consume.handlers import HandlerRegistry
 from binlog_assets.consume.invoke import (
-    BATCH_MAX_EVENTS,
     HandlerMetrics,
     Invoker,
     Stopping,
@@ -55,15 +46,7 @@ from binlog_assets.consume.routing import (
     Route,
     make_route,
 )
-from binlog_assets.consume.scheduling import (
-    EAGER_EVENT_SECONDS,
-    IDLE,
-    PARKED,
-    PATROL_SECONDS,
-    SCHEDULED,
-    Lane,
-    ReadyQueue,
-)
+from binlog_assets.consume.scheduling import IDLE, PATROL_SECONDS, Lane, ReadyQueue
 from binlog_assets.formats.event import ChangeEvent
 
 log = logging.getLogger(__name__)
@@ -139,12 +122,9 @@ class LaneDispatcher:
         self._last_offset: int | None = None
         self._routes: dict[str, Route] = {}
         self._cached_keys = 0  # keys in the routes' key -> lane caches
-        self._barriers: dict[str, Barrier] = {}  # table -> its latest DDL barrier
         self._lanes = [Lane(i) for i in range(lanes)]
         self._ready = ReadyQueue(workers)
-        # Moving average of a lane's handling time per event; None until the first lane
-        # run is measured (the handlers count as waiting until then).
-        self._event_seconds: float | None = None
+        self._barriers = Barriers(self._lanes, self._ready)
         self._invoker = Invoker(
             policy=self._policy, dead_letter=dead_letter, stop=self._stop, halt=self._halt,
             handler_threads=handler_threads or workers, timeout_seconds=handler_timeout_seconds)
@@ -184,7 +164,7 @@ class LaneDispatcher:
         routes = self._routes
         crc32 = zlib.crc32
         lanes = self._lane_count
-        barriers = self._barriers
+        barriers = self._barriers.by_table
         per_lane: dict[int, list[ChangeEvent]] = {}
         multi: dict[int, int] = {}
         special = False
@@ -241,7 +221,7 @@ class LaneDispatcher:
             if multi:
                 self._multi.update(multi)
             if special:
-                self._enqueue_in_order(events)
+                self._barriers.enqueue_in_order(events, routes)
             else:
                 self._enqueue(per_lane)
 
@@ -341,16 +321,8 @@ class LaneDispatcher:
 
         Key lanes are cached by key equality, as `submit_many` does, so both always agree.
         """
-        fixed, seed, table_lane, key_lanes = self._routes.get(event.table) or self._route(event)
-        if fixed >= 0:
-            return fixed
-        key = event.key
-        if not key:
-            return table_lane
-        lane = key_lanes.get(key)
-        if lane is None:
-            lane = zlib.crc32(repr(key).encode(), seed) % self._lane_count
-        return lane
+        route = self._routes.get(event.table) or self._route(event)
+        return route.lane(event.key, self._lane_count)
 
     # -- queueing (under the lock) ----------------------------------------------------
     def _route(self, event: ChangeEvent) -> Route:
@@ -360,64 +332,9 @@ class LaneDispatcher:
         return route
 
     def _enqueue(self, per_lane: dict[int, list[ChangeEvent]]) -> None:
-        lanes = self._lanes
+        lanes, schedule = self._lanes, self._ready.schedule
         for index, batch in per_lane.items():
-            self._append(lanes[index], batch)
-
-    def _append(self, lane: Lane, entry: list[ChangeEvent] | Control) -> None:
-        entries = lane.entries
-        if type(entry) is list and entries and type(entries[-1]) is list:
-            # Fewer, longer batches: the worker's per-batch cost is paid once.
-            entries[-1].extend(entry)
-        else:
-            entries.append(entry)
-        if lane.state == IDLE:
-            lane.state = SCHEDULED
-            self._ready.put(lane)
-
-    def _enqueue_in_order(self, events: Sequence[ChangeEvent]) -> None:
-        """The slow path for batches with a key-ordered DDL or a table behind a barrier."""
-        held: dict[int, list[ChangeEvent]] = {}  # per lane, not yet appended
-        for event in events:
-            table = event.table
-            barrier = self._barriers.get(table)
-            if barrier is not None and barrier.done:
-                del self._barriers[table]
-                barrier = None
-            lane = self.lane_of(event)
-            if event.op in BARRIER_OPS and self._routes[table].fixed < 0:
-                # Fences must follow everything submitted before the DDL, in every lane.
-                self._enqueue(held)
-                held = {}
-                self._place_barrier(event, self._routes[table].table_lane)
-                continue
-            if barrier is not None and lane != barrier.lane and lane not in barrier.gated:
-                if lane in held:
-                    self._append(self._lanes[lane], held.pop(lane))
-                self._append(self._lanes[lane], Control(GATE, barrier))
-                barrier.gated.add(lane)
-            held.setdefault(lane, []).append(event)
-        self._enqueue(held)
-
-    def _place_barrier(self, event: ChangeEvent, ddl_lane: int) -> None:
-        barrier = Barrier(event.table, ddl_lane)
-        for lane in self._lanes:
-            # An idle lane has finished everything submitted so far: no fence needed.
-            if lane.index != ddl_lane and lane.state != IDLE:
-                self._append(lane, Control(FENCE, barrier))
-                barrier.fences_left += 1
-        barrier.fenced = barrier.fences_left == 0
-        lane = self._lanes[ddl_lane]
-        self._append(lane, Control(AWAIT_FENCES, barrier))
-        self._append(lane, [event])
-        self._append(lane, Control(RELEASE, barrier))
-        self._barriers[event.table] = barrier
-
-    def _wake(self, lanes: list[Lane]) -> None:
-        for lane in lanes:
-            lane.state = SCHEDULED
-            self._ready.put(lane)
-        lanes.clear()
+            schedule(lanes[index], batch)
 
     def _halt(self, failure: BaseException | None) -> None:
         with self._lock:
@@ -495,21 +412,17 @@ class LaneDispatcher:
                     if stopped is not None:
                         rest = [entry[stopped:], *entries[i + 1 :]]
                         break
-                elif self._control(lane, entry, entries, i):
-                    parked = True
-                    break
+                else:
+                    with self._lock:
+                        parked = self._barriers.control(lane, entry, entries, i)
+                    if parked:
+                        break
         except Stopping:
             pass
         finally:
             finished = len(done) - finished
             if finished:
-                # Unlocked on purpose: a lost update between workers only delays the
-                # average by one sample.
-                sample = (monotonic() - began) / finished
-                average = self._event_seconds
-                average = sample if average is None else average + 0.2 * (sample - average)
-                self._event_seconds = average
-                self._ready.eager = average >= EAGER_EVENT_SECONDS
+                self._ready.measured((monotonic() - began) / finished)
             with self._lock:
                 if not parked:
                     if rest:
@@ -575,16 +488,9 @@ class LaneDispatcher:
                         tally.timed(perf_counter() - began)
                         fast += 1
                 elif batched and lane.breaker is None:
-                    resume = _same_table_end(batch, index, table)
-                    run = batch[index:resume]
-                    if not invoker.handle_many(run, handlers, worker):
-                        # Replayed one at a time: only the events that fail dead-letter.
-                        for one in run:
-                            if not invoker.handle(lane, one, handlers, None, worker):
-                                return None
-                            append(one.offset)
-                        continue
-                    done.extend([e.offset for e in run])
+                    resume = invoker.handle_run(lane, batch, index, handlers, worker, done)
+                    if resume < 0:
+                        return None
                     continue
                 elif not invoker.handle(lane, event, handlers, None, worker):
                     break
@@ -593,32 +499,6 @@ class LaneDispatcher:
             if fast:
                 tally.events += fast
         return stopped
-
-    def _control(self, lane: Lane, entry: Control, entries: list, i: int) -> bool:
-        """Apply a barrier entry; True when the lane was parked to wait for the barrier."""
-        barrier = entry.barrier
-        with self._lock:
-            if entry.kind == FENCE:
-                barrier.fences_left -= 1
-                if barrier.fences_left == 0:
-                    barrier.fenced = True
-                    self._wake(barrier.fence_waiters)
-                return False
-            if entry.kind == RELEASE:
-                barrier.done = True
-                self._wake(barrier.done_waiters)
-                return False
-            if entry.kind == AWAIT_FENCES:
-                ready, waiters = barrier.fenced, barrier.fence_waiters
-            else:
-                ready, waiters = barrier.done, barrier.done_waiters
-            if ready:
-                return False
-            # The entry itself stays first, so the lane re-checks it when woken.
-            lane.entries = entries[i:] + lane.entries
-            lane.state = PARKED
-            waiters.append(lane)
-            return True
 
     def _report(self, done: list[int]) -> None:
         """Report finished events (one offset each) as done offsets; empties `done`."""
@@ -656,16 +536,6 @@ class LaneDispatcher:
                 del multi[offset]
                 settled.append(offset)
         return settled
-
-
-def _same_table_end(batch: list[ChangeEvent], index: int, table: str) -> int:
-    """Where the run of `table`'s events starting at `index` ends (BATCH_MAX_EVENTS at
-    most): what one batch handler call receives."""
-    end = min(len(batch), index + BATCH_MAX_EVENTS)
-    for i in range(index + 1, end):
-        if batch[i].table != table:
-            return i
-    return end
 
 
 def _require_count(field: str, value: object) -> None:

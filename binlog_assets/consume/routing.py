@@ -32,6 +32,16 @@ class Route(NamedTuple):
     table_lane: int  # the table's own lane (keyless events, DDL, truncates)
     key_lanes: dict[tuple, int]  # key -> lane cache
 
+    def lane(self, key: tuple, lanes: int) -> int:
+        """The lane of this table's event with `key`; the dispatcher's submit path computes
+        the same inline, and fills the cache."""
+        if self.fixed >= 0:
+            return self.fixed
+        if not key:
+            return self.table_lane
+        lane = self.key_lanes.get(key)
+        return zlib.crc32(repr(key).encode(), self.seed) % lanes if lane is None else lane
+
 
 def make_route(event: ChangeEvent, mode: str, lanes: int) -> Route:
     """The route of `event`'s table under ordering `mode` over `lanes` lanes."""

@@ -50,8 +50,8 @@ class ReadyQueue:
     `longest_first()` the lane with the most queued events first (a shorter drain).
     """
 
-    __slots__ = ("_heap", "_idle", "_items", "_mutex", "_patrolled", "_seq", "_stale_looks",
-                 "_taken", "_workers", "eager")
+    __slots__ = ("_event_seconds", "_heap", "_idle", "_items", "_mutex", "_patrolled", "_seq",
+                 "_stale_looks", "_taken", "_workers", "eager")
 
     def __init__(self, workers: int) -> None:
         self._mutex = threading.Lock()
@@ -64,6 +64,7 @@ class ReadyQueue:
         self._patrolled = 0  # _taken at the last patrol
         self._stale_looks = 0  # patrols in a row that found ready items and no take
         self.eager = True  # until the handlers are measured
+        self._event_seconds: float | None = None  # moving average, from the first sample
 
     def put(self, item: Lane | None) -> None:
         """Queue `item`; callers that change lanes hold the dispatcher lock."""
@@ -79,6 +80,27 @@ class ReadyQueue:
                 or self.qsize() > _LAZY_BACKLOG) else None
         if wake is not None:
             wake.release()
+
+    def schedule(self, lane: Lane, entry: list[ChangeEvent] | Control) -> None:
+        """Queue `entry` in `lane`, and put the lane on the queue if it was idle (under the
+        dispatcher lock)."""
+        entries = lane.entries
+        if type(entry) is list and entries and type(entries[-1]) is list:
+            # Fewer, longer batches: the worker's per-batch cost is paid once.
+            entries[-1].extend(entry)
+        else:
+            entries.append(entry)
+        if lane.state == IDLE:
+            lane.state = SCHEDULED
+            self.put(lane)
+
+    def measured(self, seconds: float) -> None:
+        """A lane run took `seconds` per event: `eager` follows their moving average.
+        Unlocked on purpose: a lost update between workers only delays it by one sample."""
+        average = self._event_seconds
+        average = seconds if average is None else average + 0.2 * (seconds - average)
+        self._event_seconds = average
+        self.eager = average >= EAGER_EVENT_SECONDS
 
     def get(self, wake: threading.Lock) -> Lane | None:
         """The next item, waiting for one on `wake` (a lock the caller holds) if none."""
