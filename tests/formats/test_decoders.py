@@ -46,7 +46,8 @@ def test_key_columns_must_be_lists_of_names():
 
 
 def test_unknown_format_names_the_known_ones():
-    with pytest.raises(ValueError, match="'avro-magic'.*canal, debezium, debezium-avro, dts, maxwell"):
+    with pytest.raises(ValueError,
+                       match="'avro-magic'.*canal, debezium, debezium-avro, dts, maxwell"):
         make_decoder("avro-magic")
 
 
