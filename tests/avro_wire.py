@@ -1,7 +1,8 @@
 """Debezium records in Avro for tests: a Connect schema as Confluent's AvroData writes it,
 a JSON payload's values as Avro values, the registry's wire format, and a small schema
-registry (the Confluent REST API's register and by-id endpoints, over real HTTP, with
-optional basic auth).
+registry (the Confluent REST API's register and by-id endpoints, and Apicurio's v2
+create-artifact that its Kafka Connect converter calls, over real HTTP, with optional
+basic auth).
 
 The registry is a test fake: no real registry installs on this machine (see the
 README's schema registry section); the client, the HTTP and the wire format are real.
@@ -116,16 +117,6 @@ def wire(schema_id: int, avro_schema: Any, value: Any) -> bytes:
     return out.getvalue()
 
 
-def transcode(registry: SchemaRegistry, record: bytes | None) -> bytes | None:
-    """A JSON converter record with its schema block (`{"schema", "payload"}`) as the Avro
-    converter would have written it, its schema registered; None (a tombstone) stays."""
-    if record is None:
-        return None
-    doc = json.loads(record)
-    avro = connect_to_avro(doc["schema"])
-    return wire(registry.register(avro), avro, avro_value(doc["schema"], doc["payload"]))
-
-
 def source_schema() -> dict[str, Any]:
     """The `source` block's Connect schema, as the MariaDB connector declares it."""
     def f(column: str, kind: str, optional: bool = False, **more: Any) -> dict[str, Any]:
@@ -212,6 +203,16 @@ class SchemaRegistry:
                 return self._reply(request, 404, {"error_code": 40403,
                                                   "message": "Schema not found"})
             return self._reply(request, 200, {"schema": text})
+        if method == "POST" and parts[:4] == ["apis", "registry", "v2", "groups"] \
+                and parts[-1] == "artifacts":
+            # Apicurio's v2 create-artifact (its converter's auto-register): the body is
+            # the schema; the ids answer the Confluent API's lookups by id too.
+            length = int(request.headers.get("Content-Length") or 0)
+            schema_id = self.register(json.loads(request.rfile.read(length)))
+            return self._reply(request, 200, {
+                "groupId": parts[4], "id": request.headers.get("X-Registry-ArtifactId"),
+                "version": "1", "type": "AVRO", "state": "ENABLED",
+                "globalId": schema_id, "contentId": schema_id})
         if method == "POST" and parts[0] == "subjects" and parts[-1] == "versions":
             length = int(request.headers.get("Content-Length") or 0)
             body = json.loads(request.rfile.read(length) or b"{}")

@@ -23,6 +23,7 @@ from confluent_kafka import Consumer, TopicPartition
 from binlog_assets.config import PipelineConfig, parse_config
 from binlog_assets.dev import shop
 from binlog_assets.dev.demo import wait_for_debezium
+from binlog_assets.formats.base import ChangeDecoder
 from binlog_assets.formats.debezium import DebeziumDecoder
 from binlog_assets.formats.event import ChangeEvent
 from binlog_assets.orchestration.partitions import partition_key
@@ -98,11 +99,13 @@ def kafka_model(kafka_conf: dict, ends: dict[str, int]) -> Counter:
                    for e in kafka_events(kafka_conf, ends))
 
 
-def kafka_events(kafka_conf: dict, ends: dict[str, int]) -> Iterator[ChangeEvent]:
-    """Every event the decoder makes of the topics' records below `ends`."""
+def kafka_events(kafka_conf: dict, ends: dict[str, int], decoder: ChangeDecoder | None = None
+                 ) -> Iterator[ChangeEvent]:
+    """Every event the decoder (Debezium JSON's by default) makes of the topics' records
+    below `ends`."""
     consumer = Consumer({**kafka_conf, "group.id": f"model-{uuid.uuid4().hex[:6]}",
                          "enable.auto.commit": False, "enable.partition.eof": True})
-    decoder = DebeziumDecoder()
+    decoder = decoder or DebeziumDecoder()
     decoded = 0
     try:
         for key, end in ends.items():
