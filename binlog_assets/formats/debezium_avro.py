@@ -2,8 +2,11 @@
 
 A record is the schema registry's wire format: magic byte 0, the writer schema's id (4
 bytes, big-endian), then Avro binary. confluent-kafka's `SchemaRegistryClient` fetches a
-schema once per id and its `AvroDeserializer` reads the record into the same envelope
-dict the JSON converter's payload holds. The Avro schema carries the Connect schema it
+schema once per id (with the registry's auth and TLS settings), and fastavro reads the
+record with it into the same envelope dict the JSON converter's payload holds: what
+confluent-kafka's `AvroDeserializer` does, without its per-record subject, rule and
+schema-resolution steps, which binlake does not use and which cost most of a record's
+time (bench/RESULTS.md, "Avro decode"). The Avro schema carries the Connect schema it
 was made from (`connect.name`, `connect.parameters`, `connect.type`), so each writer
 schema is turned back into the Connect row schema and typed by the JSON path's plan;
 values fastavro already converted (decimals, bytes, Connect's date and time logical
@@ -19,6 +22,7 @@ once, naming the registry, instead of dead-lettering every record behind it.
 
 from __future__ import annotations
 
+import io
 import struct
 from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime, time
@@ -28,8 +32,8 @@ from urllib.parse import urlsplit, urlunsplit
 import numpy as np
 import orjson
 from confluent_kafka.schema_registry import SchemaRegistryClient
-from confluent_kafka.schema_registry.avro import AvroDeserializer
 from confluent_kafka.schema_registry.error import SchemaRegistryError
+from fastavro import parse_schema, schemaless_reader
 
 from binlog_assets.formats.base import KafkaRecord
 from binlog_assets.formats.debezium import DebeziumDecoder, _build_plan, _RowPlan
@@ -76,8 +80,9 @@ _AFTER_FASTAVRO: dict[str, Callable[[Any], Any]] = {
 
 
 class _WriterSchema(NamedTuple):
-    """What one registered value schema decodes to: its row plan."""
+    """One registered value schema: parsed for fastavro, and its row plan."""
 
+    parsed: Any
     plan: _RowPlan | None
 
 
@@ -182,7 +187,6 @@ class DebeziumAvroDecoder(DebeziumDecoder):
             client = SchemaRegistryClient(dict(schema_registry))
         self._registry = client
         self._url = _redacted(str((schema_registry or {}).get("url", "the schema registry")))
-        self._deserializer = AvroDeserializer(client)
         self._writers: dict[int, _WriterSchema] = {}
         self._key_names: dict[int, tuple[str, ...]] = {}
 
@@ -193,9 +197,7 @@ class DebeziumAvroDecoder(DebeziumDecoder):
         if writer is None:
             writer = self._writers[schema_id] = self._writer_schema(schema_id)
         try:
-            # No serialization context: the writer schema is looked up by id alone, in
-            # the client's cache `_fetch` filled (a subject would key a second entry).
-            doc = self._deserializer(value)
+            doc = schemaless_reader(io.BytesIO(value[_HEADER.size:]), writer.parsed, None)
         except (EOFError, ValueError, TypeError, struct.error) as exc:
             raise self._fail(f"value does not match its schema id {schema_id}: "
                              f"{type(exc).__name__}: {exc}") from None
@@ -233,9 +235,10 @@ class DebeziumAvroDecoder(DebeziumDecoder):
     def _writer_schema(self, schema_id: int) -> _WriterSchema:
         envelope = self._fetch(schema_id)
         try:
+            parsed = parse_schema(envelope)
             row = _row_record(envelope)
             # Schema-change and transaction records carry no row.
-            return _WriterSchema(None if row is None else avro_row_plan(row))
+            return _WriterSchema(parsed, None if row is None else avro_row_plan(row))
         except (KeyError, TypeError, ValueError) as exc:
             raise self._fail(f"schema id {schema_id} has a row record binlake cannot read: "
                              f"{type(exc).__name__}: {exc}") from None
