@@ -312,6 +312,9 @@ class DagsterConfig(_Model):
     max_lag_records: int = Field(10_000, ge=0, description="the lag check fails above this")
     max_records_per_run: int | None = Field(None, ge=1)
     max_seconds_per_run: float | None = Field(None, gt=0)
+    commit_timeout_seconds: float = Field(
+        defaults.COMMIT_TIMEOUT_SECONDS, gt=0, le=3600,
+        description="a Kafka offset commit with no answer within this fails the run")
     max_partitions_per_run: int = Field(
         50, ge=1, le=10_000,
         description="topic-partitions one consumer run serves at most (lag sensor batches, "

@@ -183,6 +183,14 @@ def test_changelog_retention_is_off_unless_set() -> None:
                         ).lakehouse.changelog_retention_days == 7
 
 
+def test_the_commit_deadline_defaults_to_60_s_and_must_be_positive() -> None:
+    assert parse_config({}).dagster.commit_timeout_seconds == 60
+    assert parse_config({"dagster": {"commit_timeout_seconds": 5}}
+                        ).dagster.commit_timeout_seconds == 5
+    with pytest.raises(ConfigError, match=r"dagster\.commit_timeout_seconds"):
+        parse_config({"dagster": {"commit_timeout_seconds": 0}})
+
+
 @pytest.mark.parametrize(("data", "says"), [
     ({"sources": [{"name": "s", "topics": ["t"], "format": "debezium-avro"}]},
      "sources[0].format: 'debezium-avro' reads schemas from a registry, but "

@@ -8,6 +8,7 @@ KEY_SLOTS_PER_LANE = 8
 MAX_IN_FLIGHT = 10_000
 MAX_RETRIES = 3
 HANDLER_TIMEOUT_SECONDS = 60.0
+COMMIT_TIMEOUT_SECONDS = 60.0  # an offset commit that takes longer fails the run
 # A run that names no source (a `BoundedRun` outside the config) dead-letters here.
 UNNAMED_SOURCE = "default"
 

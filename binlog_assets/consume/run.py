@@ -35,8 +35,8 @@ from binlog_assets.consume.checkpoint import (
     override_source,
     reset_source,
     resolve_checkpoint,
-    retry_retriable,
 )
+from binlog_assets.consume.commit import Committer
 from binlog_assets.consume.deadletter import DeadLetter, DeadLetterPublisher
 from binlog_assets.consume.errors import ErrorPolicy, failed_handlers
 from binlog_assets.consume.handlers import HandlerRegistry
@@ -104,6 +104,8 @@ class RunSettings:
     start_offset: int | None = None  # explicit override, first in the precedence
     extra_checkpoint_sources: tuple[CheckpointSource, ...] = ()
     commit_interval_seconds: float = 5.0
+    # librdkafka's synchronous commit never times out by itself (Java's is 60 s).
+    commit_timeout_seconds: float = defaults.COMMIT_TIMEOUT_SECONDS
     batch_size: int = 1000
     key_columns: dict[str, list[str]] | None = None
     # The schema registry client's settings, for formats that need one (secrets inside).
@@ -190,6 +192,7 @@ class BoundedRun:
         self._dlq_lock = threading.Lock()
         self.peak_in_flight = 0
         self._tables_with_handlers: dict[str, bool] = {}
+        self._committer: Committer | None = None  # the run's consumer's
 
     # -- set-up -----------------------------------------------------------------------
     def _consumer(self) -> Consumer:
@@ -293,7 +296,10 @@ class BoundedRun:
                 dispatcher = starting.result(raise_error=False)
             if dispatcher is not None:
                 dispatcher.close()
-            if consumer is not None:
+            # A consumer with a commit stuck past its deadline is the commit thread's to close.
+            committer = self._committer
+            if consumer is not None and not (committer is not None and committer.abandoned
+                                             and committer.consumer is consumer):
                 consumer.close()
             restore_gc_threshold()
             gc.unfreeze()
@@ -520,8 +526,9 @@ class BoundedRun:
                 self._flush_sink(offset)
                 fault_point("after_changelog_commit")
         target = [TopicPartition(self.tp.topic, self.tp.partition, offset, metadata=metadata)]
-        retry_retriable(lambda: consumer.commit(offsets=target, asynchronous=False),
-                        f"committing {self.tp.topic}[{self.tp.partition}]@{offset}")
+        if self._committer is None or self._committer.consumer is not consumer:
+            self._committer = Committer(consumer, self.settings.commit_timeout_seconds)
+        self._committer.commit(target, f"committing {self.tp.topic}[{self.tp.partition}]@{offset}")
         fault_point("after_kafka_commit")
         if summary is not None:
             summary.committed_offset = offset

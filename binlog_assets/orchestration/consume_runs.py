@@ -103,6 +103,7 @@ def consume_partition(
         dead_letter_topic=source.dlq_topic,
         max_records=run_config.max_records or cfg.dagster.max_records_per_run,
         max_seconds=run_config.max_seconds or cfg.dagster.max_seconds_per_run,
+        commit_timeout_seconds=cfg.dagster.commit_timeout_seconds,
         start_offset=start,
         extra_checkpoint_sources=(
             lambda: None if initial is None else Checkpoint(initial, CHANGELOG),
