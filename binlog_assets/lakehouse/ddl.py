@@ -11,6 +11,9 @@ widen columns; renames and drops are only in the text, so they are read from it 
 - `RENAME TABLE a TO b` / `ALTER TABLE a RENAME [TO|AS] b`: the rows of `a` become rows
   of `b` when both feed the replica; otherwise the replica loses `a` as if dropped.
 - `DROP TABLE a`, `DROP DATABASE d`: the replica does what its `on_drop` says.
+- `ADD [COLUMN] c <definition>`: the source's rows older than the statement hold the
+  column's default (its `DEFAULT` literal, NULL, or a NOT NULL column's implicit zero or
+  empty string), whatever an older image held (a column dropped and added again).
 
 Only these statement shapes are read; anything else a statement does is described by
 the definition it produced (MariaDB and MySQL print DDL back as the user wrote it, so
@@ -36,6 +39,108 @@ _ALTER_RENAME = re.compile(
     rf"^\s*ALTER\s+(?:ONLINE\s+|IGNORE\s+)*TABLE\s+(?:IF\s+EXISTS\s+)?({_QUALIFIED})"
     rf".*?\bRENAME\s+(?:TO\s+|AS\s+)?({_QUALIFIED})\s*(?:,|$)", re.I | re.S)
 _DROP_TABLE = re.compile(r"^\s*DROP\s+(?:TEMPORARY\s+)?TABLES?\b", re.I)
+
+
+_ADD_COLUMN = re.compile(
+    rf"^\s*ADD\s+(COLUMN\s+)?(?:IF\s+NOT\s+EXISTS\s+)?({_NAME})\s+(.+)$", re.I | re.S)
+# What `ADD <word>` adds when the word is not a column's name (no COLUMN keyword).
+_NOT_COLUMNS = frozenset({"index", "key", "primary", "unique", "fulltext", "spatial",
+                          "constraint", "foreign", "check", "partition", "period",
+                          "system", "vector"})
+_ALTER_HEAD = re.compile(
+    rf"^\s*ALTER\s+(?:ONLINE\s+|IGNORE\s+)*TABLE\s+(?:IF\s+EXISTS\s+)?{_QUALIFIED}\s+",
+    re.I)
+# One token of a column definition: a quoted string, a parenthesised group (flat), a word.
+_TOKEN = re.compile(r"'(?:[^'\\]|\\.|'')*'|\"(?:[^\"\\]|\\.|\"\")*\"|\([^()]*\)|[^\s(),'\"]+")
+_NUMBER = re.compile(r"^[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?$")
+_NUMERIC_TYPES = frozenset({"tinyint", "smallint", "mediumint", "int", "integer", "bigint",
+                            "decimal", "dec", "numeric", "fixed", "float", "double", "real",
+                            "bit", "bool", "boolean", "year"})
+_TEXT_TYPES = frozenset({"char", "varchar", "tinytext", "text", "mediumtext", "longtext",
+                         "binary", "varbinary", "tinyblob", "blob", "mediumblob", "longblob",
+                         "enum", "set"})
+
+
+@dataclass(frozen=True)
+class ColumnAdd:
+    """A column an `ADD` gives a table: older rows hold `default` (SQL text of a literal,
+    None for NULL); `known` is False when the default is an expression (CURRENT_TIMESTAMP,
+    a function) whose value for the older rows the binlog does not tell."""
+
+    column: str
+    default: str | None
+    known: bool = True
+
+
+def _split_top(text: str) -> list[str]:
+    """`text` split at the commas outside parentheses and quotes."""
+    parts, depth, quote, start, i = [], 0, "", 0, 0
+    while i < len(text):
+        ch = text[i]
+        if quote:
+            if ch == "\\":
+                i += 1
+            elif ch == quote:
+                quote = ""
+        elif ch in "'\"`":
+            quote = ch
+        elif ch == "(":
+            depth += 1
+        elif ch == ")":
+            depth -= 1
+        elif ch == "," and depth == 0:
+            parts.append(text[start:i])
+            start = i + 1
+        i += 1
+    parts.append(text[start:])
+    return parts
+
+
+def _sql_literal(token: str) -> str:
+    """A MariaDB string literal as a Spark SQL one (backslash and doubled-quote escapes)."""
+    body = token[1:-1].replace(token[0] * 2, token[0])
+    body = re.sub(r"\\(.)", lambda m: {"n": "\n", "t": "\t", "0": "\0"}.get(
+        m.group(1), m.group(1)), body)
+    return "'" + body.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+def _column_default(definition: str) -> ColumnAdd:
+    tokens = _TOKEN.findall(definition)
+    words = [t.lower() for t in tokens]
+    type_name = words[0] if words else ""
+    if "default" in words:
+        i = words.index("default")
+        value = tokens[i + 1] if i + 1 < len(tokens) else ""
+        if value.lower() == "null":
+            return ColumnAdd("", None)
+        if value[:1] in "'\"":
+            return ColumnAdd("", _sql_literal(value))
+        if _NUMBER.match(value):
+            return ColumnAdd("", value)
+        return ColumnAdd("", None, known=False)
+    if "not" in words and words[words.index("not") + 1:][:1] == ["null"]:
+        if type_name in _NUMERIC_TYPES:
+            return ColumnAdd("", "0")
+        if type_name in _TEXT_TYPES:
+            return ColumnAdd("", "''")
+        return ColumnAdd("", None, known=False)
+    return ColumnAdd("", None)
+
+
+def column_adds(ddl: str) -> list[ColumnAdd]:
+    """Each column an `ALTER TABLE ... ADD [COLUMN] c <definition>` adds, with the value
+    the table's existing rows take (the parenthesised multi-column form is not read)."""
+    head = _ALTER_HEAD.match(ddl)
+    if head is None:
+        return []
+    out = []
+    for spec in _split_top(ddl[head.end():]):
+        m = _ADD_COLUMN.match(spec)
+        if m is None or (not m.group(1) and m.group(2).lower() in _NOT_COLUMNS):
+            continue
+        found = _column_default(m.group(3))
+        out.append(ColumnAdd(_unquote(m.group(2)), found.default, found.known))
+    return out
 
 
 def _unquote(name: str) -> str:
@@ -84,6 +189,9 @@ class DdlPlan:
     table_renames: list[tuple[str, str, tuple[int, ...]]] = field(default_factory=list)
     # db.table (or db.* for DROP DATABASE) -> position of its drop
     drops: dict[str, tuple[int, ...]] = field(default_factory=dict)
+    # (db.table, column, position): the latest ADD of each column of each table
+    column_adds: dict[tuple[str, str], tuple[tuple[int, ...], ColumnAdd]] = field(
+        default_factory=dict)
 
     def __bool__(self) -> bool:
         return bool(self.column_renames or self.definitions or self.table_renames
@@ -133,6 +241,8 @@ def plan_ddl(events: list[DdlEvent], routed) -> DdlPlan:  # noqa: ANN001 - route
             continue
         for old, new in column_renames(e.ddl):
             plan.column_renames.append((e.table, old, new, e.position))
+        for add in column_adds(e.ddl):
+            plan.column_adds[(e.table, add.column.lower())] = (e.position, add)
         if e.columns is not None:
             plan.definitions[e.table] = (e.position, [c.lower() for c in e.columns])
     return plan

@@ -107,6 +107,7 @@ from binlog_assets.lakehouse.replica_ddl import (
     Sources,
     apply_ddl,
     drop_markers,
+    note_adds,
     read_ddl,
     record_sources,
     replica_sources,
@@ -269,7 +270,10 @@ class ReplicaBuilder:
 
         batch = read_changelog(spark, self.config, start, up_to)
         survey = survey_batch(spark, self.config, batch, route, start, up_to)
-        ddl = read_ddl(batch, route) if survey.ddl and props else DdlPlan()
+        planned = read_ddl(batch, route) if survey.ddl else DdlPlan()
+        note_adds(survey, planned)
+        # Renames and drops concern a replica that exists; a new one is built as it is now.
+        ddl = planned if props else DdlPlan()
         # A dropped database or a table renamed away names no table routed here.
         rule = key_rule(route, survey, props) if survey.tables or ddl else None
         if rule is None or (not survey.rows and not props):
@@ -494,7 +498,7 @@ class ReplicaBuilder:
         stored_columns = self.spark.table(name).columns
         reduced = (first_per_group(rows, [col(k) for k in key], [col("_position").desc()])
                    .withColumn("_applied_at", F.lit(now)))
-        reduced = typed_columns(reduced, survey, key, columns, stored_columns)
+        reduced = typed_columns(reduced, survey, key, columns, stored_columns, live=True)
         if empty:
             # Nothing to match: the reduced batch is the table's content, appended with the
             # same transaction id (an initial build or a rebuild, without MERGE's joins).

@@ -233,6 +233,41 @@ def plan_columns(current: dict[str, T.DataType], plan: DdlPlan, sources: Sources
     return out
 
 
+def note_adds(survey: Survey, plan: DdlPlan) -> None:
+    """The batch's column ADDs whose default the replica can give its older rows, into
+    `survey.added` (read by `typed_columns(live=True)` and `set_added_defaults`)."""
+    for (table, column), (position, add) in plan.column_adds.items():
+        if add.known:
+            survey.added.setdefault(column, []).append((table, position, add.default))
+
+
+def set_added_defaults(spark: SparkSession, table: tuple[str, str],
+                       current: dict[str, T.DataType], plan: DdlPlan,
+                       sources: Sources) -> list[str]:
+    """Give each column a batch ADDs its default in the replica's rows of that table
+    older than the ADD (before the MERGE, idempotent); descriptions of what it did."""
+    by_lower = {c.lower(): c for c in current}
+    described = []
+    for (source, column), (position, add) in plan.column_adds.items():
+        name = by_lower.get(column)
+        if name is None:
+            continue
+        if not add.known:
+            described.append(f"add column {name} ({source}): its default is an expression, "
+                             f"older rows keep what they held")
+            continue
+        held = sources.stored.get(source, ((), None))[1]
+        if add.default is None and held is not None and column not in held:
+            continue  # new to the table: its older rows hold NULL already
+        value = add.default if add.default is not None else "NULL"
+        spark.sql(f"UPDATE {qualified(*table)} SET {quote(name)} = CAST({value} AS "
+                  f"{current[name].simpleString()}) WHERE {_of_table(source)} AND "
+                  f"_position < {_position_sql(position)}")
+        described.append(f"add column {name} ({source}): older rows hold "
+                         f"{'NULL' if add.default is None else add.default}")
+    return described
+
+
 def apply_ddl(spark: SparkSession, table: tuple[str, str], current: dict[str, T.DataType],
               route: ReplicaRoute, key: list[str], plan: DdlPlan, sources: Sources,
               survey: Survey) -> tuple[list[str], bool]:
@@ -246,6 +281,7 @@ def apply_ddl(spark: SparkSession, table: tuple[str, str], current: dict[str, T.
         mapped = "delta.columnMapping.mode" in table_detail(spark, *table)["properties"]
         drop_columns(spark, table, columns.drops, mapped=mapped)
     described += move_table_rows(spark, table, plan, route, key)
+    described += set_added_defaults(spark, table, current, plan, sources)
     verb = "its rows leave the replica" if route.on_drop == "truncate" else "rows kept"
     described += [f"drop table {t}: {verb}" for t, _ in sources.dropped]
     described += sources.notes

@@ -87,6 +87,10 @@ class Survey:
     ddl: bool = False
     # Replica column (lower-case) -> former names a renamed column has in older images.
     aliases: dict[str, list[str]] = field(default_factory=dict)
+    # Column (lower-case) -> (db.table, position, SQL literal or None) of each ADD of it
+    # in the batch: that table's rows older than the ADD hold the default.
+    added: dict[str, list[tuple[str, tuple[int, ...], str | None]]] = field(
+        default_factory=dict)
 
 
 def survey_batch(spark: SparkSession, config: PipelineConfig, batch: DataFrame,

@@ -69,7 +69,7 @@ def rewrite_replica(spark: SparkSession, table: tuple[str, str], location: str,
     winners = first_per_group(both, [col(k) for k in key],
                               [col("_position").desc(), col(from_table).desc()])
     winners = typed_columns(winners, survey, key, columns, [*names, from_table],
-                            stored=col(from_table) == 1, image=image)
+                            stored=col(from_table) == 1, image=image, live=True)
     cleared = below_truncates(survey.truncates)
     from pyspark.sql import Observation
 

@@ -98,10 +98,13 @@ def key_change_deletes(b: DataFrame, route: ReplicaRoute, survey: Survey,
 
 def typed_columns(frame: DataFrame, survey: Survey, key: list[str],
                   columns: dict[str, T.DataType], out: list[str],
-                  stored: Column | None = None, image: str = IMAGE) -> DataFrame:
+                  stored: Column | None = None, image: str = IMAGE, *,
+                  live: bool = False) -> DataFrame:
     """`frame`'s columns `out`, the replica's source columns among them parsed from
     the JSON column `image` and typed (those of rows where `stored` holds are kept as
-    they are)."""
+    they are). `live`: rows of the replica's current state, where a column the batch
+    ADDs holds its default in rows older than the ADD (`Survey.added`); a history or a
+    log of changes keeps what each image held."""
     spellings = column_spellings(columns, survey)
     parsed = frame.withColumn(image, F.from_json(col(image), text_schema(spellings)))
     # Parsed once into a struct column and only then taken apart: a field read
@@ -113,10 +116,24 @@ def typed_columns(frame: DataFrame, survey: Survey, key: list[str],
             value = cast_text(text, columns[name])
             if stored is not None:
                 value = F.when(stored, col(name)).otherwise(value)
+            if live:
+                value = added_default(value, survey.added.get(name.lower(), ()),
+                                      columns[name])
             select.append(value.alias(name))
         else:
             select.append(col(name))
     return parsed.select(*select)
+
+
+def added_default(value: Column, adds, data_type: T.DataType) -> Column:  # noqa: ANN001
+    """`value`, or the default of the column where an ADD of it is newer than the row:
+    `adds` are (db.table, position, SQL literal or None) from `Survey.added`."""
+    for table, position, default in adds:
+        literal = F.expr(default) if default is not None else F.lit(None)
+        value = F.when(is_source_table(table)
+                       & (F.col("_position") < position_literal(position)),
+                       literal.cast(data_type)).otherwise(value)
+    return value
 
 
 def row_image() -> Column:

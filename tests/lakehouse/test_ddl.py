@@ -3,7 +3,9 @@
 import pytest
 
 from binlog_assets.lakehouse.ddl import (
+    ColumnAdd,
     DdlEvent,
+    column_adds,
     column_renames,
     plan_ddl,
     table_renames,
@@ -34,6 +36,38 @@ def test_column_renames(ddl, expected):
 ])
 def test_table_renames(ddl, expected):
     assert table_renames(ddl, "db") == expected
+
+
+@pytest.mark.parametrize(("ddl", "expected"), [
+    ("ALTER TABLE shop.customers ADD COLUMN tier VARCHAR(20) NULL", [ColumnAdd("tier", None)]),
+    ("alter table `t` add `c` int not null default 5 after id, ADD INDEX i (c), "
+     "add column d decimal(10,2) default '1.50' comment 'x, default 9'",
+     [ColumnAdd("c", "5"), ColumnAdd("d", "'1.50'")]),
+    ("ALTER TABLE t ADD COLUMN IF NOT EXISTS e VARCHAR(5) NOT NULL", [ColumnAdd("e", "''")]),
+    ("ALTER TABLE t ADD n BIGINT NOT NULL FIRST", [ColumnAdd("n", "0")]),
+    ("ALTER TABLE t ADD d DATE NOT NULL", [ColumnAdd("d", None, known=False)]),
+    ("ALTER TABLE t ADD ts TIMESTAMP DEFAULT CURRENT_TIMESTAMP, ADD PRIMARY KEY (id)",
+     [ColumnAdd("ts", None, known=False)]),
+    ("ALTER TABLE t ADD COLUMN s VARCHAR(9) DEFAULT 'it''s \\\\ ok'",
+     [ColumnAdd("s", "'it\\'s \\\\ ok'")]),
+    ("ALTER TABLE t ADD COLUMN x INT DEFAULT -3, ADD CONSTRAINT c CHECK (x > 0)",
+     [ColumnAdd("x", "-3")]),
+    ("ALTER TABLE t ADD UNIQUE KEY u (a), ADD FOREIGN KEY (b) REFERENCES o (id)", []),
+    ("ALTER TABLE t DROP COLUMN c", []),
+    ("CREATE TABLE x (a INT NOT NULL DEFAULT 1)", []),
+])
+def test_column_adds(ddl, expected):
+    assert column_adds(ddl) == expected
+
+
+def test_the_latest_add_of_a_column_is_planned():
+    plan = plan_ddl([
+        _event("db.items", 10, "ALTER TABLE items ADD COLUMN c INT DEFAULT 1", {"c": "int"}),
+        _event("db.items", 20, "ALTER TABLE items DROP COLUMN c", {"id": "int"}),
+        _event("db.items", 30, "ALTER TABLE items ADD COLUMN C INT", {"C": "int"}),
+        _event("db.other", 40, "ALTER TABLE other ADD COLUMN c INT", {"c": "int"}),
+    ], {"db.items"}.__contains__)
+    assert plan.column_adds == {("db.items", "c"): ((1, 7, 30, 0, 0, 0), ColumnAdd("C", None))}
 
 
 def _event(table, pos, ddl, columns=None):
