@@ -41,6 +41,21 @@ def position_literal(position: tuple[int, ...]) -> Column:
                       for (name, t, _), v in zip(POSITION_FIELDS, position, strict=True)])
 
 
+def binlog_before_sql(position: tuple[int, ...]) -> str:
+    """SQL: the row's `_position` is older in the binlog than `position`, a streamed
+    event's (a DDL). By binlog coordinates whatever the row's phase: a snapshot row
+    carries the binlog position it was read at, so an initial snapshot is older than a
+    later ALTER and an incremental one taken after it is not. A source without
+    coordinates (file and pos zero) compares whole positions."""
+    _phase, file, pos = (int(v) for v in position[:3])
+    if file == 0 and pos == 0:
+        return "_position < named_struct(" + ", ".join(
+            f"'{name}', CAST({int(v)} AS {t.simpleString()})"
+            for (name, t, _), v in zip(POSITION_FIELDS, position, strict=True)) + ")"
+    return (f"(_position.file < {file} OR "
+            f"(_position.file = {file} AND _position.pos < {pos}))")
+
+
 def change_identity(position: Column) -> Column:
     """What makes two copies of one source change the same change.
 

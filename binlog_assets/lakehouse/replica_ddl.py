@@ -35,6 +35,7 @@ from pyspark.sql import types as T
 from binlog_assets.formats.event import DATABASE_WIDE, OP_DDL, OP_TRUNCATE
 from binlog_assets.lakehouse.columns import (
     POSITION_FIELDS,
+    binlog_before_sql,
     changelog_position,
     key_match,
     split_table,
@@ -262,7 +263,7 @@ def set_added_defaults(spark: SparkSession, table: tuple[str, str],
         value = add.default if add.default is not None else "NULL"
         spark.sql(f"UPDATE {qualified(*table)} SET {quote(name)} = CAST({value} AS "
                   f"{current[name].simpleString()}) WHERE {_of_table(source)} AND "
-                  f"_position < {_position_sql(position)}")
+                  f"{binlog_before_sql(position)}")
         described.append(f"add column {name} ({source}): older rows hold "
                          f"{'NULL' if add.default is None else add.default}")
     return described

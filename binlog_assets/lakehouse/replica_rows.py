@@ -12,6 +12,7 @@ from pyspark.sql import types as T
 from binlog_assets.formats.event import OP_DELETE, OP_TRUNCATE, OP_UPDATE
 from binlog_assets.lakehouse.changelog import to_json
 from binlog_assets.lakehouse.columns import (
+    binlog_before_sql,
     changelog_position,
     is_source_table,
     position_literal,
@@ -130,8 +131,7 @@ def added_default(value: Column, adds, data_type: T.DataType) -> Column:  # noqa
     `adds` are (db.table, position, SQL literal or None) from `Survey.added`."""
     for table, position, default in adds:
         literal = F.expr(default) if default is not None else F.lit(None)
-        value = F.when(is_source_table(table)
-                       & (F.col("_position") < position_literal(position)),
+        value = F.when(is_source_table(table) & F.expr(binlog_before_sql(position)),
                        literal.cast(data_type)).otherwise(value)
     return value
 

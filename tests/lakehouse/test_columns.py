@@ -13,6 +13,7 @@ from binlog_assets.lakehouse.changelog import CHANGELOG_COLUMNS
 from binlog_assets.lakehouse.columns import (
     POSITION_FIELDS,
     POSITION_TYPE,
+    binlog_before_sql,
     change_identity,
     changelog_position,
     first_per_group,
@@ -127,3 +128,28 @@ def test_first_truncate_after_names_the_tables_next_truncate(spark) -> None:  # 
     assert none["t"] is None
     assert rows.select(first_truncate_after([], F.col("p")).alias("t")).schema["t"] \
         .dataType == POSITION_TYPE
+
+
+def test_older_than_a_ddl_goes_by_binlog_coordinates_whatever_the_phase(spark) -> None:
+    add = (1, 2, 100, 0, 40, 0)  # a streamed ALTER at binlog file 2, pos 100
+    rows = {
+        "initial snapshot": ((0, 1, 50, 0, 3, 0), True),
+        "streamed before": ((1, 2, 99, 0, 90, 0), True),
+        "streamed after": ((1, 2, 101, 0, 1, 0), False),
+        "next file": ((1, 3, 4, 0, 2, 0), False),
+        # An incremental snapshot read after the ALTER carries the binlog position then.
+        "incremental snapshot": ((0, 2, 500, 0, 7, 0), False),
+    }
+    frame = spark.createDataFrame([(name, position) for name, (position, _) in rows.items()],
+                                  T.StructType([T.StructField("name", T.StringType()),
+                                                T.StructField("_position", POSITION_TYPE)]))
+    got = {r["name"]: r["older"] for r in frame.select(
+        "name", F.expr(binlog_before_sql(add)).alias("older")).collect()}
+    assert got == {name: older for name, (_, older) in rows.items()}
+    # Without coordinates (a source that gives none) the whole position decides.
+    bare = {r["o"]: r["older"] for r in spark.createDataFrame(
+        [((1, 0, 0, 0, o, 0),) for o in (5, 15)],
+        T.StructType([T.StructField("_position", POSITION_TYPE)])).select(
+        F.col("_position.offset").alias("o"),
+        F.expr(binlog_before_sql((1, 0, 0, 0, 10, 0))).alias("older")).collect()}
+    assert bare == {5: True, 15: False}
