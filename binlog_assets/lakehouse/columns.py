@@ -41,6 +41,14 @@ def position_literal(position: tuple[int, ...]) -> Column:
                       for (name, t, _), v in zip(POSITION_FIELDS, position, strict=True)])
 
 
+def position_sql(position: tuple[int, ...]) -> str:
+    """A position as a SQL struct literal (Delta's UPDATE binds no SQL parameters; the
+    values are integers)."""
+    parts = [f"'{name}', CAST({int(value)} AS {data_type.simpleString()})"
+             for (name, data_type, _), value in zip(POSITION_FIELDS, position, strict=True)]
+    return f"named_struct({', '.join(parts)})"
+
+
 def binlog_before_sql(position: tuple[int, ...]) -> str:
     """SQL: the row's `_position` is older in the binlog than `position`, a streamed
     event's (a DDL). By binlog coordinates whatever the row's phase: a snapshot row
@@ -49,9 +57,7 @@ def binlog_before_sql(position: tuple[int, ...]) -> str:
     coordinates (file and pos zero) compares whole positions."""
     _phase, file, pos = (int(v) for v in position[:3])
     if file == 0 and pos == 0:
-        return "_position < named_struct(" + ", ".join(
-            f"'{name}', CAST({int(v)} AS {t.simpleString()})"
-            for (name, t, _), v in zip(POSITION_FIELDS, position, strict=True)) + ")"
+        return f"_position < {position_sql(position)}"
     return (f"(_position.file < {file} OR "
             f"(_position.file = {file} AND _position.pos < {pos}))")
 

@@ -104,27 +104,28 @@ def _sql_literal(token: str) -> str:
     return "'" + body.replace("\\", "\\\\").replace("'", "\\'") + "'"
 
 
-def _column_default(definition: str) -> ColumnAdd:
+def _column_default(definition: str) -> tuple[str | None, bool]:
+    """(SQL literal or None for NULL, whether known) of a column definition's default."""
     tokens = _TOKEN.findall(definition)
     words = [t.lower() for t in tokens]
-    type_name = words[0] if words else ""
     if "default" in words:
         i = words.index("default")
         value = tokens[i + 1] if i + 1 < len(tokens) else ""
         if value.lower() == "null":
-            return ColumnAdd("", None)
+            return None, True
         if value[:1] in "'\"":
-            return ColumnAdd("", _sql_literal(value))
+            return _sql_literal(value), True
         if _NUMBER.match(value):
-            return ColumnAdd("", value)
-        return ColumnAdd("", None, known=False)
+            return value, True
+        return None, False
     if "not" in words and words[words.index("not") + 1:][:1] == ["null"]:
+        type_name = words[0]
         if type_name in _NUMERIC_TYPES:
-            return ColumnAdd("", "0")
+            return "0", True
         if type_name in _TEXT_TYPES:
-            return ColumnAdd("", "''")
-        return ColumnAdd("", None, known=False)
-    return ColumnAdd("", None)
+            return "''", True
+        return None, False
+    return None, True
 
 
 def column_adds(ddl: str) -> list[ColumnAdd]:
@@ -138,8 +139,7 @@ def column_adds(ddl: str) -> list[ColumnAdd]:
         m = _ADD_COLUMN.match(spec)
         if m is None or (not m.group(1) and m.group(2).lower() in _NOT_COLUMNS):
             continue
-        found = _column_default(m.group(3))
-        out.append(ColumnAdd(_unquote(m.group(2)), found.default, found.known))
+        out.append(ColumnAdd(_unquote(m.group(2)), *_column_default(m.group(3))))
     return out
 
 

@@ -34,10 +34,10 @@ from pyspark.sql import types as T
 
 from binlog_assets.formats.event import DATABASE_WIDE, OP_DDL, OP_TRUNCATE
 from binlog_assets.lakehouse.columns import (
-    POSITION_FIELDS,
     binlog_before_sql,
     changelog_position,
     key_match,
+    position_sql,
     split_table,
 )
 from binlog_assets.lakehouse.ddl import DdlEvent, DdlPlan, plan_ddl
@@ -236,7 +236,7 @@ def plan_columns(current: dict[str, T.DataType], plan: DdlPlan, sources: Sources
 
 def note_adds(survey: Survey, plan: DdlPlan) -> None:
     """The batch's column ADDs whose default the replica can give its older rows, into
-    `survey.added` (read by `typed_columns(live=True)` and `set_added_defaults`)."""
+    `survey.added` for `typed_columns(live=True)` (the batch's images)."""
     for (table, column), (position, add) in plan.column_adds.items():
         if add.known:
             survey.added.setdefault(column, []).append((table, position, add.default))
@@ -289,14 +289,6 @@ def apply_ddl(spark: SparkSession, table: tuple[str, str], current: dict[str, T.
     return described, bool(columns.renames or columns.drops)
 
 
-def _position_sql(position: tuple[int, ...]) -> str:
-    """A position as a SQL struct literal (Delta's UPDATE binds no SQL parameters; the
-    values are integers)."""
-    parts = [f"'{name}', CAST({int(value)} AS {data_type.simpleString()})"
-             for (name, data_type, _), value in zip(POSITION_FIELDS, position, strict=True)]
-    return f"named_struct({', '.join(parts)})"
-
-
 def _of_table(source: str) -> str:
     db, name = split_table(source)
     return f"_source_db = {sql_string(db)} AND _source_table = {sql_string(name)}"
@@ -308,13 +300,13 @@ def move_renamed_values(spark: SparkSession, table: tuple[str, str],
     row holds its value under the name the column had at the row's position."""
     for source, steps, final in renames:
         cases = " ".join(
-            f"WHEN _position <= {_position_sql(pos)} THEN "
+            f"WHEN _position <= {position_sql(pos)} THEN "
             + (f"CAST({quote(old)} AS {types[final].simpleString()})" if old in types
                else "NULL")
             for old, pos in steps)
         spark.sql(f"UPDATE {qualified(*table)} SET {quote(final)} = CASE {cases} ELSE "
                   f"{quote(final)} END WHERE {_of_table(source)} AND "
-                  f"_position <= {_position_sql(steps[-1][1])}")
+                  f"_position <= {position_sql(steps[-1][1])}")
 
 
 def drop_columns(spark: SparkSession, table: tuple[str, str], columns: list[str], *,
