@@ -24,7 +24,14 @@ from typing import TYPE_CHECKING
 from pyspark.sql import functions as F
 
 from binlog_assets.lakehouse.columns import change_identity, first_per_group, free_name
-from binlog_assets.lakehouse.delta_log import merge_aliases, metrics_since, table_version
+from binlog_assets.lakehouse.delta_log import (
+    NewTable,
+    create_with_rows,
+    last_commit_metrics,
+    merge_aliases,
+    metrics_since,
+    table_version,
+)
 from binlog_assets.lakehouse.identifiers import col, qualified
 from binlog_assets.lakehouse.transactions import APP_ID
 
@@ -34,17 +41,22 @@ if TYPE_CHECKING:
 
 def append_changes(spark: SparkSession, table: tuple[str, str], rows: DataFrame,
                    typed: Callable[[DataFrame], DataFrame], version: int, now: datetime,
-                   txn: Callable[[], AbstractContextManager[None]], *, empty: bool) -> int:
+                   txn: Callable[[], AbstractContextManager[None]], *, empty: bool,
+                   new: NewTable | None = None) -> int:
     """Append the batch's changes `rows` (`_source_db`, `_source_table`, `_position`,
     `_op`, `_source_ts` and the image, as `ReplicaBuilder._keyed` frames them) to the
-    append-only replica `table`; `typed` turns them into the table's columns, and `txn()`
-    records changelog `version` on a MERGE. Returns the rows written."""
+    append-only replica `table` (created with them when `new` says how); `typed` turns
+    them into the table's columns, and `txn()` records changelog `version` on a MERGE.
+    Returns the rows written."""
     change = free_name("_change", rows.columns)
     source = [F.col("_source_db"), F.col("_source_table")]
     # One row per change of the batch: the first delivery, by Kafka offset.
     once = first_per_group(rows.withColumn(change, change_identity(F.col("_position"))),
                            [*source, col(change)], [F.col("_position").asc()]).drop(change)
     once = typed(once.withColumn("_applied_at", F.lit(now)))
+    if new is not None:
+        create_with_rows(spark, new, once, APP_ID, version)
+        return int(last_commit_metrics(spark, *table).get("numOutputRows", 0))
     name = ".".join(table)
     before = table_version(spark, *table)
     if empty:

@@ -19,9 +19,10 @@ Connect there is no JVM at hand, and the public reader it is.
 from __future__ import annotations
 
 import weakref
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from binlog_assets.lakehouse.identifiers import qualified, quote
+from binlog_assets.lakehouse.identifiers import col, qualified, quote
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -199,6 +200,54 @@ def create_table(spark: SparkSession, table: tuple[str, str], schema: T.StructTy
     spark.sql(f"CREATE DATABASE IF NOT EXISTS {qualified(table[0])}")
     spark.sql(f"CREATE TABLE IF NOT EXISTS {qualified(*table)} ({columns}) USING DELTA"
               + (f" TBLPROPERTIES ({props})" if props else ""))
+
+
+class TableCreatedMeanwhile(RuntimeError):
+    """`create_with_rows` found the table already there: another writer created it after
+    the caller looked. Nothing was written; start over from the table as it now is."""
+
+
+@dataclass(frozen=True)
+class NewTable:
+    """A Delta table to create together with its first rows (`create_with_rows`)."""
+
+    name: tuple[str, str]
+    schema: T.StructType
+    properties: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def columns(self) -> list[str]:
+        return [f.name for f in self.schema]
+
+
+def create_with_rows(spark: SparkSession, new: NewTable, rows: DataFrame, app_id: str,
+                     version: int) -> None:
+    """Create `new` holding `rows` (cast to its schema, in its column order), its
+    properties and the transaction (`app_id`, `version`), all in the table's first commit.
+
+    Rather than CREATE TABLE and then an append: Delta answers an append's transaction
+    id from the table's state, which it computes in a Spark job of its own, and a table
+    being created has no state to compute (bench/RESULTS.md, session 19).
+    """
+    from pyspark.errors import AnalysisException
+
+    spark.sql(f"CREATE DATABASE IF NOT EXISTS {qualified(new.name[0])}")
+    have = {f.name: f.dataType for f in rows.schema}
+    # Cast by the type's SQL name: over Spark Connect a cast to a `StringType` object
+    # writes `string collate UTF8_BINARY` into the table's schema, which delta-rs refuses.
+    writer = (rows.select(*[col(f.name) if have.get(f.name) == f.dataType
+                            else col(f.name).cast(f.dataType.simpleString()).alias(f.name)
+                            for f in new.schema])
+              .writeTo(qualified(*new.name)).using("delta")
+              .option("txnAppId", app_id).option("txnVersion", str(version)))
+    for key, value in new.properties.items():
+        writer = writer.tableProperty(key, value)
+    try:
+        writer.create()
+    except AnalysisException as e:
+        if e.getCondition() == "TABLE_OR_VIEW_ALREADY_EXISTS":
+            raise TableCreatedMeanwhile(f"{'.'.join(new.name)} was created meanwhile") from e
+        raise
 
 
 def set_properties(spark: SparkSession, table: tuple[str, str], properties: dict[str, str]

@@ -20,7 +20,9 @@ outcome (DESIGN.md invariants 3 and 5):
   The reduce runs on the typed key with the images still JSON text: only the changes
   that win it are parsed and typed.
   Re-applying an applied range changes nothing; an older change arriving late is dropped.
-  Into an empty table (an initial build, a rebuild) the reduced batch is simply appended.
+  A new replica (an initial build, a rebuild) is created with the reduced batch in its
+  first commit (properties and transaction id included); into an empty one it is simply
+  appended.
   A batch with at least `lakehouse.rewrite_ratio` changes per stored row (a catch-up,
   which touches every file anyway) skips MERGE: the stored rows and the batch go through
   one ranking per key (highest position wins, the stored row on a tie) and the result
@@ -68,7 +70,7 @@ from __future__ import annotations
 
 import json
 import threading
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING
 
@@ -92,8 +94,12 @@ from binlog_assets.lakehouse.columns import (
 )
 from binlog_assets.lakehouse.ddl import DdlPlan
 from binlog_assets.lakehouse.delta_log import (
+    NewTable,
+    TableCreatedMeanwhile,
     create_table,
+    create_with_rows,
     forget,
+    last_commit_metrics,
     merge_aliases,
     metrics_since,
     table_detail,
@@ -214,6 +220,7 @@ class ReplicaBuilder:
         self.config = config
         self.database = config.lakehouse.database
         self._lock = threading.Lock()
+        self._views: set[tuple[str, str]] = set()  # views of live rows known to exist
 
     def table_name(self, replica: str) -> tuple[str, str]:
         return self.database, replica
@@ -232,6 +239,7 @@ class ReplicaBuilder:
         """Drop the replica (and its view and history) and apply the whole changelog."""
         route = replica_route(self.config, replica)
         self.spark.sql(f"DROP VIEW IF EXISTS {qualified(*self.current_view_name(replica))}")
+        self._views.discard(self.current_view_name(replica))
         tables = [self.table_name(replica)]
         if route.history:
             tables.append(self.history_name(replica))
@@ -243,8 +251,13 @@ class ReplicaBuilder:
     def apply(self, replica: str, *, up_to_version: int | None = None) -> ReplicaResult:
         """Apply changelog versions above the replica's applied version, up to `up_to_version`
         (default: the changelog's current version)."""
+        route = replica_route(self.config, replica)
         with self._lock:
-            return self._apply(replica_route(self.config, replica), up_to_version)
+            try:
+                return self._apply(route, up_to_version)
+            except TableCreatedMeanwhile:
+                # Another builder created the replica first: apply on top of its table.
+                return self._apply(route, up_to_version)
 
     # -- the steps of one apply ---------------------------------------------------------
 
@@ -260,6 +273,8 @@ class ReplicaBuilder:
             targets.append(self.history_name(route.replica))
         applied = {t: txn_version(spark, *t, APP_ID) for t in targets}
         behind = [t for t in targets if applied[t] is None or applied[t] < up_to]
+        if props and stored_rule != APPEND_ONLY:
+            self._ensure_view(route.replica)
         if up_to < 0 or not behind:
             done = applied[targets[0]]
             return ReplicaResult(route.replica, applied_version=-1 if done is None else done,
@@ -294,8 +309,10 @@ class ReplicaBuilder:
 
         now = datetime.now(UTC)
         key = rule.key
-        changes, sources = self._prepare_tables(route, survey, rule, ddl, props)
-        columns = self._source_columns(replica_table)
+        changes, sources, new = self._prepare_tables(route, survey, rule, ddl, props)
+        columns = (self._source_columns(replica_table) if new is None else
+                   {c: f.dataType for c, f in zip(new.columns, new.schema, strict=True)
+                    if c not in METADATA_COLUMNS})
         if rule.append:
             from binlog_assets.lakehouse.append_replica import append_changes
 
@@ -303,12 +320,13 @@ class ReplicaBuilder:
                                              & F.col("op").isin(*MERGED_OPS)),
                                  route, survey, [], columns, row_image(), F.col("op"),
                                  image_first=False)
-            stored_columns = self.spark.table(".".join(replica_table)).columns
+            stored_columns = (self.spark.table(".".join(replica_table)).columns
+                              if new is None else new.columns)
             fault_point("during_replica_merge")
             written = append_changes(
                 spark, replica_table, rows,
                 lambda frame: typed_columns(frame, survey, [], columns, stored_columns),
-                up_to, now, lambda: self._txn(up_to), empty=files == 0)
+                up_to, now, lambda: self._txn(up_to), empty=files == 0, new=new)
             return self._result(route, survey, up_to, rule, changes, written=written)
 
         rows = keyed_rows(batch, route, survey, key, columns)
@@ -323,7 +341,9 @@ class ReplicaBuilder:
             if replica_table in behind:
                 written, truncated = self._merge_replica(route, rows, survey, key, columns,
                                                          up_to, now, props, location,
-                                                         empty=files == 0)
+                                                         empty=files == 0, new=new)
+            if new is not None:
+                self._ensure_view(route.replica, create=True)
             history_table = self.history_name(route.replica)
             if route.history and history_table in behind:
                 typed = typed_columns(rows, survey, key, columns,
@@ -360,14 +380,17 @@ class ReplicaBuilder:
                 str(detail["location"]))
 
     def _prepare_tables(self, route: ReplicaRoute, survey: Survey, rule: Rule,
-                        ddl: DdlPlan, props: dict[str, str]) -> tuple[list[str], Sources]:
+                        ddl: DdlPlan, props: dict[str, str]
+                        ) -> tuple[list[str], Sources, NewTable | None]:
         """Create or evolve the replica (and history) for the batch's columns, and do
         what its DDL asks of the replica's columns and rows (`replica_ddl.py`).
 
-        Returns a description of each change made, and the replica's source tables.
-        Schema changes commit before the MERGE; they are idempotent, so a crash in
-        between is harmless. An append-only replica has neither a history (it is one)
-        nor a view of live rows (without a key there are none to tell apart).
+        Returns a description of each change made, the replica's source tables and,
+        for a replica that does not exist yet, the table to create with its first rows
+        (in one commit, by the write). Schema changes commit before the MERGE; they are
+        idempotent, so a crash in between is harmless. An append-only replica has
+        neither a history (it is one) nor a view of live rows (without a key there are
+        none to tell apart).
         """
         source_key = [k for k in rule.key if k not in SOURCE_KEY_COLUMNS]
         missing = [k for k in source_key if k not in survey.declared
@@ -389,10 +412,20 @@ class ReplicaBuilder:
         targets = [table]
         if route.history and not rule.append:
             targets.append(self.history_name(route.replica))
+        new = None
         for target in targets:
-            if not table_exists(self.spark, *target):
-                self._create(target, route, source_key, change, rule.name,
-                             history=target != table, sources=sources)
+            if target == table and not exists:
+                new = self._new_table(target, route, source_key, change, rule.name,
+                                      history=False, sources=sources)
+                if survey.truncates:
+                    # Set with the first rows, as on an existing replica before its first
+                    # marker lands (`_merge_replica`).
+                    new = replace(new, properties={**new.properties,
+                                                   TRUNCATED_PROPERTY: "true"})
+            elif not table_exists(self.spark, *target):
+                spec = self._new_table(target, route, source_key, change, rule.name,
+                                       history=target != table, sources=sources)
+                create_table(self.spark, target, spec.schema, spec.properties)
             elif change:
                 mapped = "delta.columnMapping.mode" in table_detail(
                     self.spark, *target)["properties"]
@@ -406,13 +439,14 @@ class ReplicaBuilder:
             described += described_ddl
         if exists:
             record_sources(self.spark, table, props, sources)
-        if (change or structural or not exists) and not rule.append:
-            self._create_view(route.replica)
-        return described, sources
+        if (change or structural) and exists and not rule.append:
+            self._ensure_view(route.replica, create=True)
+        return described, sources, new
 
-    def _create(self, target: tuple[str, str], route: ReplicaRoute, source_key: list[str],
-                change: SchemaChange, rule: str, *, history: bool, sources: Sources
-                ) -> None:
+    def _new_table(self, target: tuple[str, str], route: ReplicaRoute, source_key: list[str],
+                   change: SchemaChange, rule: str, *, history: bool, sources: Sources
+                   ) -> NewTable:
+        """The schema and properties of a new replica (or history) table."""
         from binlog_assets.lakehouse.history import HISTORY_METADATA
 
         columns = change.columns
@@ -431,16 +465,22 @@ class ReplicaBuilder:
         features = self.config.lakehouse.table_features
         if "column_mapping" not in features:
             check_unmapped_names([f.name for f in schema], ".".join(target))
-        create_table(self.spark, target, schema,
-                     {**properties, **feature_properties(features)})
+        return NewTable(target, schema, {**properties, **feature_properties(features)})
 
-    def _create_view(self, replica: str) -> None:
+    def _ensure_view(self, replica: str, *, create: bool = False) -> None:
+        """(Re-)create the view of the replica's live rows when `create`, else when the
+        catalog lacks it (a crash between the table's first commit and the view)."""
+        view = self.current_view_name(replica)
+        if not create and (view in self._views or table_exists(self.spark, *view)):
+            self._views.add(view)
+            return
         # Spark fixes a view's columns when it is created, so it is re-created whenever
         # the replica's columns change. Only config-validated names are in this text.
         self.spark.sql(
             f"CREATE OR REPLACE VIEW {qualified(*self.current_view_name(replica))} AS "
             f"SELECT * FROM {qualified(*self.table_name(replica))} "
             f"WHERE _op NOT IN ('{OP_DELETE}', '{OP_TRUNCATE}')")
+        self._views.add(view)
 
     def _source_columns(self, table: tuple[str, str]) -> dict[str, T.DataType]:
         """The replica's key and source columns with their types, in table order."""
@@ -463,15 +503,15 @@ class ReplicaBuilder:
 
     def _merge_replica(self, route: ReplicaRoute, rows: DataFrame, survey: Survey,
                        key: list[str], columns: dict[str, T.DataType], up_to: int,
-                       now: datetime, props: dict[str, str], location: str, *, empty: bool
-                       ) -> tuple[int, int]:
+                       now: datetime, props: dict[str, str], location: str, *, empty: bool,
+                       new: NewTable | None) -> tuple[int, int]:
         """Reduce per key, MERGE with the position guard; (rows written, rows truncated).
 
         `rows` are `_keyed_rows`: the images are parsed after the reduce, for the changes
-        that won it only.
+        that won it only. `new`: the replica does not exist yet and is created with them.
         """
         table = self.table_name(route.replica)
-        if survey.truncates and props.get(TRUNCATED_PROPERTY) != "true":
+        if survey.truncates and new is None and props.get(TRUNCATED_PROPERTY) != "true":
             # Set once, before the first marker lands, so that applies of replicas that
             # were never truncated skip looking for markers.
             self.spark.sql(f"ALTER TABLE {qualified(*table)} SET TBLPROPERTIES "
@@ -495,10 +535,14 @@ class ReplicaBuilder:
             return rewrite_replica(self.spark, table, location, rows, survey, key, columns,
                                    up_to, now)
         before = table_version(self.spark, *table)
-        stored_columns = self.spark.table(name).columns
+        stored_columns = self.spark.table(name).columns if new is None else new.columns
         reduced = (first_per_group(rows, [col(k) for k in key], [col("_position").desc()])
                    .withColumn("_applied_at", F.lit(now)))
         reduced = typed_columns(reduced, survey, key, columns, stored_columns, live=True)
+        if new is not None:
+            create_with_rows(self.spark, new, reduced, APP_ID, up_to)
+            metrics = last_commit_metrics(self.spark, *table)
+            return int(metrics.get("numOutputRows", 0)), 0
         if empty:
             # Nothing to match: the reduced batch is the table's content, appended with the
             # same transaction id (an initial build or a rebuild, without MERGE's joins).

@@ -328,3 +328,74 @@ def test_an_apply_with_nothing_for_a_replica_commits_nothing(
     builder.apply("orders")
     assert live(spark, config) == {1: (Decimal("2.00"), "b"), 2: (Decimal("1.00"), "n")}
     assert table_version(spark, db, "orders") == before + 1
+
+
+def test_a_new_replica_is_created_with_its_rows_in_one_commit(
+        spark, make_config: MakeConfig) -> None:
+    """Its first commit holds the table, the rows and the applied changelog version."""
+    from binlog_assets.lakehouse.delta_log import open_log, table_location
+    from binlog_assets.lakehouse.replica_plan import KEY_PROPERTY, TRUNCATED_PROPERTY
+    from binlog_assets.lakehouse.transactions import APP_ID
+
+    config = make_config(ORDERS)
+    db = config.lakehouse.database
+    part, builder = setup(spark, config)
+    src = Source("shop.orders")
+    part.write(part.records([[src.insert(row(1, "1.00", "a"))], [src.truncate()],
+                             [src.insert(row(2, "2.00", "b"))]]))
+    result = builder.apply("orders")
+    assert (result.written, result.key_rule) == (2, "primary_key")
+    log = open_log(table_location(spark, db, "orders"))
+    assert log.version() == 0
+    assert log.transaction_version(APP_ID) == result.applied_version
+    props = log.metadata().configuration
+    assert props[KEY_PROPERTY] == '["id"]' and props[TRUNCATED_PROPERTY] == "true"
+    assert live(spark, config) == {2: (Decimal("2.00"), "b")}
+    assert builder.apply("orders").skipped
+
+
+def test_a_missing_view_of_live_rows_comes_back_with_the_next_apply(
+        spark, make_config: MakeConfig) -> None:
+    """A crash between the replica's first commit and its view leaves a replica that is
+    up to date and has no view: the next apply, with nothing to do, makes it."""
+    config = make_config(ORDERS)
+    db = config.lakehouse.database
+    part, builder = setup(spark, config)
+    src = Source("shop.orders")
+    part.write(part.records([[src.insert(row(1, "1.00", "a"))]]))
+    builder.apply("orders")
+    spark.sql(f"DROP VIEW {db}.orders_current")
+    again = ReplicaBuilder(spark, config).apply("orders")  # a later run's builder
+    assert again.skipped
+    assert live(spark, config) == {1: (Decimal("1.00"), "a")}
+
+
+def test_a_replica_created_by_another_builder_meanwhile_is_applied_on_top(
+        spark, make_config: MakeConfig, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two builders create the same new replica: the one that finds it created after it
+    looked refuses nothing and loses nothing; it applies what the other did not."""
+    from binlog_assets.lakehouse import replica as replica_module
+
+    config = make_config(ORDERS)
+    part, first = setup(spark, config)
+    other = ReplicaBuilder(spark, config)
+    src = Source("shop.orders")
+    part.write(part.records([[src.insert(row(1, "1.00", "a"))]]))
+    raced = changelog_version(spark, config)
+    real = replica_module.create_with_rows
+    calls = []
+
+    def other_builder_first(*args, **kwargs) -> None:
+        calls.append(args)
+        if len(calls) == 1:
+            # Between the first builder's look and its write, the other one builds the
+            # replica, and one more change lands in the changelog.
+            other.apply("orders", up_to_version=raced)
+            part.write(part.records([[src.insert(row(2, "2.00", "b"))]]))
+        real(*args, **kwargs)
+
+    monkeypatch.setattr(replica_module, "create_with_rows", other_builder_first)
+    result = first.apply("orders")
+    assert len(calls) == 2  # the first builder's (refused), the other one's
+    assert result.applied_version == raced + 1 and result.written == 1
+    assert live(spark, config) == {1: (Decimal("1.00"), "a"), 2: (Decimal("2.00"), "b")}
