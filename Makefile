@@ -6,9 +6,14 @@ PY := $(VENV)/bin/python
 JARS := .cache/jars
 export DAGSTER_HOME := $(CURDIR)/var/dagster
 
-.PHONY: setup demo test test-long drills-long test-unit stack-up stack-down stack-status source-up source-down source-status dev lint bench
+.PHONY: setup class-archive demo test test-long drills-long test-unit stack-up stack-down stack-status source-up source-down source-status dev lint bench
 
-setup: .cache/apt.stamp $(VENV)/.installed $(JARS)/kafka/.stamp $(JARS)/delta/.stamp $(JARS)/connect/.stamp $(JARS)/s3/.stamp $(DAGSTER_HOME)/dagster.yaml
+setup: .cache/apt.stamp $(VENV)/.installed $(JARS)/kafka/.stamp $(JARS)/delta/.stamp $(JARS)/connect/.stamp $(JARS)/s3/.stamp $(DAGSTER_HOME)/dagster.yaml class-archive
+
+# The Spark driver's class archive (binlog_assets/lakehouse/class_archive.py): built once
+# per JDK, PySpark and Delta (about a minute), a no-op when present.
+class-archive: $(VENV)/.installed $(JARS)/delta/.stamp
+	$(PY) -m binlog_assets.lakehouse.class_archive
 
 .cache/apt.stamp: setup/apt.sh
 	@mkdir -p .cache

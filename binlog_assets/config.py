@@ -284,6 +284,9 @@ class SparkConfig(_Model):
     parallel_replicas: int = Field(
         2, ge=1, le=64, description="replicas one build applies at once, each in a Spark "
                                     "session of its own")
+    # Map the driver class archive `make setup` builds (lakehouse/class_archive.py) into
+    # each driver JVM this process starts; off: every driver loads its classes anew.
+    class_archive: bool = True
 
     @property
     def master_port(self) -> int | None:

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 
 from binlog_assets.config import PipelineConfig
 from binlog_assets.environment import jars_dir
+from binlog_assets.lakehouse.class_archive import java_options as java_options_of_archive
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -79,15 +80,20 @@ def spark_conf(config: PipelineConfig) -> dict[str, str]:
         "spark.databricks.delta.schema.autoMerge.enabled": "false",
         "spark.sql.ansi.enabled": "true",
     }
+    # The driver maps the class archive `make setup` made, when there is one: seconds
+    # off its start and its first build (`class_archive.py`).
+    java_options = [java_options_of_archive()] if config.spark.class_archive else []
     if local:
         # Embedded Derby admits one JVM at a time; its files stay with the lakehouse.
         lake = config.lakehouse.resolved_path()
         conf["spark.hadoop.javax.jdo.option.ConnectionURL"] = (
             f"jdbc:derby:;databaseName={lake / 'metastore_db'};create=true"
         )
-        conf["spark.driver.extraJavaOptions"] = f"-Dderby.system.home={lake}"
+        java_options.insert(0, f"-Dderby.system.home={lake}")
     elif config.lakehouse.path.startswith("s3a://"):
         conf.update(_s3a_conf())
+    if options := " ".join(o for o in java_options if o):
+        conf["spark.driver.extraJavaOptions"] = options
     conf.update({k: str(v).lower() if isinstance(v, bool) else str(v)
                  for k, v in config.spark.conf.items()})
     return conf

@@ -1,0 +1,78 @@
+"""The driver class archive: `spark_conf` maps it when present, and the one `make setup`
+built is one a real driver can map (the JVM refuses it under -Xshare:on otherwise)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from binlog_assets.config import PipelineConfig, parse_config
+from binlog_assets.lakehouse import class_archive
+from binlog_assets.lakehouse.spark import spark_conf
+
+
+def _options(config: PipelineConfig) -> str:
+    return spark_conf(config).get("spark.driver.extraJavaOptions", "")
+
+
+def test_spark_conf_maps_the_archive_only_when_there_is_one(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    archive = tmp_path / "driver-x.jsa"
+    monkeypatch.setattr(class_archive, "archive_file", lambda: archive)
+    local = parse_config({"lakehouse": {"path": str(tmp_path / "lake")}})
+    assert "SharedArchiveFile" not in _options(local)
+    assert f"-Dderby.system.home={tmp_path / 'lake'}" in _options(local)
+
+    archive.write_bytes(b"jsa")
+    assert f"-XX:SharedArchiveFile={archive}" in _options(local)
+    assert f"-Dderby.system.home={tmp_path / 'lake'}" in _options(local)
+    off = parse_config({"lakehouse": {"path": str(tmp_path / "lake")},
+                        "spark": {"class_archive": False}})
+    assert "SharedArchiveFile" not in _options(off)
+    # A lakehouse on S3 has no Derby home: the archive is the driver's only option.
+    s3 = parse_config({"lakehouse": {"path": "s3a://lake/binlake"}})
+    assert _options(s3) == class_archive.java_options()
+    # The user's own driver options replace ours, as any `spark.conf` key does.
+    own = parse_config({"lakehouse": {"path": str(tmp_path / "lake")},
+                        "spark": {"conf": {"spark.driver.extraJavaOptions": "-Dmine=1"}}})
+    assert _options(own) == "-Dmine=1"
+
+
+def test_a_present_archive_is_not_built_again(tmp_path: Path,
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    archive = tmp_path / "driver-x.jsa"
+    archive.write_bytes(b"jsa")
+    monkeypatch.setattr(class_archive, "archive_file", lambda: archive)
+    monkeypatch.setattr(subprocess, "run", lambda *a, **k: pytest.fail("built again"))
+    assert class_archive.build() == archive
+
+
+_DRIVER = """
+import sys
+from binlog_assets.config import parse_config
+from binlog_assets.lakehouse.spark import get_spark
+lake, archive = sys.argv[1], sys.argv[2]
+config = parse_config({"lakehouse": {"path": lake}, "spark": {"conf": {
+    "spark.driver.extraJavaOptions":
+        f"-Dderby.system.home={lake} -XX:SharedArchiveFile={archive} -Xshare:on"}}})
+print("rows", get_spark(config).range(3).count())
+"""
+
+
+def test_the_archive_setup_built_maps_into_a_driver(tmp_path: Path) -> None:
+    archive = class_archive.archive_file()
+    assert archive.is_file(), f"no class archive at {archive}: `make setup` builds it"
+    done = subprocess.run([sys.executable, "-c", _DRIVER, str(tmp_path), str(archive)],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "rows 3" in done.stdout
+    # The same driver refuses an archive it cannot map: the check above could fail.
+    broken = tmp_path / "broken.jsa"
+    with archive.open("rb") as whole:
+        broken.write_bytes(whole.read(1_000_000))
+    refused = subprocess.run([sys.executable, "-c", _DRIVER, str(tmp_path / "b"), str(broken)],
+                             capture_output=True, text=True, timeout=300)
+    assert refused.returncode != 0
