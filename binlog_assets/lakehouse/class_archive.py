@@ -7,7 +7,9 @@ exits (`-XX:ArchiveClassesAtExit`); later drivers map that file
 (`-XX:SharedArchiveFile`, which `spark_conf` adds when the file exists). The JVM checks
 that an archive matches its own build and class path and runs without it otherwise, so
 a stale archive costs its benefit, never a failure; its file name is a key of the JDK,
-PySpark and Delta it was made with, so an upgrade looks for a new one.
+PySpark and Delta it was made with, so an upgrade looks for a new one. A damaged file is
+another matter (the JVM dies mapping a truncated one), so a new archive is put in place
+only after a driver mapped it (`check`).
 
 `make setup` builds it (`python -m binlog_assets.lakehouse.class_archive`): a training
 driver applies a few changes to a replica in a scratch lakehouse, the way a build does.
@@ -72,11 +74,41 @@ def build(*, force: bool = False) -> Path:
                    check=True, timeout=BUILD_TIMEOUT_SECONDS)
     if not partial.is_file():
         raise RuntimeError(f"the training driver wrote no class archive at {partial}")
+    try:
+        check(partial)
+    except RuntimeError:
+        partial.unlink(missing_ok=True)
+        raise
     os.replace(partial, target)
     for stale in target.parent.glob("driver-*.jsa"):
         if stale != target:
             stale.unlink(missing_ok=True)
     return target
+
+
+_CHECK = """
+import sys
+from binlog_assets.config import parse_config
+from binlog_assets.lakehouse.spark import get_spark
+lake, options = sys.argv[1], sys.argv[2]
+config = parse_config({"lakehouse": {"path": lake}, "spark": {"conf": {
+    "spark.driver.extraJavaOptions": f"-Dderby.system.home={lake} {options}"}}})
+print("rows", get_spark(config).range(3).count())
+"""
+
+
+def check(archive: Path) -> None:
+    """Start a driver as binlake configures one, which must map `archive` (-Xshare:on
+    makes the JVM fail rather than run without it) and run a query; RuntimeError if not."""
+    with tempfile.TemporaryDirectory(prefix="binlake-cds-check-") as scratch:
+        options = (f"-XX:SharedArchiveFile={archive} -Xshare:on "
+                   f"-XX:ErrorFile={scratch}/hs_err_%p.log")
+        done = subprocess.run([sys.executable, "-c", _CHECK, scratch, options],
+                              capture_output=True, text=True, cwd=scratch,
+                              timeout=BUILD_TIMEOUT_SECONDS)
+    if done.returncode != 0 or "rows 3" not in done.stdout:
+        raise RuntimeError(f"a Spark driver could not map the class archive {archive} "
+                           f"(exit {done.returncode}): {done.stderr[-2000:]}")
 
 
 def _train(archive: Path) -> None:
@@ -137,7 +169,8 @@ def _train(archive: Path) -> None:
         # The JVM writes the archive as it exits, which it does when its stdin closes.
         gateway.shutdown()
         gateway.proc.stdin.close()
-        gateway.proc.wait(timeout=BUILD_TIMEOUT_SECONDS)
+        if gateway.proc.wait(timeout=BUILD_TIMEOUT_SECONDS) != 0:
+            raise RuntimeError(f"the training driver exited with {gateway.proc.returncode}")
 
 
 def main() -> None:
