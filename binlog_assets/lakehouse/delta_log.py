@@ -232,11 +232,10 @@ def create_with_rows(spark: SparkSession, new: NewTable, rows: DataFrame, app_id
     from pyspark.errors import AnalysisException
 
     spark.sql(f"CREATE DATABASE IF NOT EXISTS {qualified(new.name[0])}")
-    have = {f.name: f.dataType for f in rows.schema}
-    # Cast by the type's SQL name: over Spark Connect a cast to a `StringType` object
-    # writes `string collate UTF8_BINARY` into the table's schema, which delta-rs refuses.
-    writer = (rows.select(*[col(f.name) if have.get(f.name) == f.dataType
-                            else col(f.name).cast(f.dataType.simpleString()).alias(f.name)
+    # Every column cast by its type's SQL name: over Spark Connect a type sent as an
+    # object (a cast's, or `from_json`'s schema upstream) reaches the server as `string
+    # collate UTF8_BINARY`, which the new table's schema would keep and delta-rs refuses.
+    writer = (rows.select(*[col(f.name).cast(f.dataType.simpleString()).alias(f.name)
                             for f in new.schema])
               .writeTo(qualified(*new.name)).using("delta")
               .option("txnAppId", app_id).option("txnVersion", str(version)))
