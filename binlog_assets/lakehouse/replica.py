@@ -311,8 +311,7 @@ class ReplicaBuilder:
         key = rule.key
         changes, sources, new = self._prepare_tables(route, survey, rule, ddl, props)
         columns = (self._source_columns(replica_table) if new is None else
-                   {c: f.dataType for c, f in zip(new.columns, new.schema, strict=True)
-                    if c not in METADATA_COLUMNS})
+                   {f.name: f.dataType for f in new.schema if f.name not in METADATA_COLUMNS})
         if rule.append:
             from binlog_assets.lakehouse.append_replica import append_changes
 
@@ -534,7 +533,6 @@ class ReplicaBuilder:
                                   self.config.lakehouse.rewrite_ratio):
             return rewrite_replica(self.spark, table, location, rows, survey, key, columns,
                                    up_to, now)
-        before = table_version(self.spark, *table)
         stored_columns = self.spark.table(name).columns if new is None else new.columns
         reduced = (first_per_group(rows, [col(k) for k in key], [col("_position").desc()])
                    .withColumn("_applied_at", F.lit(now)))
@@ -543,6 +541,7 @@ class ReplicaBuilder:
             create_with_rows(self.spark, new, reduced, APP_ID, up_to)
             metrics = last_commit_metrics(self.spark, *table)
             return int(metrics.get("numOutputRows", 0)), 0
+        before = table_version(self.spark, *table)
         if empty:
             # Nothing to match: the reduced batch is the table's content, appended with the
             # same transaction id (an initial build or a rebuild, without MERGE's joins).
