@@ -366,15 +366,19 @@ class BoundedRun:
         """Decode `msgs` and hand their events to the lanes; returns the next offset.
         While handlers wait on I/O the batch goes in slices of _YIELD_EVERY records and
         the poll thread yields the GIL after each: decoding holds it, and a worker back
-        from its I/O needs it to finish. Cheap handlers keep whole batches."""
-        if len(msgs) <= _YIELD_EVERY or not poll.dispatcher.handlers_wait():
+        from its I/O needs it to finish. Cheap handlers keep whole batches, and so does
+        a run with no handler (a changelog-only run): no worker waits for the GIL then."""
+        dispatcher = poll.dispatcher
+        if (len(msgs) <= _YIELD_EVERY or not len(self.registry)
+                or not dispatcher.handlers_wait()):
             self._handle_slice(poll, msgs)
             return
         for start in range(0, len(msgs), _YIELD_EVERY):
             self._handle_slice(poll, msgs[start:start + _YIELD_EVERY])
             if poll.next_offset >= poll.summary.end_offset:
                 break
-            yield_gil()
+            if dispatcher.in_flight():  # else no worker has anything to finish
+                yield_gil()
 
     def _handle_slice(self, poll: _Poll, msgs: Sequence[Message]) -> None:
         # The poll thread is the run's bottleneck when handlers are cheap, so the per-record

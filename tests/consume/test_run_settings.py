@@ -281,3 +281,27 @@ def test_cheap_handlers_get_whole_batches_without_yields(fake_kafka, handed) -> 
     assert submitted.count(1000) >= 2, submitted  # the last batches, measured cheap, whole
     # before the handlers are measured they count as waiting: only early slices yield
     assert all(n <= 1000 for n in yields), (yields[-3:], submitted)
+
+
+def test_run_without_handlers_decodes_whole_batches_without_yields(
+    fake_kafka, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A changelog-only run (no handler for any table): no worker ever waits for the GIL,
+    so the poll thread takes whole batches and never gives it away."""
+    yields: list[int] = []
+    slices: list[int] = []
+    real_slice = run_module.BoundedRun._handle_slice
+
+    def handle_slice(self, poll, msgs) -> None:
+        slices.append(len(msgs))
+        real_slice(self, poll, msgs)
+
+    monkeypatch.setattr(run_module.BoundedRun, "_handle_slice", handle_slice)
+    monkeypatch.setattr(run_module, "yield_gil", lambda: yields.append(1))
+    fake_kafka(3000)
+    bounded = BoundedRun("t", 0, HandlerRegistry(), RunSettings(
+        kafka_conf={}, group_id="g", format="debezium", batch_size=1000))
+    summary = bounded.run()
+    assert summary.committed_offset == 3000 and summary.events == 3000
+    assert yields == []
+    assert max(slices) > run_module._YIELD_EVERY, slices
