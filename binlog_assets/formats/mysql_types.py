@@ -15,7 +15,7 @@ time-of-day type holds it: every format gives it as `time_text` writes it, a str
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from datetime import date, datetime
 from decimal import Decimal
 from functools import lru_cache
@@ -173,6 +173,33 @@ def _decimal_type(value: Decimal) -> str:
     if whole <= _INFERRED_WHOLE_DIGITS and scale <= _INFERRED_SCALE:
         return _INFERRED_DECIMAL
     return f"decimal({whole + scale},{scale})"
+
+
+# infer_type's answer for the classes whose every value has one canonical type.
+_CLASS_TYPES: dict[type, str] = {
+    str: "string", float: "double", bool: "boolean", dict: "json", list: "json",
+    datetime: "timestamp", date: "date", bytes: "binary", bytearray: "binary",
+}
+
+
+def infer_types(images: tuple[dict[str, Any] | None, ...],
+                declared: Mapping[str, str] | None) -> dict[str, str]:
+    """Column -> `infer_type` of its first non-null value in `images`, for the columns
+    `declared` has no type for. Per event on the consume path, hence the class lookup
+    before the general case."""
+    types: dict[str, str] = {}
+    for image in images:
+        if not image or (declared and declared.keys() >= image.keys()):
+            continue
+        for column, value in image.items():
+            if value is None or column in types or (declared and column in declared):
+                continue
+            kind = type(value)
+            if kind is int and _INT64_MIN <= value <= _INT64_MAX:
+                types[column] = "bigint"
+            else:
+                types[column] = _CLASS_TYPES.get(kind) or infer_type(value)
+    return types
 
 
 def infer_type(value: Any) -> str | None:

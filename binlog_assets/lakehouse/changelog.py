@@ -38,7 +38,7 @@ import orjson
 
 from binlog_assets.config import PipelineConfig
 from binlog_assets.formats.event import ChangeEvent
-from binlog_assets.formats.mysql_types import infer_type
+from binlog_assets.formats.mysql_types import infer_types
 from binlog_assets.lakehouse.delta_log import delta_rs_uri
 from binlog_assets.lakehouse.transactions import changelog_app_id
 
@@ -102,16 +102,38 @@ def to_json(value: Any) -> str | None:
     return orjson.dumps(value, default=_json_default).decode()
 
 
+# The JSON text of type maps seen before: every row of a table repeats the same few,
+# and serializing them was a fifth of the changelog's per-event work. Bounded: a
+# producer could vary them without end.
+_TYPES_TEXT: dict[tuple, str] = {}
+_DECLARED_TEXT: dict[int, tuple[Mapping[str, str], str]] = {}  # id -> (the map, its text)
+_MAX_TYPES_TEXT = 1024
+
+
+def _remembered(memo: dict, key: Any, value: Any) -> Any:
+    if len(memo) >= _MAX_TYPES_TEXT:
+        memo.clear()
+    memo[key] = value
+    return value
+
+
+def _declared_json(column_types: Mapping[str, str]) -> str:
+    """`to_json(column_types)`; a decoder shares one map among the events of a schema."""
+    seen = _DECLARED_TEXT.get(id(column_types))
+    if seen is not None and seen[0] is column_types:
+        return seen[1]
+    text = to_json(column_types)
+    # The map is kept alive with its text, so its id cannot be reused meanwhile.
+    return _remembered(_DECLARED_TEXT, id(column_types), (column_types, text))[1]
+
+
 def _value_types(event: ChangeEvent) -> str | None:
-    declared = event.column_types or {}
-    types: dict[str, str] = {}
-    for image in (event.before, event.after):
-        for column, value in (image or {}).items():
-            if column not in declared and column not in types:
-                inferred = infer_type(value)
-                if inferred is not None:
-                    types[column] = inferred
-    return to_json(types) if types else None
+    types = infer_types((event.before, event.after), event.column_types)
+    if not types:
+        return None
+    key = tuple(types.items())
+    text = _TYPES_TEXT.get(key)
+    return text if text is not None else _remembered(_TYPES_TEXT, key, to_json(types))
 
 
 def event_row(event: ChangeEvent, raw: bytes | None, ingested_at: datetime) -> tuple:
@@ -119,11 +141,12 @@ def event_row(event: ChangeEvent, raw: bytes | None, ingested_at: datetime) -> t
     position = event.position
     # DDL events name the key columns but carry no key values.
     key = dict(zip(event.key_columns, event.key, strict=True)) if event.key else None
+    declared = event.column_types
     return (
         event.topic, event.partition, event.offset, event.row_index, event.table, event.op,
         to_json(key), list(event.key_columns), to_json(event.before), to_json(event.after),
         position.phase, position.file, position.pos, position.row, event.source_ts,
-        event.ddl, to_json(event.column_types) if event.column_types else None,
+        event.ddl, _declared_json(declared) if declared else None,
         _value_types(event), raw, ingested_at,
     )
 

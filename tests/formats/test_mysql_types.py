@@ -5,7 +5,7 @@ from decimal import Decimal
 
 import pytest
 
-from binlog_assets.formats.mysql_types import infer_type, integer_type, mysql_type
+from binlog_assets.formats.mysql_types import infer_type, infer_types, integer_type, mysql_type
 
 
 @pytest.mark.parametrize(
@@ -104,3 +104,29 @@ def test_a_declared_integer_type_widens_for_a_value_out_of_its_range():
     assert integer_type(4294967295) == "bigint"
     assert integer_type(7, "bigint") == "bigint"
     assert integer_type(18446744073709551351, "bigint") == "decimal(20,0)"
+
+
+class _Text(str):
+    """A str subclass: no class shortcut applies, the general rule must."""
+
+
+def test_image_types_are_infer_type_of_each_first_non_null_value():
+    """`infer_types` (the consume path's shortcut) answers as `infer_type` value by
+    value: the before-image's type first, nulls skipped, declared columns left out."""
+    before = {"id": 1, "big": 2**63, "neg": -(2**63) - 1, "ok": True, "f": 1.5,
+              "d": Decimal("1.25"), "when": datetime(2020, 1, 2, 3, 4, 5),
+              "day": datetime(2020, 1, 2).date(), "b": b"\x00", "ba": bytearray(b"x"),
+              "j": {"a": 1}, "l": [1], "s": "x", "t": _Text("y"), "late": None,
+              "declared": 7}
+    after = {**before, "id": 2**70, "late": Decimal("10.5"), "new": 3}
+    declared = {"declared": "int"}
+    expected = {c: infer_type(v) for c, v in before.items()
+                if v is not None and c not in declared}
+    expected["late"] = infer_type(after["late"])
+    expected["new"] = "bigint"
+    found = infer_types((before, after), declared)
+    assert found == expected
+    assert list(found) == list(expected)  # column order as first seen
+    assert found["big"] == "decimal(20,0)" and found["t"] == "string"
+    assert infer_types((None, {"declared": 1}), declared) == {}
+    assert infer_types((None, {"a": None}), None) == {}

@@ -251,3 +251,17 @@ def test_a_survey_too_large_for_the_log_is_left_out() -> None:
     assert len(orjson.dumps(large)) > SURVEY_MAX_BYTES
     assert orjson.loads(commit_metadata("t", large)) == {"tag": "t"}
     assert orjson.loads(commit_metadata("t", None)) == {"tag": "t"}
+
+
+def test_type_map_texts_follow_each_map_past_the_memo_bound() -> None:
+    """The JSON text of declared and inferred type maps is remembered; each map still
+    gets its own text, also once the memo has been cleared and maps' ids are reused."""
+    from binlog_assets.lakehouse import changelog
+
+    for i in range(2500):
+        declared = {"id": "int", f"c{i}": "string"}
+        assert orjson.loads(changelog._declared_json(declared)) == declared
+        event = replace(Source("shop.orders").insert({"id": i, f"v{i % 1100}": "x"}),
+                        column_types=None)
+        assert orjson.loads(changelog._value_types(event)) == {"id": "bigint",
+                                                               f"v{i % 1100}": "string"}
