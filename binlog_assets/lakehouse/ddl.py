@@ -11,9 +11,11 @@ widen columns; renames and drops are only in the text, so they are read from it 
 - `RENAME TABLE a TO b` / `ALTER TABLE a RENAME [TO|AS] b`: the rows of `a` become rows
   of `b` when both feed the replica; otherwise the replica loses `a` as if dropped.
 - `DROP TABLE a`, `DROP DATABASE d`: the replica does what its `on_drop` says.
-- `ADD [COLUMN] c <definition>`: the source's rows older than the statement hold the
-  column's default (its `DEFAULT` literal, NULL, or a NOT NULL column's implicit zero or
-  empty string), whatever an older image held (a column dropped and added again).
+- `ADD [COLUMN] c <definition>` (or `ADD (c <definition>, ...)`): the source's rows
+  older than the statement hold the column's default (its `DEFAULT` literal, NULL, a
+  NOT NULL column's implicit zero or empty string, or for a TIMESTAMP defaulting to the
+  current time the statement's time), whatever an older image held (a column dropped
+  and added again).
 
 Only these statement shapes are read; anything else a statement does is described by
 the definition it produced (MariaDB and MySQL print DDL back as the user wrote it, so
@@ -25,6 +27,7 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 
 from binlog_assets.formats.event import DATABASE_WIDE, dropped_database
 
@@ -43,6 +46,10 @@ _DROP_TABLE = re.compile(r"^\s*DROP\s+(?:TEMPORARY\s+)?TABLES?\b", re.I)
 
 _ADD_COLUMN = re.compile(
     rf"^\s*ADD\s+(COLUMN\s+)?(?:IF\s+NOT\s+EXISTS\s+)?({_NAME})\s+(.+)$", re.I | re.S)
+# `ADD [COLUMN] [IF NOT EXISTS] (c1 <definition>, c2 <definition>, ...)`.
+_ADD_COLUMNS = re.compile(
+    r"^\s*ADD\s+(?:COLUMN\s+)?(?:IF\s+NOT\s+EXISTS\s+)?\((.*)\)\s*$", re.I | re.S)
+_COLUMN_DEFINITION = re.compile(rf"^\s*({_NAME})\s+(.+)$", re.S)
 # What `ADD <word>` adds when the word is not a column's name (no COLUMN keyword).
 _NOT_COLUMNS = frozenset({"index", "key", "primary", "unique", "fulltext", "spatial",
                           "constraint", "foreign", "check", "partition", "period",
@@ -52,6 +59,8 @@ _ALTER_HEAD = re.compile(
     re.I)
 # One token of a column definition: a quoted string, a parenthesised group (flat), a word.
 _TOKEN = re.compile(r"'(?:[^'\\]|\\.|'')*'|\"(?:[^\"\\]|\\.|\"\")*\"|\([^()]*\)|[^\s(),'\"]+")
+# The current time, as a column's DEFAULT names it.
+_NOW = frozenset({"current_timestamp", "now", "localtime", "localtimestamp"})
 _NUMBER = re.compile(r"^[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?$")
 _NUMERIC_TYPES = frozenset({"tinyint", "smallint", "mediumint", "int", "integer", "bigint",
                             "decimal", "dec", "numeric", "fixed", "float", "double", "real",
@@ -70,6 +79,9 @@ class ColumnAdd:
     column: str
     default: str | None
     known: bool = True
+    # The default is the statement's time (a TIMESTAMP's CURRENT_TIMESTAMP): older rows
+    # hold when the ALTER ran, which its event's source time tells (`plan_ddl`).
+    now: bool = False
 
 
 def _split_top(text: str) -> list[str]:
@@ -104,43 +116,69 @@ def _sql_literal(token: str) -> str:
     return "'" + body.replace("\\", "\\\\").replace("'", "\\'") + "'"
 
 
-def _column_default(definition: str) -> tuple[str | None, bool]:
-    """(SQL literal or None for NULL, whether known) of a column definition's default."""
+def _column_default(definition: str) -> tuple[str | None, bool, bool]:
+    """(SQL literal or None for NULL, whether known, whether the statement's time) of a
+    column definition's default."""
     tokens = _TOKEN.findall(definition)
     words = [t.lower() for t in tokens]
     if "default" in words:
         i = words.index("default")
         value = tokens[i + 1] if i + 1 < len(tokens) else ""
         if value.lower() == "null":
-            return None, True
-        if value[:1] in "'\"":
-            return _sql_literal(value), True
+            return None, True, False
+        if value[:1] in ("'", '"'):
+            return _sql_literal(value), True, False
         if _NUMBER.match(value):
-            return value, True
-        return None, False
+            return value, True, False
+        return None, False, _statement_time(words, i + 1)
     if "not" in words and words[words.index("not") + 1:][:1] == ["null"]:
         type_name = words[0]
         if type_name in _NUMERIC_TYPES:
-            return "0", True
+            return "0", True, False
         if type_name in _TEXT_TYPES:
-            return "''", True
-        return None, False
-    return None, True
+            return "''", True, False
+        return None, False, False
+    return None, True, False
+
+
+def _statement_time(words: list[str], i: int) -> bool:
+    """Whether `words[i:]` is a TIMESTAMP column's default of the current time, in
+    seconds. Not a DATETIME's: that is the session's wall clock, in a time zone the
+    binlog does not carry; nor a fraction of a second, which its event's time lacks."""
+    precision = words[1] if len(words) > 1 and words[1].startswith("(") else "(0)"
+    if words[0] != "timestamp" or precision != "(0)" or i >= len(words):
+        return False
+    after = words[i + 1] if i + 1 < len(words) else ""
+    return words[i] in _NOW and (not after.startswith("(") or after in ("()", "(0)"))
 
 
 def column_adds(ddl: str) -> list[ColumnAdd]:
-    """Each column an `ALTER TABLE ... ADD [COLUMN] c <definition>` adds, with the value
-    the table's existing rows take (the parenthesised multi-column form is not read)."""
+    """Each column an `ALTER TABLE ... ADD [COLUMN] c <definition>` (or the parenthesised
+    `ADD (c <definition>, ...)`) adds, with the value the table's existing rows take."""
     head = _ALTER_HEAD.match(ddl)
     if head is None:
         return []
     out = []
     for spec in _split_top(ddl[head.end():]):
+        group = _ADD_COLUMNS.match(spec)
+        if group is not None:
+            for definition in _split_top(group.group(1)):
+                m = _COLUMN_DEFINITION.match(definition)
+                if m is not None and m.group(1).lower() not in _NOT_COLUMNS:
+                    out.append(ColumnAdd(_unquote(m.group(1)), *_column_default(m.group(2))))
+            continue
         m = _ADD_COLUMN.match(spec)
         if m is None or (not m.group(1) and m.group(2).lower() in _NOT_COLUMNS):
             continue
         out.append(ColumnAdd(_unquote(m.group(2)), *_column_default(m.group(3))))
     return out
+
+
+def _timestamp_literal(source_ts: int) -> str:
+    """The second of `source_ts` (ms since the epoch) as a Spark SQL literal, read in the
+    sessions' UTC time zone (`spark_conf`)."""
+    moment = datetime.fromtimestamp(source_ts // 1000, UTC)
+    return f"TIMESTAMP '{moment:%Y-%m-%d %H:%M:%S}'"
 
 
 def _unquote(name: str) -> str:
@@ -242,6 +280,8 @@ def plan_ddl(events: list[DdlEvent], routed) -> DdlPlan:  # noqa: ANN001 - route
         for old, new in column_renames(e.ddl):
             plan.column_renames.append((e.table, old, new, e.position))
         for add in column_adds(e.ddl):
+            if add.now and e.source_ts is not None:
+                add = ColumnAdd(add.column, _timestamp_literal(e.source_ts))
             plan.column_adds[(e.table, add.column.lower())] = (e.position, add)
         if e.columns is not None:
             plan.definitions[e.table] = (e.position, [c.lower() for c in e.columns])

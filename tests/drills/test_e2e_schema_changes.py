@@ -5,7 +5,8 @@ replica equals its source table, columns and rows.
 
 Phases: (1) DROP COLUMN, RENAME COLUMN, CHANGE COLUMN, MODIFY to wider types, with
 rows changed between them; an `exception` replica refuses, an `ignore` one keeps its
-columns; then ADD COLUMN with a default and NOT NULL to a table with rows, and a column
+columns; then ADD COLUMN with a default and NOT NULL to a table with rows (also the
+parenthesised form and a TIMESTAMP defaulting to the current time), and a column
 dropped and added again in one batch (older rows take the default). (2) RENAME TABLE
 within a replica's regex, DROP TABLE under `on_drop: truncate` and `keep`, DROP
 DATABASE. (3) A new shard joining by topic regex.
@@ -129,6 +130,7 @@ def test_schema_changes_through_debezium_follow_each_mode(
     cfg = _config(pipeline_config)
     conn = mariadb.connect()
     _run(conn, [
+        "SET time_zone = '+00:00'",  # TIMESTAMPs read as the replica holds them: UTC
         *(f"DROP DATABASE IF EXISTS {d}" for d in (DB, DB2, "ddl_e2e_s1", "ddl_e2e_s2")),
         f"CREATE DATABASE {DB}", f"CREATE DATABASE {DB2}", "CREATE DATABASE ddl_e2e_s1",
         "CREATE TABLE ddl_e2e_s1.orders (id INT PRIMARY KEY, amount DECIMAL(10,2))",
@@ -202,6 +204,12 @@ def test_schema_changes_through_debezium_follow_each_mode(
         f"ALTER TABLE {DB}.plain DROP COLUMN newer_name",
         f"UPDATE {DB}.plain SET qty = qty + 1 WHERE id = 3",
         f"ALTER TABLE {DB}.plain ADD COLUMN newer_name VARCHAR(20)",
+        # The parenthesised form, and a TIMESTAMP whose older rows hold the ALTER's time.
+        f"ALTER TABLE {DB}.plain ADD (lvl INT NOT NULL DEFAULT 3, memo VARCHAR(8) "
+        "DEFAULT 'm')",
+        f"UPDATE {DB}.plain SET lvl = 9 WHERE id = 1",
+        f"ALTER TABLE {DB}.plain ADD COLUMN seen TIMESTAMP NOT NULL "
+        "DEFAULT CURRENT_TIMESTAMP",
         f"INSERT INTO {DB}.plain (id, qty, cnt, newer_name) VALUES (20, 1, 4, 'fresh')",
     ])
     _consume(cfg, initial)
@@ -209,8 +217,12 @@ def test_schema_changes_through_debezium_follow_each_mode(
     _assert_equal(conn, spark, cfg, "plain", f"{DB}.plain")
     assert {f"add column tag ({DB}.plain): older rows hold 'std'",
             f"add column cnt ({DB}.plain): older rows hold 0",
-            f"add column newer_name ({DB}.plain): older rows hold NULL"
+            f"add column newer_name ({DB}.plain): older rows hold NULL",
+            f"add column lvl ({DB}.plain): older rows hold 3",
+            f"add column memo ({DB}.plain): older rows hold 'm'",
             } <= set(added.schema_changes), added.schema_changes
+    assert any(c.startswith(f"add column seen ({DB}.plain): older rows hold TIMESTAMP '")
+               for c in added.schema_changes), added.schema_changes
 
     # Phase 2: tables and databases.
     _run(conn, [

@@ -47,7 +47,16 @@ def test_table_renames(ddl, expected):
     ("ALTER TABLE t ADD n BIGINT NOT NULL FIRST", [ColumnAdd("n", "0")]),
     ("ALTER TABLE t ADD d DATE NOT NULL", [ColumnAdd("d", None, known=False)]),
     ("ALTER TABLE t ADD ts TIMESTAMP DEFAULT CURRENT_TIMESTAMP, ADD PRIMARY KEY (id)",
-     [ColumnAdd("ts", None, known=False)]),
+     [ColumnAdd("ts", None, known=False, now=True)]),
+    # The statement's time only for a TIMESTAMP in whole seconds: a DATETIME's is the
+    # session's wall clock, and the binlog's time has no fraction.
+    ("ALTER TABLE t ADD a timestamp not null default now() on update current_timestamp, "
+     "ADD b TIMESTAMP(0) DEFAULT CURRENT_TIMESTAMP(0), ADD c DATETIME DEFAULT NOW(), "
+     "ADD d TIMESTAMP(6) DEFAULT CURRENT_TIMESTAMP(6), ADD e TIMESTAMP DEFAULT uuid(), "
+     "ADD f TIMESTAMP DEFAULT",
+     [ColumnAdd("a", None, known=False, now=True), ColumnAdd("b", None, known=False, now=True),
+      ColumnAdd("c", None, known=False), ColumnAdd("d", None, known=False),
+      ColumnAdd("e", None, known=False), ColumnAdd("f", None, known=False)]),
     ("ALTER TABLE t ADD COLUMN s VARCHAR(9) DEFAULT 'it''s \\\\ ok'",
      [ColumnAdd("s", "'it\\'s \\\\ ok'")]),
     ("ALTER TABLE t ADD COLUMN x INT DEFAULT -3, ADD CONSTRAINT c CHECK (x > 0)",
@@ -55,6 +64,13 @@ def test_table_renames(ddl, expected):
     ("ALTER TABLE t ADD UNIQUE KEY u (a), ADD FOREIGN KEY (b) REFERENCES o (id)", []),
     ("ALTER TABLE t DROP COLUMN c", []),
     ("CREATE TABLE x (a INT NOT NULL DEFAULT 1)", []),
+    # The parenthesised form adds each column of its list.
+    ("ALTER TABLE t ADD (a INT NOT NULL DEFAULT 3, `b c` VARCHAR(9) DEFAULT 'x,(y)', "
+     "d DECIMAL(10,2) NOT NULL)",
+     [ColumnAdd("a", "3"), ColumnAdd("b c", "'x,(y)'"), ColumnAdd("d", "0")]),
+    ("alter table t add column if not exists (e int null), add f bigint default 2",
+     [ColumnAdd("e", None), ColumnAdd("f", "2")]),
+    ("ALTER TABLE t ADD INDEX (a, b), ADD PRIMARY KEY (id)", []),
 ])
 def test_column_adds(ddl, expected):
     assert column_adds(ddl) == expected
@@ -70,8 +86,26 @@ def test_the_latest_add_of_a_column_is_planned():
     assert plan.column_adds == {("db.items", "c"): ((1, 7, 30, 0, 0, 0), ColumnAdd("C", None))}
 
 
-def _event(table, pos, ddl, columns=None):
-    return DdlEvent(table, (1, 7, pos, 0, 0, 0), ddl, columns)
+def test_a_timestamp_added_with_the_current_time_holds_the_statements_time():
+    plan = plan_ddl([
+        _event("db.items", 10, "ALTER TABLE items ADD COLUMN at TIMESTAMP "
+               "DEFAULT CURRENT_TIMESTAMP", {"at": "timestamp"}, source_ts=1795000123456),
+        _event("db.items", 20, "ALTER TABLE items ADD COLUMN local DATETIME DEFAULT NOW()",
+               {"local": "timestamp"}, source_ts=1795000124000),
+        _event("db.items", 30, "ALTER TABLE items ADD COLUMN unknown TIMESTAMP "
+               "DEFAULT CURRENT_TIMESTAMP", {"unknown": "timestamp"}),
+    ], {"db.items"}.__contains__)
+    assert plan.column_adds == {
+        ("db.items", "at"): ((1, 7, 10, 0, 0, 0),
+                             ColumnAdd("at", "TIMESTAMP '2026-11-18 11:08:43'")),
+        ("db.items", "local"): ((1, 7, 20, 0, 0, 0), ColumnAdd("local", None, known=False)),
+        ("db.items", "unknown"): ((1, 7, 30, 0, 0, 0),
+                                  ColumnAdd("unknown", None, known=False, now=True)),
+    }
+
+
+def _event(table, pos, ddl, columns=None, source_ts=None):
+    return DdlEvent(table, (1, 7, pos, 0, 0, 0), ddl, columns, source_ts)
 
 
 def test_plan_follows_binlog_order_and_routing():
