@@ -287,6 +287,10 @@ class SparkConfig(_Model):
     # Map the driver class archive `make setup` builds (lakehouse/class_archive.py) into
     # each driver JVM this process starts; off: every driver loads its classes anew.
     class_archive: bool = True
+    # The JIT of the driver JVMs binlake starts: `c1` stops at the quick compiler
+    # (-XX:TieredStopAtLevel=1); `tiered` is the JVM's default, C2 as well, whose
+    # compiling only pays off in long jobs with cores to spare (bench/RESULTS.md).
+    driver_jit: Literal["c1", "tiered"] = "c1"
 
     @property
     def master_port(self) -> int | None:

@@ -97,12 +97,13 @@ print("rows", get_spark(config).range(3).count())
 """
 
 
-def check(archive: Path) -> None:
-    """Start a driver as binlake configures one, which must map `archive` (-Xshare:on
-    makes the JVM fail rather than run without it) and run a query; RuntimeError if not."""
+def check(archive: Path, extra_options: str = "") -> None:
+    """Start a driver as binlake configures one (plus `extra_options`), which must map
+    `archive` (-Xshare:on makes the JVM fail rather than run without it) and run a
+    query; RuntimeError if not."""
     with tempfile.TemporaryDirectory(prefix="binlake-cds-check-") as scratch:
         options = (f"-XX:SharedArchiveFile={archive} -Xshare:on "
-                   f"-XX:ErrorFile={scratch}/hs_err_%p.log")
+                   f"-XX:ErrorFile={scratch}/hs_err_%p.log {extra_options}")
         done = subprocess.run([sys.executable, "-c", _CHECK, scratch, options],
                               capture_output=True, text=True, cwd=scratch,
                               timeout=BUILD_TIMEOUT_SECONDS)

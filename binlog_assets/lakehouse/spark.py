@@ -26,6 +26,13 @@ if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
 
+# A driver's builds are short: C2's compiling took more CPU than it saved (RESULTS.md,
+# session 20), and on few cores it competes with the build itself. C1 alone gets a
+# 48 MB code cache by default, which 50 applies filled (the JIT then stops for good):
+# the tiered default's size instead.
+C1_ONLY = "-XX:TieredStopAtLevel=1 -XX:ReservedCodeCacheSize=240m"
+
+
 def delta_jars() -> list[str]:
     return sorted(str(p) for p in jars_dir("delta").glob("*.jar"))
 
@@ -83,6 +90,8 @@ def spark_conf(config: PipelineConfig) -> dict[str, str]:
     # The driver maps the class archive `make setup` made, when there is one: seconds
     # off its start and its first build (`class_archive.py`).
     java_options = [java_options_of_archive()] if config.spark.class_archive else []
+    if config.spark.driver_jit == "c1":
+        java_options.append(C1_ONLY)
     if local:
         # Embedded Derby admits one JVM at a time; its files stay with the lakehouse.
         lake = config.lakehouse.resolved_path()

@@ -10,7 +10,7 @@ import pytest
 
 from binlog_assets.config import PipelineConfig, parse_config
 from binlog_assets.lakehouse import class_archive
-from binlog_assets.lakehouse.spark import spark_conf
+from binlog_assets.lakehouse.spark import C1_ONLY, spark_conf
 
 
 def _options(config: PipelineConfig) -> str:
@@ -33,7 +33,7 @@ def test_spark_conf_maps_the_archive_only_when_there_is_one(
     assert "SharedArchiveFile" not in _options(off)
     # A lakehouse on S3 has no Derby home: the archive is the driver's only option.
     s3 = parse_config({"lakehouse": {"path": "s3a://lake/binlake"}})
-    assert _options(s3) == class_archive.java_options()
+    assert _options(s3) == f"{class_archive.java_options()} {C1_ONLY}"
     # The user's own driver options replace ours, as any `spark.conf` key does.
     own = parse_config({"lakehouse": {"path": str(tmp_path / "lake")},
                         "spark": {"conf": {"spark.driver.extraJavaOptions": "-Dmine=1"}}})
@@ -53,6 +53,7 @@ def test_the_archive_setup_built_maps_into_a_driver(tmp_path: Path) -> None:
     archive = class_archive.archive_file()
     assert archive.is_file(), f"no class archive at {archive}: `make setup` builds it"
     class_archive.check(archive)
+    class_archive.check(archive, C1_ONLY)  # as drivers run by default (spark.driver_jit)
     # The same check refuses a file a driver cannot map (the JVM dies mapping it).
     broken = tmp_path / "broken.jsa"
     with archive.open("rb") as whole:

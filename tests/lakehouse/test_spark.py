@@ -36,3 +36,24 @@ def test_delta_write_read_and_history(spark, pipeline_config: PipelineConfig) ->
     assert str(pipeline_config.lakehouse.path) in detail["location"]
     # The table is in the persistent catalog, where dbt (method: session) will find it.
     assert "spark_smoke" in [t.name for t in spark.catalog.listTables(db)]
+
+
+def test_drivers_compile_with_c1_unless_configured_tiered(spark, tmp_path) -> None:
+    """`spark.driver_jit`: c1 (the default) stops the driver's JIT at C1, and the test
+    session's driver runs so; `tiered` leaves the JVM's default; anything else fails at
+    load time, naming the field."""
+    import pytest
+
+    from binlog_assets.config import ConfigError, parse_config
+    from binlog_assets.lakehouse.spark import C1_ONLY
+
+    lake = {"path": str(tmp_path / "lake")}
+    options = spark_conf(parse_config({"lakehouse": lake}))["spark.driver.extraJavaOptions"]
+    assert C1_ONLY in options
+    tiered = parse_config({"lakehouse": lake, "spark": {"driver_jit": "tiered"}})
+    assert C1_ONLY not in spark_conf(tiered)["spark.driver.extraJavaOptions"]
+    with pytest.raises(ConfigError, match="driver_jit"):
+        parse_config({"lakehouse": lake, "spark": {"driver_jit": "c2"}})
+    running = spark.sparkContext._jvm.java.lang.management.ManagementFactory \
+        .getRuntimeMXBean().getInputArguments()
+    assert set(C1_ONLY.split()) <= {str(a) for a in running}
