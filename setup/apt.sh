@@ -2,7 +2,8 @@
 # System packages the stack needs, installed from Debian's archive only when missing:
 # a JDK 17+ (Kafka 4 and Spark 4), Maven (resolves the jars from Maven Central), and
 # MariaDB server + client (the binlog source; binlake runs its own mariadbd, not the
-# packaged service), and Redis (the handler example's cache; its own redis-server too).
+# packaged service), Redis (the handler example's cache; its own redis-server too) and
+# Percona Toolkit (an online schema change tool, for a drill).
 set -euo pipefail
 need=()
 command -v java >/dev/null 2>&1 || need+=(openjdk-17-jre-headless)
@@ -11,6 +12,8 @@ command -v mvn >/dev/null 2>&1 || need+=(maven)
 PATH="$PATH:/usr/sbin" command -v mariadbd >/dev/null 2>&1 || need+=(mariadb-server)
 command -v mariadb >/dev/null 2>&1 || need+=(mariadb-client)
 command -v redis-server >/dev/null 2>&1 || need+=(redis-server)
+# pt-online-schema-change, whose table swap the schema-change drill replicates.
+command -v pt-online-schema-change >/dev/null 2>&1 || need+=(percona-toolkit)
 python3 -c 'import venv, ensurepip' >/dev/null 2>&1 || need+=(python3-venv)
 if [ ${#need[@]} -gt 0 ]; then
   SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"

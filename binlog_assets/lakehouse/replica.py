@@ -58,7 +58,8 @@ commit time) and `_applied_at` (when this apply wrote the row). Live rows are th
 `<database>.<replica>_current` (`_op` not in d, t): what dbt reads. Delta's column
 mapping, type widening and deletion vectors are opt-in (`lakehouse.table_features`).
 Renames and drops of columns and tables, read from the batch's DDL, are
-`replica_ddl.py`'s.
+`replica_ddl.py`'s; a table renamed in from a name the replica does not take (an online
+schema change's cut-over) is `replica_cutover.py`'s.
 With `history: true`, `<database>.<replica>_history` keeps SCD type 2 versions
 (`history.py`).
 
@@ -102,12 +103,19 @@ from binlog_assets.lakehouse.delta_log import (
     last_commit_metrics,
     merge_aliases,
     metrics_since,
+    set_properties,
     table_detail,
     table_exists,
     table_version,
     txn_version,
 )
 from binlog_assets.lakehouse.identifiers import check_unmapped_names, col, qualified
+from binlog_assets.lakehouse.replica_cutover import (
+    CUTOVERS_PROPERTY,
+    cutover_property,
+    cutover_rows,
+    plan_cutovers,
+)
 from binlog_assets.lakehouse.replica_ddl import (
     SOURCES_PROPERTY,
     Sources,
@@ -289,6 +297,10 @@ class ReplicaBuilder:
         note_adds(survey, planned)
         # Renames and drops concern a replica that exists; a new one is built as it is now.
         ddl = planned if props else DdlPlan()
+        # An append-only replica is the log of its tables' changes: a swap adds none.
+        cutovers = (plan_cutovers(spark, self.config, ddl, route, survey, batch, props, up_to)
+                    if (ddl.table_renames or CUTOVERS_PROPERTY in props)
+                    and stored_rule != APPEND_ONLY else [])
         # A dropped database or a table renamed away names no table routed here.
         rule = key_rule(route, survey, props) if survey.tables or ddl else None
         if rule is None or (not survey.rows and not props):
@@ -310,6 +322,8 @@ class ReplicaBuilder:
         now = datetime.now(UTC)
         key = rule.key
         changes, sources, new = self._prepare_tables(route, survey, rule, ddl, props)
+        if cutovers:
+            set_properties(spark, replica_table, cutover_property(props, cutovers))
         columns = (self._source_columns(replica_table) if new is None else
                    {f.name: f.dataType for f in new.schema if f.name not in METADATA_COLUMNS})
         if rule.append:
@@ -331,6 +345,9 @@ class ReplicaBuilder:
         rows = keyed_rows(batch, route, survey, key, columns)
         if route.on_drop == "truncate":
             rows = drop_markers(spark, rows, sources, survey)
+        if cutovers:
+            rows = cutover_rows(spark, rows, cutovers, route, survey, key, columns)
+            changes += [c.describe() for c in cutovers]
         if route.history:
             from binlog_assets.lakehouse.history import merge_history
 

@@ -354,10 +354,17 @@ def drop_markers(spark: SparkSession, rows: DataFrame, sources: Sources,
                  survey: Survey) -> DataFrame:
     """`rows` with a truncate marker for each dropped table (`on_drop: truncate`), and the
     survey's truncates moved up to the drops."""
-    if not sources.dropped:
+    return truncate_markers(spark, rows, sources.dropped, survey)
+
+
+def truncate_markers(spark: SparkSession, rows: DataFrame,
+                     marks: list[tuple[str, tuple[int, ...]]], survey: Survey) -> DataFrame:
+    """`rows` with a truncate marker for each (db.table, position) of `marks`, and the
+    survey's truncates moved up to them."""
+    if not marks:
         return rows
     markers = []
-    for table, pos in sources.dropped:
+    for table, pos in marks:
         current = survey.truncates.get(table)
         survey.truncates[table] = pos if current is None else max(current, pos)
         db, name = split_table(table)

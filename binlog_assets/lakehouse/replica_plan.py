@@ -24,7 +24,11 @@ from binlog_assets.formats.event import (
     OP_TRUNCATE,
     OP_UPDATE,
 )
-from binlog_assets.lakehouse.changelog_reader import read_survey, survey_of_frame
+from binlog_assets.lakehouse.changelog_reader import (
+    SurveyGroup,
+    read_survey,
+    survey_of_frame,
+)
 from binlog_assets.lakehouse.identifiers import check_columns
 from binlog_assets.lakehouse.routing import SOURCE_KEY_COLUMNS, ReplicaRoute
 from binlog_assets.lakehouse.schema import spark_type, widen_all
@@ -91,6 +95,8 @@ class Survey:
     # in the batch: that table's rows older than the ADD hold the default.
     added: dict[str, list[tuple[str, tuple[int, ...], str | None]]] = field(
         default_factory=dict)
+    # Tables in the batch that the replica does not take.
+    others: set[str] = field(default_factory=set)
 
 
 def survey_batch(spark: SparkSession, config: PipelineConfig, batch: DataFrame,
@@ -102,12 +108,20 @@ def survey_batch(spark: SparkSession, config: PipelineConfig, batch: DataFrame,
         groups = survey_of_frame(batch)
     tables = route.select({g.table for g in groups})
     survey = Survey(tables, 0, None, {}, {}, set(), {})
-    routed = set(tables)
+    add_groups(survey, groups)
+    return survey
+
+
+def add_groups(survey: Survey, groups: list[SurveyGroup]) -> None:
+    """Count `groups` of the tables in `survey.tables` into the survey (other tables'
+    groups only say whether the batch holds DDL)."""
+    routed = set(survey.tables)
     # Earliest first, so that the column order of a new table is the source's.
     for table, op, column_types, value_types, key_columns, n, last in sorted(
             groups, key=lambda g: g.last):
         survey.ddl = survey.ddl or op == OP_DDL
         if table not in routed:
+            survey.others.add(table)
             continue
         last = tuple(last)
         if column_types and op != OP_TRUNCATE:
@@ -133,7 +147,6 @@ def survey_batch(spark: SparkSession, config: PipelineConfig, batch: DataFrame,
                               (value_types, survey.inferred)):
             if types:
                 widen_all(target, {c: spark_type(t) for c, t in json.loads(types).items()})
-    return survey
 
 
 def key_rule(route: ReplicaRoute, survey: Survey, props: dict[str, str]) -> Rule | None:
