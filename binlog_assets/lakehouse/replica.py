@@ -121,6 +121,7 @@ from binlog_assets.lakehouse.replica_ddl import (
     Sources,
     apply_ddl,
     drop_markers,
+    move_batch_rows,
     note_adds,
     read_ddl,
     record_sources,
@@ -342,7 +343,9 @@ class ReplicaBuilder:
                 up_to, now, lambda: self._txn(up_to), empty=files == 0, new=new)
             return self._result(route, survey, up_to, rule, changes, written=written)
 
-        rows = keyed_rows(batch, route, survey, key, columns)
+        # A new replica too: its rows are built under the names they have now.
+        rows = keyed_rows(move_batch_rows(batch, planned, route, survey), route, survey, key,
+                          columns)
         if route.on_drop == "truncate":
             rows = drop_markers(spark, rows, sources, survey)
         if cutovers:

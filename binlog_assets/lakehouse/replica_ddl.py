@@ -37,6 +37,7 @@ from binlog_assets.lakehouse.columns import (
     binlog_before_sql,
     changelog_position,
     key_match,
+    position_literal,
     position_sql,
     split_table,
 )
@@ -348,6 +349,32 @@ def move_table_rows(spark: SparkSession, table: tuple[str, str], plan: DdlPlan,
                   f"_source_table = {sql_string(new_table)} WHERE {_of_table(old)}")
         described.append(f"move rows {old} -> {new}")
     return described
+
+
+def move_batch_rows(batch: DataFrame, plan: DdlPlan, route: ReplicaRoute,
+                    survey: Survey) -> DataFrame:
+    """The batch with the changes of a table renamed within the replica that are older
+    than the rename named as the new table, as `move_table_rows` does for the stored rows
+    (in binlog order, so a chain of renames ends at the last name); the survey's
+    tables, truncates and ADD defaults follow them."""
+    moves = sorted(((p, old, new) for old, new, p in plan.table_renames
+                    if route.matches(old) and route.matches(new)), key=lambda m: m[0])
+    if not moves:
+        return batch
+    table = F.col("table")
+    for position, old, new in moves:
+        table = F.when((table == old) & (changelog_position() < position_literal(position)),
+                       F.lit(new)).otherwise(table)
+        if old in survey.tables and new not in survey.tables:
+            survey.tables = sorted([*survey.tables, new])
+        moved = survey.truncates.get(old)
+        if moved is not None and moved < position:
+            del survey.truncates[old]
+            kept = survey.truncates.get(new)
+            survey.truncates[new] = moved if kept is None else max(kept, moved)
+        for adds in survey.added.values():
+            adds[:] = [(new if t == old and p < position else t, p, d) for t, p, d in adds]
+    return batch.withColumn("table", table)
 
 
 def drop_markers(spark: SparkSession, rows: DataFrame, sources: Sources,
