@@ -11,6 +11,9 @@ widen columns; renames and drops are only in the text, so they are read from it 
 - `RENAME TABLE a TO b` / `ALTER TABLE a RENAME [TO|AS] b`: the rows of `a` become rows
   of `b` when both feed the replica; otherwise the replica loses `a` as if dropped.
 - `DROP TABLE a`, `DROP DATABASE d`: the replica does what its `on_drop` says.
+- `DROP PARTITION`, `TRUNCATE PARTITION`, `EXCHANGE PARTITION`: the source's rows of the
+  partition go (or change places with another table's) with no row event in the binlog;
+  which rows, only the partitioning knows, so the replica keeps them and says so.
 - `ADD [COLUMN] c <definition>` (or `ADD (c <definition>, ...)`): the source's rows
   older than the statement hold the column's default (its `DEFAULT` literal, NULL, a
   NOT NULL column's implicit zero or empty string, or for a TIMESTAMP defaulting to the
@@ -42,6 +45,9 @@ _ALTER_RENAME = re.compile(
     rf"^\s*ALTER\s+(?:ONLINE\s+|IGNORE\s+)*TABLE\s+(?:IF\s+EXISTS\s+)?({_QUALIFIED})"
     rf".*?\bRENAME\s+(?:TO\s+|AS\s+)?({_QUALIFIED})\s*(?:,|$)", re.I | re.S)
 _DROP_TABLE = re.compile(r"^\s*DROP\s+(?:TEMPORARY\s+)?TABLES?\b", re.I)
+_PARTITION_ROWS = re.compile(
+    rf"\b(DROP|TRUNCATE|EXCHANGE)\s+PARTITION\s+(?:IF\s+EXISTS\s+)?({_NAME}(?:\s*,\s*{_NAME})*)",
+    re.I)
 
 
 _ADD_COLUMN = re.compile(
@@ -227,13 +233,15 @@ class DdlPlan:
     table_renames: list[tuple[str, str, tuple[int, ...]]] = field(default_factory=list)
     # db.table (or db.* for DROP DATABASE) -> position of its drop
     drops: dict[str, tuple[int, ...]] = field(default_factory=dict)
+    # (db.table, "DROP PARTITION p0", position): partitions whose rows went unlogged
+    partition_rows: list[tuple[str, str, tuple[int, ...]]] = field(default_factory=list)
     # (db.table, column, position): the latest ADD of each column of each table
     column_adds: dict[tuple[str, str], tuple[tuple[int, ...], ColumnAdd]] = field(
         default_factory=dict)
 
     def __bool__(self) -> bool:
         return bool(self.column_renames or self.definitions or self.table_renames
-                    or self.drops)
+                    or self.drops or self.partition_rows)
 
 
 def column_renames(ddl: str) -> list[tuple[str, str]]:
@@ -279,6 +287,9 @@ def plan_ddl(events: list[DdlEvent], routed) -> DdlPlan:  # noqa: ANN001 - route
             continue
         for old, new in column_renames(e.ddl):
             plan.column_renames.append((e.table, old, new, e.position))
+        for m in _PARTITION_ROWS.finditer(e.ddl):
+            plan.partition_rows.append(
+                (e.table, f"{m.group(1).upper()} PARTITION {m.group(2)}", e.position))
         for add in column_adds(e.ddl):
             if add.now and e.source_ts is not None:
                 add = ColumnAdd(add.column, _timestamp_literal(e.source_ts))

@@ -126,6 +126,7 @@ from binlog_assets.lakehouse.replica_ddl import (
     read_ddl,
     record_sources,
     replica_sources,
+    shape_new_table,
 )
 from binlog_assets.lakehouse.replica_plan import (
     APPEND_ONLY,
@@ -296,8 +297,9 @@ class ReplicaBuilder:
         survey = survey_batch(spark, self.config, batch, route, start, up_to)
         planned = read_ddl(batch, route) if survey.ddl else DdlPlan()
         note_adds(survey, planned)
-        # Renames and drops concern a replica that exists; a new one is built as it is now.
-        ddl = planned if props else DdlPlan()
+        # A new replica (a first build, a rebuild) follows the DDL too: it is built as its
+        # source tables are at the batch's end.
+        ddl = planned
         # An append-only replica is the log of its tables' changes: a swap adds none.
         cutovers = (plan_cutovers(spark, self.config, ddl, route, survey, batch, props, up_to)
                     if (ddl.table_renames or CUTOVERS_PROPERTY in props)
@@ -323,7 +325,10 @@ class ReplicaBuilder:
         now = datetime.now(UTC)
         key = rule.key
         changes, sources, new = self._prepare_tables(route, survey, rule, ddl, props)
-        if cutovers:
+        if cutovers and new is not None:
+            new = replace(new, properties={**new.properties,
+                                           **cutover_property(props, cutovers)})
+        elif cutovers:
             set_properties(spark, replica_table, cutover_property(props, cutovers))
         columns = (self._source_columns(replica_table) if new is None else
                    {f.name: f.dataType for f in new.schema if f.name not in METADATA_COLUMNS})
@@ -421,11 +426,13 @@ class ReplicaBuilder:
                                f"{missing} in {survey.tables[:5]}")
         current = self._source_columns(table) if exists else {}
         sources = replica_sources(self.spark, table, props, survey, ddl, route, exists=exists)
-        # A new table takes every column of the batch, whatever the mode: there is no
-        # schema yet to keep.
+        shaped = (shape_new_table(ddl, sources, survey, rule.key, route)
+                  if ddl and not exists and not rule.append else [])
+        # A new table takes every column the batch leaves it, whatever the mode: there is
+        # no schema yet to keep.
         change = plan_changes(current, survey.declared, survey.inferred,
                               route.schema_evolution if exists else "evolve", route.replica)
-        described = [f"add {f.name} {f.dataType.simpleString()}" for f in change.add]
+        described = shaped + [f"add {f.name} {f.dataType.simpleString()}" for f in change.add]
         described += [f"widen {n} {o.simpleString()} -> {t.simpleString()}"
                       for n, o, t in change.retype]
         targets = [table]
@@ -436,7 +443,7 @@ class ReplicaBuilder:
             if target == table and not exists:
                 new = self._new_table(target, route, source_key, change, rule.name,
                                       history=False, sources=sources)
-                if survey.truncates:
+                if survey.truncates or (sources.dropped and route.on_drop == "truncate"):
                     # Set with the first rows, as on an existing replica before its first
                     # marker lands (`_merge_replica`).
                     new = replace(new, properties={**new.properties,

@@ -166,6 +166,10 @@ def _join_survey(survey: Survey, part: Survey, cutover: Cutover) -> None:
     survey.key_columns |= part.key_columns
     widen_all(survey.declared, part.declared)
     widen_all(survey.inferred, part.inferred)
+    # Known before the table is made: a new replica records that it holds a marker.
+    marked = survey.truncates.get(new)
+    survey.truncates[new] = cutover.position if marked is None else max(marked,
+                                                                         cutover.position)
     # Changes of the target from after the rename keep their own definition.
     latest = survey.table_columns.get(new)
     if new in part.table_columns and (latest is None or latest[0] < cutover.placed):

@@ -145,6 +145,11 @@ def track_sources(props: dict[str, str], survey: Survey, plan: DdlPlan,
             if new is not None:
                 sources.notes.append(f"table {target} renamed to {new}, which feeds no "
                                      "table config of this replica")
+    for table, clause, _ in plan.partition_rows:
+        sources.notes.append(
+            f"{clause} on {table}: the source's rows of the partition changed with no row "
+            f"events in the binlog, so the replica still holds them as they were "
+            f"(re-snapshot {table} to bring it level)")
     return sources
 
 
@@ -233,6 +238,20 @@ def plan_columns(current: dict[str, T.DataType], plan: DdlPlan, sources: Sources
     for _, steps, final in out.renames:
         survey.aliases.setdefault(final.lower(), []).extend(n for n, _ in reversed(steps))
     return out
+
+
+def shape_new_table(plan: DdlPlan, sources: Sources, survey: Survey, key: list[str],
+                    route: ReplicaRoute) -> list[str]:
+    """A new replica built from a batch with DDL, under `evolve`, takes the columns its
+    source tables have now: renamed columns under their last name (older images read
+    under the former ones), dropped ones left out. Descriptions of what it did, and the
+    notes of what it could not do."""
+    if route.schema_evolution != "evolve":
+        return sources.notes  # a new table takes every column of the batch
+    columns = plan_columns({**survey.inferred, **survey.declared}, plan, sources, survey,
+                           key, route)
+    drop_stale(survey, sources)
+    return columns.describe() + sources.notes
 
 
 def note_adds(survey: Survey, plan: DdlPlan) -> None:

@@ -9,7 +9,9 @@ columns; then ADD COLUMN with a default and NOT NULL to a table with rows (also 
 parenthesised form and a TIMESTAMP defaulting to the current time), and a column
 dropped and added again in one batch (older rows take the default). (2) RENAME TABLE
 within a replica's regex, DROP TABLE under `on_drop: truncate` and `keep`, DROP
-DATABASE. (3) A new shard joining by topic regex.
+DATABASE, DROP PARTITION (noted: its rows leave the source unlogged). (3) A new shard
+joining by topic regex. Then each replica is rebuilt from the whole changelog in one
+batch and compared again.
 """
 
 from __future__ import annotations
@@ -44,11 +46,12 @@ TABLES = [
     {"source": f"{DB}.loose", "replica": "loose", "schema_evolution": "ignore"},
     {"source": f"{DB}.gone", "replica": "gone"},
     {"source": f"{DB}.kept", "replica": "kept", "on_drop": "keep"},
+    {"source": f"{DB}.parted", "replica": "parted"},
     {"source": f"{DB2}.t", "replica": "dbwide"},
 ]
 SHARDS = r"ddl_e2e_s\d+"
 TABLES.append({"source": rf"{SHARDS}\.orders", "replica": "orders"})
-SOURCE_TABLES = ["plain", "items", "items_v2", "strict", "loose", "gone", "kept"]
+SOURCE_TABLES = ["plain", "items", "items_v2", "strict", "loose", "gone", "kept", "parted"]
 # The shards' topics by regex: a shard created later joins with no config change.
 TOPICS = [PREFIX, *(f"{PREFIX}.{DB}.{t}" for t in SOURCE_TABLES), f"{PREFIX}.{DB2}.t",
           rf"^{PREFIX}\.{SHARDS}\.orders$"]
@@ -147,6 +150,9 @@ def test_schema_changes_through_debezium_follow_each_mode(
         f"CREATE TABLE {DB}.gone (id INT PRIMARY KEY, v INT)",
         f"CREATE TABLE {DB}.kept (id INT PRIMARY KEY, v INT)",
         f"CREATE TABLE {DB2}.t (id INT PRIMARY KEY, v INT)",
+        f"CREATE TABLE {DB}.parted (id INT PRIMARY KEY, v INT) PARTITION BY RANGE (id) "
+        "(PARTITION p0 VALUES LESS THAN (10), PARTITION p1 VALUES LESS THAN MAXVALUE)",
+        f"INSERT INTO {DB}.parted VALUES (1, 1), (2, 2), (11, 11), (12, 12)",
         *(f"INSERT INTO {DB}.plain VALUES ({i}, {i}, 'n{i}', {i}.25, 'note{i}', 'o{i}')"
           for i in range(1, 6)),
         *(f"INSERT INTO {DB}.items VALUES ({i}, 'l{i}')" for i in range(1, 5)),
@@ -159,10 +165,12 @@ def test_schema_changes_through_debezium_follow_each_mode(
     initial = [f"{DB}.{t}" for t in SOURCE_TABLES if t != "items_v2"]
     _consume(cfg, [*initial, f"{DB2}.t", "ddl_e2e_s1.orders"])
     builder = ReplicaBuilder(spark, cfg)
-    for replica in ("plain", "items", "strict", "loose", "gone", "kept", "dbwide", "orders"):
+    for replica in ("plain", "items", "strict", "loose", "gone", "kept", "dbwide", "orders",
+                    "parted"):
         builder.apply(replica)
     for replica, source in (("plain", "plain"), ("items", "items"), ("strict", "strict"),
-                            ("loose", "loose"), ("gone", "gone"), ("kept", "kept")):
+                            ("loose", "loose"), ("gone", "gone"), ("kept", "kept"),
+                            ("parted", "parted")):
         _assert_equal(conn, spark, cfg, replica, f"{DB}.{source}")
     _assert_equal(conn, spark, cfg, "dbwide", f"{DB2}.t")
     kept_before = _replica(spark, cfg, "kept")
@@ -234,6 +242,7 @@ def test_schema_changes_through_debezium_follow_each_mode(
         f"INSERT INTO {DB}.items_v2 VALUES (100, 'after')",
         f"UPDATE {DB}.items_v2 SET label = 'updated' WHERE id = 1",
         f"DROP TABLE {DB}.gone", f"DROP TABLE {DB}.kept", f"DROP DATABASE {DB2}",
+        f"ALTER TABLE {DB}.parted DROP PARTITION p0",
     ])
     _consume(cfg, [f"{DB}.items_v2"])
     items = builder.apply("items")
@@ -250,6 +259,11 @@ def test_schema_changes_through_debezium_follow_each_mode(
     assert f"drop table {DB}.kept: rows kept" in kept.schema_changes, kept
     builder.apply("dbwide")
     assert _replica(spark, cfg, "dbwide")[1] == set()
+    # Rows a partition drop took are not in the binlog: the apply says to re-snapshot.
+    parted = builder.apply("parted")
+    assert any(c.startswith(f"DROP PARTITION p0 on {DB}.parted: the source's rows") and
+               c.endswith(f"(re-snapshot {DB}.parted to bring it level)")
+               for c in parted.schema_changes), parted
     # Later applies change nothing more: the drops and renames are applied once.
     again = builder.apply("plain")
     assert (again.schema_changes, again.written) == ((), 0), again
@@ -264,6 +278,20 @@ def test_schema_changes_through_debezium_follow_each_mode(
                 "UPDATE ddl_e2e_s1.orders SET amount = 9.99 WHERE id = 1"])
     _consume(cfg, ["ddl_e2e_s2.orders"])
     builder.apply("orders")
+    _assert_shards(conn, spark, cfg, ["ddl_e2e_s1", "ddl_e2e_s2"])
+
+    # A rebuild reads the whole changelog in one batch, every DDL above in it, and must
+    # come out as the source tables are now, as the applies did step by step.
+    rebuilt = builder.rebuild("plain")
+    _assert_equal(conn, spark, cfg, "plain", f"{DB}.plain")
+    assert {"drop column note", f"rename column old_name -> new_name ({DB}.plain)"
+            } <= set(rebuilt.schema_changes), rebuilt.schema_changes
+    builder.rebuild("items")
+    _assert_equal(conn, spark, cfg, "items", f"{DB}.items_v2")
+    for replica in ("gone", "dbwide"):
+        builder.rebuild(replica)
+        assert _replica(spark, cfg, replica)[1] == set(), replica
+    builder.rebuild("orders")
     _assert_shards(conn, spark, cfg, ["ddl_e2e_s1", "ddl_e2e_s2"])
 
 
@@ -343,3 +371,6 @@ def test_pt_online_schema_change_cut_over_leaves_the_replica_equal(
     assert "drop column note" in result.schema_changes, result
     _assert_equal(conn, spark, cfg, "orders", f"{OSC}.orders")
     assert builder.apply("orders").skipped
+    # Built again from the whole changelog, the swap in the same batch as everything.
+    builder.rebuild("orders")
+    _assert_equal(conn, spark, cfg, "orders", f"{OSC}.orders")

@@ -251,3 +251,32 @@ def test_a_table_created_again_after_its_drop_keeps_its_new_definition():
     sources = track_sources({}, _survey(["db.t1"]), ddl, route, ["db.t1"])
     assert sources.dropped == [("db.t1", _pos(10))]  # the old rows go
     assert sources.known == {"db.t1": (_pos(20), ["id"])}  # the new table stays known
+
+
+def test_partition_maintenance_that_removes_rows_unlogged_is_noted():
+    from binlog_assets.lakehouse.replica_ddl import track_sources
+
+    route = _route()
+    ddl = plan_ddl([
+        _event("db.t1", 10, "ALTER TABLE t1 DROP PARTITION p2019, p2020", {"id": "int"}),
+        _event("db.t1", 20, "alter table `t1` truncate partition `p2021`", {"id": "int"}),
+        _event("db.t2", 30, "ALTER TABLE t2 EXCHANGE PARTITION p0 WITH TABLE t2_old",
+               {"id": "int"}),
+        # Rows stay where these go: nothing to say.
+        _event("db.t1", 40, "ALTER TABLE t1 REORGANIZE PARTITION pmax INTO (PARTITION "
+               "p2022 VALUES LESS THAN (2023), PARTITION pmax VALUES LESS THAN MAXVALUE)",
+               {"id": "int"}),
+        _event("db.t1", 50, "ALTER TABLE t1 ADD PARTITION (PARTITION p9 VALUES LESS THAN "
+               "(9))", {"id": "int"}),
+        _event("db.other", 60, "ALTER TABLE other DROP PARTITION p0", {"id": "int"}),
+    ], route.matches)
+    assert ddl  # the apply looks at it
+    assert [(t, c) for t, c, _ in ddl.partition_rows] == [
+        ("db.t1", "DROP PARTITION p2019, p2020"), ("db.t1", "TRUNCATE PARTITION `p2021`"),
+        ("db.t2", "EXCHANGE PARTITION p0")]
+    notes = track_sources({}, _survey(["db.t1", "db.t2"]), ddl, route, []).notes
+    assert notes[0] == (
+        "DROP PARTITION p2019, p2020 on db.t1: the source's rows of the partition changed "
+        "with no row events in the binlog, so the replica still holds them as they were "
+        "(re-snapshot db.t1 to bring it level)")
+    assert len(notes) == 3
