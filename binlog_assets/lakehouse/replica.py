@@ -295,11 +295,10 @@ class ReplicaBuilder:
 
         batch = read_changelog(spark, self.config, start, up_to)
         survey = survey_batch(spark, self.config, batch, route, start, up_to)
-        planned = read_ddl(batch, route) if survey.ddl else DdlPlan()
-        note_adds(survey, planned)
         # A new replica (a first build, a rebuild) follows the DDL too: it is built as its
         # source tables are at the batch's end.
-        ddl = planned
+        ddl = read_ddl(batch, route) if survey.ddl else DdlPlan()
+        note_adds(survey, ddl)
         # An append-only replica is the log of its tables' changes: a swap adds none.
         cutovers = (plan_cutovers(spark, self.config, ddl, route, survey, batch, props, up_to)
                     if (ddl.table_renames or CUTOVERS_PROPERTY in props)
@@ -349,7 +348,7 @@ class ReplicaBuilder:
             return self._result(route, survey, up_to, rule, changes, written=written)
 
         # A new replica too: its rows are built under the names they have now.
-        rows = keyed_rows(move_batch_rows(batch, planned, route, survey), route, survey, key,
+        rows = keyed_rows(move_batch_rows(batch, ddl, route, survey), route, survey, key,
                           columns)
         if route.on_drop == "truncate":
             rows = drop_markers(spark, rows, sources, survey)

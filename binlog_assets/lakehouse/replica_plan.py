@@ -113,8 +113,8 @@ def survey_batch(spark: SparkSession, config: PipelineConfig, batch: DataFrame,
 
 
 def add_groups(survey: Survey, groups: list[SurveyGroup]) -> None:
-    """Count `groups` of the tables in `survey.tables` into the survey (other tables'
-    groups only say whether the batch holds DDL)."""
+    """Count `groups` of the tables in `survey.tables` into the survey; of other tables
+    it keeps their names and whether the batch holds DDL."""
     routed = set(survey.tables)
     # Earliest first, so that the column order of a new table is the source's.
     for table, op, column_types, value_types, key_columns, n, last in sorted(
