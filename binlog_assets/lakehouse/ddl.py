@@ -46,6 +46,7 @@ _ALTER_RENAME = re.compile(
     rf"^\s*ALTER\s+(?:ONLINE\s+|IGNORE\s+)*TABLE\s+(?:IF\s+EXISTS\s+)?({_QUALIFIED})"
     rf".*?\bRENAME\s+(?:TO\s+|AS\s+)?({_QUALIFIED})\s*(?:,|$)", re.I | re.S)
 _DROP_TABLE = re.compile(r"^\s*DROP\s+(?:TEMPORARY\s+)?TABLES?\b", re.I)
+_CREATE_TABLE = re.compile(r"^\s*CREATE\s+(?:OR\s+REPLACE\s+)?TABLE\b", re.I)
 _PARTITION_ROWS = re.compile(
     rf"\b(DROP|TRUNCATE|EXCHANGE)\s+PARTITION\s+(?:IF\s+EXISTS\s+)?({_NAME}(?:\s*,\s*{_NAME})*)",
     re.I)
@@ -243,6 +244,11 @@ class DdlPlan:
     def __bool__(self) -> bool:
         return bool(self.column_renames or self.definitions or self.table_renames
                     or self.drops or self.partition_rows)
+
+
+def starts_table(ddl: str) -> bool:
+    """A CREATE TABLE or DROP TABLE: the table's rows from before it are another's."""
+    return bool(_CREATE_TABLE.match(ddl) or _DROP_TABLE.match(ddl))
 
 
 def column_renames(ddl: str) -> list[tuple[str, str]]:

@@ -27,8 +27,10 @@ from typing import TYPE_CHECKING
 
 from pyspark.sql import functions as F
 
+from binlog_assets.formats.event import OP_DDL
 from binlog_assets.lakehouse.changelog_reader import read_changelog, survey_of_frame
 from binlog_assets.lakehouse.columns import changelog_position, first_per_group, position_literal
+from binlog_assets.lakehouse.ddl import starts_table
 from binlog_assets.lakehouse.identifiers import col
 from binlog_assets.lakehouse.replica_ddl import truncate_markers
 from binlog_assets.lakehouse.replica_plan import ROW_OPS, Survey, add_groups
@@ -113,11 +115,19 @@ def plan_cutovers(spark: SparkSession, config: PipelineConfig, plan: DdlPlan,
         return []
     changelog = read_changelog(spark, config, None, up_to)
     cutovers = []
+    # Only the last swap of a helper counts: it replaces every row of the target below it.
     for (old, new), position in sorted(renames.items(), key=lambda r: r[1]):
         generation = generations.get((old, new), 0)
         if generation == 0 and old in recorded and recorded[old][1] == position:
             generation = recorded[old][2] + 1  # the same swap, applied again
-        cutover = _cutover(changelog, old, new, position, generation, survey, plan)
+        # The helper's rows from before an earlier rename of it away were another
+        # incarnation's (a tool that runs again creates its helper again).
+        aways = [p for o, _, p in plan.table_renames
+                 if o == old and p[:4] < position[:4]]  # another statement's
+        if old in recorded and recorded[old][1] < position:
+            aways.append(recorded[old][1])
+        cutover = _cutover(changelog, old, new, position, generation, max(aways, default=None),
+                           survey, plan)
         if cutover is not None:
             cutovers.append(cutover)
     # Renames of a target away at or before its swap are the swap's other half: without
@@ -133,9 +143,18 @@ def plan_cutovers(spark: SparkSession, config: PipelineConfig, plan: DdlPlan,
 
 
 def _cutover(changelog: DataFrame, old: str, new: str, position: tuple[int, ...],
-             generation: int, survey: Survey, plan: DdlPlan) -> Cutover | None:
+             generation: int, floor: tuple[int, ...] | None, survey: Survey, plan: DdlPlan
+             ) -> Cutover | None:
+    """The swap of `old` into `new` at `position`, from the helper's changes between its
+    latest CREATE or DROP (or `floor`, its latest rename away) and the rename."""
     before = changelog.where((F.col("table") == old)
                              & (changelog_position() < position_literal(position)))
+    starts = [tuple(r["_p"]) for r in before.where(F.col("op") == OP_DDL)
+              .select(changelog_position().alias("_p"), "ddl").collect()
+              if starts_table(r["ddl"] or "")]
+    floor = max([*starts, *([floor] if floor else [])], default=None)
+    if floor is not None:
+        before = before.where(changelog_position() > position_literal(floor))
     # One small aggregate job: the helper's definitions, types, keys and truncates.
     groups = [g._replace(table=new) for g in survey_of_frame(before)]
     if not groups:

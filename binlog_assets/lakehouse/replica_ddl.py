@@ -80,6 +80,8 @@ class Sources:
     # (db.table, position) of each table drop the replica acts on, in binlog order
     dropped: list[tuple[str, tuple[int, ...]]] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    # Tables the batch's renames and drops took out of the record.
+    gone: set[str] = field(default_factory=set)
 
     @property
     def changed(self) -> bool:
@@ -91,8 +93,9 @@ class Sources:
 
     def columns(self, tables: list[str]) -> set[str] | None:
         """Every column some source table has (lower-case); None while one of them, or
-        one of `tables` (the batch's), is unknown (a format that declares no types)."""
-        if not self.known or any(t not in self.known for t in tables):
+        one of `tables` (the batch's) that is still there, is unknown (a format that
+        declares no types)."""
+        if not self.known or any(t not in self.known and t not in self.gone for t in tables):
             return None
         out: set[str] = set()
         for _, cols in self.known.values():
@@ -124,9 +127,12 @@ def track_sources(props: dict[str, str], survey: Survey, plan: DdlPlan,
                    key=lambda s: s[0])
     for pos, kind, name, new in steps:
         if kind == "rename" and route.matches(name) and route.matches(new):
-            if name in known:  # the rows move with `move_table_rows`
+            # The rows move with `move_table_rows`; a definition newer than the rename
+            # is of a table created again under the old name, which stays.
+            if name in known and known[name][0] < pos:
                 entry = known.pop(name)
                 known.setdefault(new, entry)
+                sources.gone.add(name)
             continue
         if kind == "rename" and not route.matches(name):
             sources.notes.append(
@@ -141,6 +147,7 @@ def track_sources(props: dict[str, str], survey: Survey, plan: DdlPlan,
             # from before the drop go all the same (the drop's marker is below the new).
             if not (target in known and known[target][0] > pos):
                 known.pop(target, None)
+                sources.gone.add(target)
             sources.dropped.append((target, pos))
             if new is not None:
                 sources.notes.append(f"table {target} renamed to {new}, which feeds no "

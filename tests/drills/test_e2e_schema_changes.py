@@ -374,3 +374,156 @@ def test_pt_online_schema_change_cut_over_leaves_the_replica_equal(
     # Built again from the whole changelog, the swap in the same batch as everything.
     builder.rebuild("orders")
     _assert_equal(conn, spark, cfg, "orders", f"{OSC}.orders")
+
+
+FUZZ = "fuzz_e2e"
+
+
+class _Workload:
+    """A seeded mix of row changes and schema changes on two MariaDB tables, as a shop's
+    application and its DBAs make them: `t1` is altered in place and by
+    pt-online-schema-change, `t2` in place and renamed within its replica's regex."""
+
+    KINDS = {"int": "INT", "str": "VARCHAR(20)", "dec": "DECIMAL(8,2)"}
+
+    def __init__(self, conn, rng) -> None:
+        self.conn, self.rng = conn, rng
+        self.names = {"t1": "t1", "t2": "t2"}  # table role -> current name
+        self.columns = {t: {"a": "int", "b": "str"} for t in self.names}
+        self.written: set[str] = set()  # tables with row events: their topics exist
+        self.serial = 0
+
+    def _next(self) -> int:
+        self.serial += 1
+        return self.serial
+
+    def _value(self, kind: str) -> str:
+        r = self.rng
+        return {"int": lambda: str(r.randint(-50, 10**6)),
+                "str": lambda: f"'{r.choice(['x', 'yy', 'zzz'])}{r.randint(0, 99)}'",
+                "dec": lambda: f"{r.randint(0, 9999)}.{r.randint(0, 99):02d}"}[kind]()
+
+    def table(self, role: str) -> str:
+        return f"{FUZZ}.{self.names[role]}"
+
+    def rows(self, role: str) -> None:
+        with self.conn.cursor() as cur:
+            cur.execute(f"SELECT id FROM {self.table(role)}")
+            ids = [r[0] for r in cur.fetchall()]
+        statements = []
+        for _ in range(self.rng.randint(3, 12)):
+            op = self.rng.choice(["insert", "insert", "update", "update", "delete"])
+            columns = self.columns[role]
+            if op == "insert" or not ids:
+                i = self._next()
+                names = ["id", *columns]
+                values = [str(i), *(self._value(k) for k in columns.values())]
+                statements.append(f"INSERT INTO {self.table(role)} ({', '.join(names)}) "
+                                  f"VALUES ({', '.join(values)})")
+                ids.append(i)
+            elif op == "update":
+                column = self.rng.choice(sorted(columns))
+                statements.append(f"UPDATE {self.table(role)} SET {column} = "
+                                  f"{self._value(columns[column])} WHERE id = "
+                                  f"{self.rng.choice(ids)}")
+            else:
+                gone = ids.pop(self.rng.randrange(len(ids)))
+                statements.append(f"DELETE FROM {self.table(role)} WHERE id = {gone}")
+        _run(self.conn, statements)
+        self.written.add(self.names[role])
+
+    def alter(self, role: str) -> str:
+        """One ALTER clause for `role`, its column record updated."""
+        columns = self.columns[role]
+        choice = self.rng.choice(["add", "add", "drop", "rename", "widen"])
+        if choice == "drop" and len(columns) > 1:
+            column = self.rng.choice(sorted(columns))
+            del columns[column]
+            return f"DROP COLUMN {column}"
+        if choice == "rename":
+            column = self.rng.choice(sorted(columns))
+            new = f"c{self._next()}"
+            columns[new] = columns.pop(column)
+            return f"RENAME COLUMN {column} TO {new}"
+        if choice == "widen":
+            for column, kind in sorted(columns.items()):
+                if kind in ("int", "str"):
+                    wider = "BIGINT" if kind == "int" else "VARCHAR(80)"
+                    return f"MODIFY {column} {wider}"
+        kind = self.rng.choice(sorted(self.KINDS))
+        column = f"c{self._next()}"
+        columns[column] = kind
+        default = self.rng.choice([None, self._value(kind)])
+        null = self.rng.choice(["", " NOT NULL"]) if default is not None else ""
+        return (f"ADD COLUMN {column} {self.KINDS[kind]}{null}"
+                + (f" DEFAULT {default}" if default is not None else ""))
+
+    def step(self, mariadb: MariaDBServer) -> str:
+        """One random step; what it did."""
+        role = self.rng.choice(["t1", "t2"])
+        what = self.rng.choice(["rows", "rows", "rows", "alter", "osc", "rename", "truncate"])
+        if what == "osc" or (what == "rename" and role == "t1"):
+            role = "t1"  # the tool runs on t1; t2 is renamed
+        if what == "rows":
+            self.rows(role)
+        elif what == "alter":
+            _run(self.conn, [f"ALTER TABLE {self.table(role)} {self.alter(role)}"])
+        elif what in ("osc", "rename") and role == "t1":
+            clause = self.alter("t1")
+            tool = subprocess.run(
+                ["pt-online-schema-change", "--alter", clause, "--execute",
+                 "--recursion-method=none", "--chunk-size=50",
+                 f"S={mariadb.socket},u=root,D={FUZZ},t={self.names['t1']}"],
+                capture_output=True, text=True, timeout=300)
+            assert tool.returncode == 0, tool.stdout + tool.stderr
+            with self.conn.cursor() as cur:
+                cur.execute(f"SELECT COUNT(*) FROM {self.table('t1')}")
+                if cur.fetchone()[0]:
+                    self.written.add("_t1_new")  # the copy wrote the helper's topic
+            what = f"osc {clause}"
+        elif what == "rename":
+            new = f"t2_v{self._next()}"
+            _run(self.conn, [f"RENAME TABLE {self.table('t2')} TO {FUZZ}.{new}"])
+            self.names["t2"] = new
+        else:
+            _run(self.conn, [f"TRUNCATE TABLE {self.table(role)}"])
+            self.written.add(self.names[role])  # a truncate event on the table's topic
+        return f"{role} {what}"
+
+
+@pytest.mark.parametrize("seed", [
+    1, *(pytest.param(s, marks=pytest.mark.long) for s in range(2, 7))])
+def test_seeded_schema_and_row_changes_keep_replicas_equal(
+    debezium_connect: KafkaConnect, mariadb: MariaDBServer, pipeline_config: PipelineConfig,
+    spark, seed: int,
+) -> None:
+    import random
+
+    cfg = _config(pipeline_config, [PREFIX, rf"^{PREFIX}\.{FUZZ}\..*"],
+                  [{"source": f"{FUZZ}.t1", "replica": "r1"},
+                   {"source": rf"{FUZZ}\.t2(_v\d+)?", "replica": "r2"}])
+    conn = mariadb.connect()
+    _run(conn, [f"DROP DATABASE IF EXISTS {FUZZ}", f"CREATE DATABASE {FUZZ}",
+                *(f"CREATE TABLE {FUZZ}.{t} (id INT PRIMARY KEY, a INT, b VARCHAR(20))"
+                  for t in ("t1", "t2"))])
+    work = _Workload(conn, random.Random(seed))
+    work.rows("t1")
+    work.rows("t2")
+    builder = ReplicaBuilder(spark, cfg)
+    done: list[str] = []
+
+    def check() -> None:
+        _consume(cfg, [f"{FUZZ}.{t}" for t in sorted(work.written)])
+        for replica, role in (("r1", "t1"), ("r2", "t2")):
+            builder.apply(replica)
+            try:
+                _assert_equal(conn, spark, cfg, replica, work.table(role))
+            except AssertionError as e:
+                raise AssertionError(f"seed {seed} after {done}") from e
+
+    for _ in range(4):
+        done += [work.step(mariadb) for _ in range(work.rng.randint(2, 5))]
+        check()
+    for replica, role in (("r1", "t1"), ("r2", "t2")):
+        builder.rebuild(replica)
+        _assert_equal(conn, spark, cfg, replica, work.table(role))

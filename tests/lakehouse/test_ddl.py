@@ -280,3 +280,29 @@ def test_partition_maintenance_that_removes_rows_unlogged_is_noted():
         "with no row events in the binlog, so the replica still holds them as they were "
         "(re-snapshot db.t1 to bring it level)")
     assert len(notes) == 3
+
+
+def test_a_table_renamed_within_the_replica_and_created_again_keeps_both():
+    from binlog_assets.lakehouse.replica_ddl import track_sources
+
+    route = _route(source=r"db\.t\d")
+    ddl = plan_ddl([_event("db.t2", 10, "RENAME TABLE t1 TO t2", {"id": "int", "a": "int"}),
+                    _event("db.t1", 20, "CREATE TABLE t1 (id INT PRIMARY KEY, b INT)",
+                           {"id": "int", "b": "int"})], route.matches)
+    sources = track_sources({}, _survey(["db.t1", "db.t2"]), ddl, route, [])
+    assert sources.known == {"db.t1": (_pos(20), ["id", "b"]),
+                             "db.t2": (_pos(10), ["id", "a"])}
+
+
+def test_columns_of_a_batch_with_a_table_renamed_away_are_known():
+    from binlog_assets.lakehouse.replica_ddl import track_sources
+
+    # Rows of t1 in the batch, then t1 -> t2 and a column of t2 dropped: the record
+    # knows every table still there, so the drop can be planned.
+    route = _route(source=r"db\.t\d")
+    ddl = plan_ddl([_event("db.t2", 10, "RENAME TABLE t1 TO t2", {"id": "int", "a": "int"}),
+                    _event("db.t2", 20, "ALTER TABLE t2 DROP COLUMN a", {"id": "int"})],
+                   route.matches)
+    survey = _survey(["db.t1"], table_columns={"db.t1": (_pos(5), ["id", "a"])})
+    sources = track_sources({}, survey, ddl, route, [])
+    assert sources.columns(survey.tables) == {"id"}
