@@ -1,4 +1,5 @@
-"""Table upkeep: compaction and VACUUM of the changelog and the replicas.
+"""Table upkeep: compaction and VACUUM of the changelog and the replicas, and the
+purge of replicas' old tombstones.
 
 Each consumer run adds a small changelog file and each apply rewrites replica files, so
 without compaction reads and MERGEs slow down over a day. The changelog is compacted by
@@ -16,21 +17,55 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING
 
 from binlog_assets.config import PipelineConfig
+from binlog_assets.formats.event import OP_DELETE
 from binlog_assets.lakehouse.changelog import changelog_uri, commit_metadata
 from binlog_assets.lakehouse.delta_log import (
     delta_rs_uri,
+    metrics_since,
     open_log,
     table_detail,
     table_location,
+    table_version,
 )
 from binlog_assets.lakehouse.identifiers import qualified, quote
 from binlog_assets.lakehouse.replica_plan import KEY_PROPERTY
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
+
+
+PURGED_PROPERTY = "binlake.tombstones_purged_at"  # epoch seconds of the last purge
+# A purge (a DELETE scanning the table's `_applied_at` statistics) runs at most once per
+# this share of the retention window, so tombstones live between 1 and 1.1 windows.
+PURGE_EVERY = 0.1
+
+
+def purge_tombstones(spark: SparkSession, table: tuple[str, str], now: datetime,
+                     props: dict[str, str], retention_hours: float) -> int:
+    """Delete a replica's tombstones older than the window, when its last purge is old
+    enough; returns how many. Delta prunes files by the `_applied_at` statistics and
+    commits nothing when no row matches. `props`: the replica's properties, empty when
+    this apply created it."""
+    if not props:
+        return 0
+    window = timedelta(hours=retention_hours)
+    last = float(props.get(PURGED_PROPERTY, "0"))
+    if now.timestamp() - last < (window * PURGE_EVERY).total_seconds():
+        return 0
+    before = table_version(spark, *table)
+    # The session time zone is UTC (spark_conf), as the literal is read in it.
+    cutoff = (now - window).astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S.%f")
+    spark.sql(f"DELETE FROM {qualified(*table)} WHERE _op = '{OP_DELETE}' "
+              f"AND _applied_at < TIMESTAMP '{cutoff}'")
+    purged = int(metrics_since(spark, *table, before).get("numDeletedRows", 0))
+    spark.sql(f"ALTER TABLE {qualified(*table)} SET TBLPROPERTIES "
+              f"('{PURGED_PROPERTY}' = '{now.timestamp():.3f}')")
+    return purged
+
 
 
 @dataclass(frozen=True)

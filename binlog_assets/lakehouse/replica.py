@@ -72,7 +72,7 @@ from __future__ import annotations
 import json
 import threading
 from dataclasses import dataclass, field, replace
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
 from pyspark.sql import functions as F
@@ -103,18 +103,18 @@ from binlog_assets.lakehouse.delta_log import (
     last_commit_metrics,
     merge_aliases,
     metrics_since,
-    set_properties,
     table_detail,
     table_exists,
     table_version,
     txn_version,
 )
 from binlog_assets.lakehouse.identifiers import check_unmapped_names, col, qualified
+from binlog_assets.lakehouse.maintenance import PURGED_PROPERTY, purge_tombstones
 from binlog_assets.lakehouse.replica_cutover import (
     CUTOVERS_PROPERTY,
-    cutover_property,
     cutover_rows,
     plan_cutovers,
+    record_cutovers,
 )
 from binlog_assets.lakehouse.replica_ddl import (
     SOURCES_PROPERTY,
@@ -175,11 +175,6 @@ METADATA_COLUMNS = frozenset({*SOURCE_KEY_COLUMNS, *(n for n, _ in REPLICA_METAD
 
 # A truncate's watermark columns (source table and position) during an apply.
 _WM_DB, _WM_TABLE, _WM = (working_column(n) for n in ("wm_db", "wm_table", "wm"))
-
-PURGED_PROPERTY = "binlake.tombstones_purged_at"  # epoch seconds of the last purge
-# A purge (a DELETE scanning the table's `_applied_at` statistics) runs at most once per
-# this share of the retention window, so tombstones live between 1 and 1.1 windows.
-PURGE_EVERY = 0.1
 
 # Each opt-in table feature (`lakehouse.table_features`) and the property that turns it
 # on. None is on by default: each adds a reader feature that delta-rs (and the readers
@@ -324,11 +319,7 @@ class ReplicaBuilder:
         now = datetime.now(UTC)
         key = rule.key
         changes, sources, new = self._prepare_tables(route, survey, rule, ddl, props)
-        if cutovers and new is not None:
-            new = replace(new, properties={**new.properties,
-                                           **cutover_property(props, cutovers)})
-        elif cutovers:
-            set_properties(spark, replica_table, cutover_property(props, cutovers))
+        new = record_cutovers(spark, replica_table, props, cutovers, new)
         columns = (self._source_columns(replica_table) if new is None else
                    {f.name: f.dataType for f in new.schema if f.name not in METADATA_COLUMNS})
         if rule.append:
@@ -379,7 +370,9 @@ class ReplicaBuilder:
                 rows.unpersist()
         return self._result(route, survey, up_to, rule, changes, written=written,
                             truncated=truncated,
-                            tombstones=self._purge(replica_table, now, props))
+                            tombstones=purge_tombstones(
+                                spark, replica_table, now, props,
+                                self.config.lakehouse.tombstone_retention_hours))
 
     def _result(self, route: ReplicaRoute, survey: Survey, up_to: int, rule: Rule,
                 changes: list[str], **counts: int) -> ReplicaResult:
@@ -598,26 +591,6 @@ class ReplicaBuilder:
                  .whenNotMatched().insert({qualified(first): col(first, s)}))
         with self._txn(up_to):
             merge.merge()
-
-    def _purge(self, table: tuple[str, str], now: datetime, props: dict[str, str]) -> int:
-        """Delete tombstones older than the window, when the last purge is old enough;
-        returns how many. Delta prunes files by the `_applied_at` statistics and commits
-        nothing when no row matches."""
-        if not props:
-            return 0  # the table was created by this apply
-        window = timedelta(hours=self.config.lakehouse.tombstone_retention_hours)
-        last = float(props.get(PURGED_PROPERTY, "0"))
-        if now.timestamp() - last < (window * PURGE_EVERY).total_seconds():
-            return 0
-        before = table_version(self.spark, *table)
-        # The session time zone is UTC (spark_conf), as the literal is read in it.
-        cutoff = (now - window).astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S.%f")
-        self.spark.sql(f"DELETE FROM {qualified(*table)} WHERE _op = '{OP_DELETE}' "
-                       f"AND _applied_at < TIMESTAMP '{cutoff}'")
-        purged = int(metrics_since(self.spark, *table, before).get("numDeletedRows", 0))
-        self.spark.sql(f"ALTER TABLE {qualified(*table)} SET TBLPROPERTIES "
-                       f"('{PURGED_PROPERTY}' = '{now.timestamp():.3f}')")
-        return purged
 
     def _txn(self, version: int) -> SparkTxn:
         return SparkTxn(self.spark, version)

@@ -22,7 +22,7 @@ replace the first ones and still yield to every later change of `t`.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from pyspark.sql import functions as F
@@ -31,6 +31,7 @@ from binlog_assets.formats.event import OP_DDL
 from binlog_assets.lakehouse.changelog_reader import read_changelog, survey_of_frame
 from binlog_assets.lakehouse.columns import changelog_position, first_per_group, position_literal
 from binlog_assets.lakehouse.ddl import starts_table
+from binlog_assets.lakehouse.delta_log import NewTable, set_properties
 from binlog_assets.lakehouse.identifiers import col
 from binlog_assets.lakehouse.replica_ddl import truncate_markers
 from binlog_assets.lakehouse.replica_plan import ROW_OPS, Survey, add_groups
@@ -88,6 +89,19 @@ def cutover_property(props: dict[str, str], cutovers: list[Cutover]) -> dict[str
     for c in cutovers:
         recorded[c.old] = [c.new, list(c.position), c.generation]
     return {CUTOVERS_PROPERTY: json.dumps(recorded, separators=(",", ":"), sort_keys=True)}
+
+
+def record_cutovers(spark: SparkSession, table: tuple[str, str], props: dict[str, str],
+                    cutovers: list[Cutover], new: NewTable | None) -> NewTable | None:
+    """Record `cutovers` on the replica before their rows are written: with a new
+    table's first commit (`new`, returned with the property), else as a commit of its
+    own."""
+    if not cutovers:
+        return new
+    if new is not None:
+        return replace(new, properties={**new.properties, **cutover_property(props, cutovers)})
+    set_properties(spark, table, cutover_property(props, cutovers))
+    return None
 
 
 def plan_cutovers(spark: SparkSession, config: PipelineConfig, plan: DdlPlan,
