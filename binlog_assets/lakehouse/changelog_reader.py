@@ -23,6 +23,7 @@ from binlog_assets.lakehouse.changelog import (
 from binlog_assets.lakehouse.delta_log import (
     added_rows,
     delta_rs_uri,
+    ensure_database,
     remember,
     table_exists,
     table_location,
@@ -59,7 +60,7 @@ def register_changelog(spark: SparkSession, config: PipelineConfig) -> bool:
         uri = changelog_uri(config)
         if not DeltaTable.is_deltatable(delta_rs_uri(uri)):
             return False
-        spark.sql(f"CREATE DATABASE IF NOT EXISTS {qualified(database)}")
+        ensure_database(spark, database)
         location = uri.replace("'", "\\'")
         spark.sql(f"CREATE TABLE IF NOT EXISTS {qualified(database, table)} USING delta "
                   f"LOCATION '{location}'")

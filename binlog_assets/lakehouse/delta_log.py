@@ -31,10 +31,12 @@ if TYPE_CHECKING:
 # The change feed's own columns, which `added_rows` drops.
 CHANGE_FEED_COLUMNS = ("_change_type", "_commit_version", "_commit_timestamp")
 
-# Where each table's files are, per session: a catalog lookup is a round trip (0.17 s
-# over Spark Connect) that a one-row apply made a dozen times. Only tables found are
-# remembered; `forget` one that is dropped.
+# Where each table's files are, per catalog (the sessions `share_lookups` joins): a
+# catalog lookup is a round trip (0.17 s over Spark Connect, 30-50 ms to the embedded
+# Hive metastore) that a one-row apply made a dozen times. Only tables found are
+# remembered; `forget` one that is dropped. Databases made or found are remembered too.
 _locations: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_databases: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def delta_rs_uri(uri: str) -> str:
@@ -56,6 +58,21 @@ def _known(spark: SparkSession) -> dict[tuple[str, str], str]:
     return _locations.setdefault(spark, {})
 
 
+def share_lookups(parent: SparkSession, child: SparkSession) -> None:
+    """Let `child`, a session beside `parent` on the same catalog, use (and add to) what
+    `parent`'s lookups found: each replica builder's own session started with none."""
+    _locations[child] = _known(parent)
+    _databases[child] = _databases.setdefault(parent, set())
+
+
+def ensure_database(spark: SparkSession, database: str) -> None:
+    """`CREATE DATABASE IF NOT EXISTS`, once per catalog and process."""
+    made = _databases.setdefault(spark, set())
+    if database not in made:
+        spark.sql(f"CREATE DATABASE IF NOT EXISTS {qualified(database)}")
+        made.add(database)
+
+
 def table_exists(spark: SparkSession, database: str, table: str) -> bool:
     return ((database, table) in _known(spark)
             or spark.catalog.tableExists(qualified(database, table)))
@@ -65,11 +82,13 @@ def table_location(spark: SparkSession, database: str, table: str) -> str:
     """Where the catalog says the table's files are (a catalog lookup, no Spark job)."""
     known = _known(spark)
     if (database, table) not in known:
-        rows = (spark.sql(f"DESCRIBE TABLE EXTENDED {qualified(database, table)}")
-                .where("col_name = 'Location'").collect())
-        if not rows:
+        # Filtered in Python: a command's own rows come back without a Spark job, a
+        # filter on them runs one (half the lookup's time).
+        rows = spark.sql(f"DESCRIBE TABLE EXTENDED {qualified(database, table)}").collect()
+        location = next((r["data_type"] for r in rows if r["col_name"] == "Location"), None)
+        if location is None:
             raise ValueError(f"{database}.{table} has no location in the catalog")
-        known[(database, table)] = rows[0]["data_type"]
+        known[(database, table)] = location
     return known[(database, table)]
 
 
@@ -197,7 +216,7 @@ def create_table(spark: SparkSession, table: tuple[str, str], schema: T.StructTy
     columns = ", ".join(f"{quote(f.name)} {f.dataType.simpleString()}"
                         + ("" if f.nullable else " NOT NULL") for f in schema)
     props = _properties_sql(properties)
-    spark.sql(f"CREATE DATABASE IF NOT EXISTS {qualified(table[0])}")
+    ensure_database(spark, table[0])
     spark.sql(f"CREATE TABLE IF NOT EXISTS {qualified(*table)} ({columns}) USING DELTA"
               + (f" TBLPROPERTIES ({props})" if props else ""))
 
@@ -231,7 +250,7 @@ def create_with_rows(spark: SparkSession, new: NewTable, rows: DataFrame, app_id
     """
     from pyspark.errors import AnalysisException
 
-    spark.sql(f"CREATE DATABASE IF NOT EXISTS {qualified(new.name[0])}")
+    ensure_database(spark, new.name[0])
     # Every column cast by its type's SQL name: over Spark Connect a type sent as an
     # object (a cast's, or `from_json`'s schema upstream) reaches the server as `string
     # collate UTF8_BINARY`, which the new table's schema would keep and delta-rs refuses.

@@ -103,6 +103,7 @@ from binlog_assets.lakehouse.delta_log import (
     last_commit_metrics,
     merge_aliases,
     metrics_since,
+    share_lookups,
     table_detail,
     table_exists,
     table_version,
@@ -222,6 +223,7 @@ class ReplicaBuilder:
         # A session of our own: the transaction-id settings must not leak into the
         # caller's session (nor the caller's into ours). It shares the catalog.
         self.spark = new_session(spark, config)
+        share_lookups(spark, self.spark)
         self.config = config
         self.database = config.lakehouse.database
         self._lock = threading.Lock()
@@ -270,13 +272,14 @@ class ReplicaBuilder:
         spark = self.spark
         up_to = changelog_version(spark, self.config) if up_to_version is None else up_to_version
         replica_table = self.table_name(route.replica)
-        props, files, location = (self._detail(replica_table)
-                                  if table_exists(spark, *replica_table) else ({}, 0, ""))
+        exists = table_exists(spark, *replica_table)
+        props, files, location = self._detail(replica_table) if exists else ({}, 0, "")
         stored_rule = recorded_rule(route, props)
         targets = [replica_table]
         if route.history and stored_rule != APPEND_ONLY:
             targets.append(self.history_name(route.replica))
-        applied = {t: txn_version(spark, *t, APP_ID) for t in targets}
+        applied = {t: txn_version(spark, *t, APP_ID) if exists or t != replica_table else None
+                   for t in targets}
         behind = [t for t in targets if applied[t] is None or applied[t] < up_to]
         if props and stored_rule != APPEND_ONLY:
             self._ensure_view(route.replica)
@@ -318,7 +321,7 @@ class ReplicaBuilder:
 
         now = datetime.now(UTC)
         key = rule.key
-        changes, sources, new = self._prepare_tables(route, survey, rule, ddl, props)
+        changes, sources, new = self._prepare_tables(route, survey, rule, ddl, props, exists)
         new = record_cutovers(spark, replica_table, props, cutovers, new)
         columns = (self._source_columns(replica_table) if new is None else
                    {f.name: f.dataType for f in new.schema if f.name not in METADATA_COLUMNS})
@@ -396,7 +399,7 @@ class ReplicaBuilder:
                 str(detail["location"]))
 
     def _prepare_tables(self, route: ReplicaRoute, survey: Survey, rule: Rule,
-                        ddl: DdlPlan, props: dict[str, str]
+                        ddl: DdlPlan, props: dict[str, str], exists: bool
                         ) -> tuple[list[str], Sources, NewTable | None]:
         """Create or evolve the replica (and history) for the batch's columns, and do
         what its DDL asks of the replica's columns and rows (`replica_ddl.py`).
@@ -412,7 +415,6 @@ class ReplicaBuilder:
         missing = [k for k in source_key if k not in survey.declared
                    and k not in survey.inferred]
         table = self.table_name(route.replica)
-        exists = table_exists(self.spark, *table)
         if not exists and missing:
             raise ReplicaError(f"replica {route.replica!r}: no type known for key column(s) "
                                f"{missing} in {survey.tables[:5]}")

@@ -16,12 +16,14 @@ from pyspark.sql import types as T
 from binlog_assets.lakehouse.delta_log import (
     create_table,
     delta_rs_uri,
+    ensure_database,
     forget,
     is_remote,
     last_commit_metrics,
     merge_aliases,
     metrics_since,
     remember,
+    share_lookups,
     stored_rows,
     table_detail,
     table_exists,
@@ -36,10 +38,6 @@ APP = "binlake/shop.orders/0"
 class FakeRows:
     def __init__(self, rows: list[dict]) -> None:
         self.rows = rows
-
-    def where(self, condition: str) -> FakeRows:
-        assert condition == "col_name = 'Location'"
-        return self
 
     def collect(self) -> list[dict]:
         return self.rows
@@ -61,7 +59,11 @@ class FakeSpark:
         self.statements.append(statement)
         for (db, table), location in self.tables.items():
             if statement == f"DESCRIBE TABLE EXTENDED `{db}`.`{table}`":
-                return FakeRows([{"col_name": "Location", "data_type": location}])
+                return FakeRows([{"col_name": "id", "data_type": "bigint"},
+                                 {"col_name": "# Detailed Table Information",
+                                  "data_type": ""},
+                                 {"col_name": "Location", "data_type": location},
+                                 {"col_name": "Provider", "data_type": "delta"}])
         return FakeRows([])
 
 
@@ -117,6 +119,29 @@ def test_a_remembered_table_exists_without_asking_the_catalog(orders: Path) -> N
     assert spark.statements == []
     # Each session keeps its own: another one still asks its catalog.
     assert not table_exists(FakeSpark(), "shop", "orders")
+
+
+def test_sessions_that_share_lookups_ask_the_catalog_once(orders: Path) -> None:
+    """Each replica builder runs its own session beside the run's: it finds what the
+    run's lookups (and other builders') found, and forgets for all."""
+    parent = FakeSpark({("shop", "orders"): f"file:{orders}"})
+    table_location(parent, "shop", "orders")
+    ensure_database(parent, "lake")
+    first, second = FakeSpark(parent.tables), FakeSpark(parent.tables)
+    share_lookups(parent, first)
+    share_lookups(parent, second)
+    assert table_exists(first, "shop", "orders")
+    assert table_location(second, "shop", "orders") == f"file:{orders}"
+    ensure_database(first, "lake")
+    ensure_database(second, "lake")
+    ensure_database(second, "other")
+    assert first.statements == []
+    assert second.statements == ["CREATE DATABASE IF NOT EXISTS `other`"]
+    assert parent.statements == [
+        "DESCRIBE TABLE EXTENDED `shop`.`orders`", "CREATE DATABASE IF NOT EXISTS `lake`"]
+    forget(first, "shop", "orders")  # a rebuild dropped it
+    table_location(parent, "shop", "orders")
+    assert parent.statements[-1] == "DESCRIBE TABLE EXTENDED `shop`.`orders`"
 
 
 def test_versions_and_transactions_read_from_the_log(orders: Path) -> None:

@@ -120,3 +120,21 @@ def test_a_column_name_only_column_mapping_can_hold_is_named(
     ReplicaBuilder(spark, mapped).apply("items")
     (got,) = spark.table(f"{mapped.lakehouse.database}.items_current").collect()
     assert str(got["unit price"]) == "2.50"
+
+
+def test_a_location_lookup_runs_no_spark_job(spark, make_config: MakeConfig) -> None:
+    """A new replica's apply looks its location up once; a filter on DESCRIBE's rows
+    made that a Spark job of its own (half the lookup's time)."""
+    from binlog_assets.lakehouse.delta_log import forget
+
+    config = make_config([{"source": "shop.orders", "replica": "orders"}])
+    _builder, db = _write_and_apply(spark, config)
+    forget(spark, db, "orders")
+    context = spark.sparkContext
+    context.setJobGroup("location-lookup", "location-lookup")
+    try:
+        location = table_location(spark, db, "orders")
+    finally:
+        context.setLocalProperty("spark.jobGroup.id", None)
+    assert location.endswith("/orders")
+    assert context.statusTracker().getJobIdsForGroup("location-lookup") == []
