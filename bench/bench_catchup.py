@@ -10,9 +10,10 @@ filled up, 33/50/17 at the default size), with real before-images and positions 
 through the whole stream (one MySQL server; the file rotates every 200,000 events).
 Schema-less envelopes of ~480 B, keyed by the primary key's JSON.
 
-binlake, timed end to end in this one process: (1) `consume_partitions` over every
+binlake, timed end to end from this process: (1) `consume_partitions` over every
 topic-partition (what one Dagster run of the changelog asset does for them, without
-Dagster: bounded runs, 4 partitions at a time, the changelog written with delta-rs);
+Dagster: bounded runs, 4 partitions at a time, and for a backlog this size partitions
+handed to a worker process per core beyond the first; the changelog written with delta-rs);
 (2) Spark start (`get_spark`, the embedded Hive catalog's first use, which would
 otherwise fall in the first apply, `ReplicaBuilder`); (3) `ReplicaBuilder.apply` of every
 replica, `spark.parallel_replicas` at a time with a builder each, as the replicas asset
@@ -67,7 +68,6 @@ from harness import (
 from pyspark.sql import functions as F
 
 from binlog_assets.config import PipelineConfig, parse_config
-from binlog_assets.consume.handlers import HandlerRegistry
 from binlog_assets.dev.kafka import create_topics
 from binlog_assets.lakehouse.replica import ReplicaBuilder
 from binlog_assets.lakehouse.spark import get_spark
@@ -76,6 +76,7 @@ from binlog_assets.orchestration.consume_runs import (
     ChangelogRunConfig,
     consume_partitions,
 )
+from binlog_assets.orchestration.consume_workers import SinkTotals
 from binlog_assets.orchestration.partitions import partition_key
 
 TARGET_BINLAKE_VS_BASELINE = 2.0
@@ -269,6 +270,7 @@ class Phases:
     written: int
     changelog_version: int  # the changelog's commits: one per partition and commit point
     jobs: list[int]  # Spark jobs of each apply
+    in_workers: int = 0  # partitions consumed by worker processes
 
     @property
     def total(self) -> float:
@@ -282,8 +284,10 @@ def binlake(cfg: PipelineConfig, work: Workload, parallel: int
     keys = [partition_key(topic_name(t), 0) for t in range(work.topics)]
     group = group_id("binlake")
     began = time.perf_counter()
+    # No handlers given: the source's (none here) are opened where each partition runs,
+    # as in the asset, which may hand partitions to worker processes.
     outcomes = consume_partitions(cfg, dict(cfg.kafka), keys, ChangelogRunConfig(),
-                                  HandlerRegistry(), group=group)
+                                  group=group)
     consumed = time.perf_counter()
     failed = [o for o in outcomes if o.error is not None]
     if failed:
@@ -294,6 +298,7 @@ def binlake(cfg: PipelineConfig, work: Workload, parallel: int
             raise RuntimeError(f"{outcome.key} committed {outcome.summary.committed_offset}, "
                                f"expected {work.records[t]}")
     rows = sum(o.sink.rows for o in outcomes)
+    in_workers = sum(isinstance(o.sink, SinkTotals) for o in outcomes)
     version = max(o.sink.version for o in outcomes if o.sink.version is not None)
 
     spark = get_spark(cfg)
@@ -320,7 +325,7 @@ def binlake(cfg: PipelineConfig, work: Workload, parallel: int
     applied = time.perf_counter()
     return Phases(consumed - began, started - consumed, [d[0] for d in done],
                   applied - started, rows, sum(d[2] for d in done), version,
-                  [d[1] for d in done]), ReplicaBuilder(spark, cfg)
+                  [d[1] for d in done], in_workers), ReplicaBuilder(spark, cfg)
 
 
 def verify(builder: ReplicaBuilder, work: Workload) -> None:
@@ -390,7 +395,8 @@ def main() -> None:
           f"applies); replicas verified (count and CRC-32 of ids and values)")
     print(f"{'phase':<38}{'seconds':>9}{'share':>8}")
     for label, seconds in (
-            (f"consume_partitions ({PARTITIONS_IN_PARALLEL} at a time)", phases.consume),
+            (f"consume ({PARTITIONS_IN_PARALLEL} at a time, {phases.in_workers} in workers)",
+             phases.consume),
             ("Spark start (JVM, session, catalog)", phases.spark_start),
             (f"apply x{args.topics}, {parallel} at a time", phases.apply_wall),
             ("binlake total", phases.total)):

@@ -326,6 +326,15 @@ class DagsterConfig(_Model):
         50, ge=1, le=10_000,
         description="topic-partitions one consumer run serves at most (lag sensor batches, "
                     "backfill runs)")
+    worker_processes: int | None = Field(
+        None, ge=0, le=64,
+        description="processes besides its own that a consumer run hands partitions to "
+                    "when its backlog is large (unset: one per CPU core beyond the first; "
+                    "0: none)")
+    worker_backlog_records: int = Field(
+        200_000, ge=1,
+        description="records to read across a run's partitions from which it uses "
+                    "worker processes")
     replica_follow_seconds: float = Field(
         0, ge=0, le=86_400,
         description="0: automation builds the replicas after each consumer run; above 0, a "

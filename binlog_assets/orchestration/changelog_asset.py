@@ -30,6 +30,7 @@ from binlog_assets.formats.event import (
 )
 from binlog_assets.lakehouse.changelog import changelog_uri
 from binlog_assets.orchestration.consume_runs import ChangelogRunConfig, consume_partitions
+from binlog_assets.orchestration.consume_workers import SinkTotals
 from binlog_assets.orchestration.kafka_sources import source_observation
 from binlog_assets.orchestration.metadata_checkpoint import latest_metadata_checkpoint
 from binlog_assets.orchestration.partitions import (
@@ -150,10 +151,11 @@ def changelog(
                               f"{outcome.error}")
             continue
         summary, key = outcome.summary, outcome.key
+        where = " in a worker process" if isinstance(outcome.sink, SinkTotals) else ""
         context.log.info(
             f"{key}: {summary.records} records from {summary.start_offset} "
             f"({summary.checkpoint_source}) to {summary.committed_offset} in "
-            f"{summary.seconds:.1f}s; {summary.dead_lettered} dead-lettered")
+            f"{summary.seconds:.1f}s{where}; {summary.dead_lettered} dead-lettered")
         disagree = [f"{c.source}={c.offset}" for c in
                     disagreements(summary.checkpoint_candidates, summary.start_offset)]
         if disagree:

@@ -1,11 +1,13 @@
 """What the changelog asset runs for its partitions, without Dagster around it: one
 bounded consumer run per topic-partition (`consume_partition`), several at a time in one
-process (`consume_partitions`), each writing the changelog through its fence, with the
-handlers its source's config names, opened once for the run.
+process (`consume_partitions`; a large backlog also in worker processes,
+`consume_workers.py`), each writing the changelog through its fence, with the handlers
+its source's config names, opened once for the run (once per process).
 """
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
@@ -22,6 +24,12 @@ from binlog_assets.consume.preflight import check_cluster
 from binlog_assets.consume.run import BoundedRun, RunSettings, RunSummary
 from binlog_assets.lakehouse.changelog import ChangelogWriter
 from binlog_assets.lakehouse.fence import FencedChangelogSink
+from binlog_assets.orchestration.consume_workers import (
+    SinkTotals,
+    consume_in_worker,
+    worker_pool,
+    worker_processes,
+)
 from binlog_assets.orchestration.partitions import parse_partition_key
 
 # Partitions of one run consumed at the same time, each by its own consumer and lanes:
@@ -124,7 +132,7 @@ class PartitionOutcome:
 
     key: str
     summary: RunSummary | None = None
-    sink: FencedChangelogSink | None = None
+    sink: FencedChangelogSink | SinkTotals | None = None  # totals: from a worker process
     error: BaseException | None = None
 
 
@@ -160,9 +168,42 @@ def consume_partitions(
             opened.enter_context(registry.opened())
         if len(keys) == 1:
             return [one(keys[0])]
-        with ThreadPoolExecutor(max_workers=max(1, min(parallel, len(keys))),
-                                thread_name_prefix="binlake-partition") as pool:
+        threads = max(1, min(parallel, len(keys)))
+        # Handlers given by the caller are objects of this process: only the config's
+        # registries can be opened in another.
+        workers = (worker_processes(cfg, kafka_conf, keys, run_config, group)
+                   if handlers is None else 0)
+        pool = opened.enter_context(ThreadPoolExecutor(
+            max_workers=threads + workers, thread_name_prefix="binlake-partition"))
+        if not workers:
             return list(pool.map(one, keys))
+        processes = opened.enter_context(worker_pool(workers))
+        todo = iter(keys)
+        taking = threading.Lock()
+        done: dict[str, PartitionOutcome] = {}
+
+        def take() -> str | None:
+            with taking:
+                return next(todo, None)
+
+        def here() -> None:
+            while (key := take()) is not None:
+                done[key] = one(key)
+
+        def there() -> None:
+            while (key := take()) is not None:
+                try:
+                    done[key] = processes.submit(
+                        consume_in_worker, cfg, kafka_conf, key, run_config, group,
+                        metadata_checkpoint(key)).result()
+                except Exception as exc:  # a worker died (BrokenProcessPool) or the like
+                    done[key] = PartitionOutcome(key, error=exc)
+                    return  # the pool is broken: the run's threads take the rest
+
+        for future in [pool.submit(here) for _ in range(threads)] + [
+                pool.submit(there) for _ in range(workers)]:
+            future.result()
+        return [done[key] for key in keys]
 
 
 def _registries(cfg: PipelineConfig, keys: Sequence[str],

@@ -30,9 +30,10 @@ CHILD = Path(__file__).with_name("consume_child.py")
 PER_PARTITION = {0: 7, 1: 0, 2: 5}  # partition 1 is idle: a range carries it along
 
 
-def _produce(bootstrap: str, topic: str) -> None:
+def _produce(bootstrap: str, topic: str, per_partition: dict[int, int] = PER_PARTITION
+             ) -> None:
     p = Producer({"bootstrap.servers": bootstrap})
-    for partition, n in PER_PARTITION.items():
+    for partition, n in per_partition.items():
         for i in range(n):
             row = {"id": partition * 100 + i, "v": i}
             value = {"before": None, "after": row, "op": "c", "ts_ms": i,
@@ -240,3 +241,43 @@ def test_the_sources_handlers_run_once_opened_with_metrics_and_named_dead_letter
     assert headers["binlake.handler"] == "picky"
     assert headers["binlake.offset"] == str(BAD_ID)
     assert headers["binlake.stage"] == "handler"
+
+
+def test_a_run_with_worker_processes_reports_every_partition_and_exits_0(
+        pipeline_config: PipelineConfig, tmp_path: Path) -> None:
+    """The same run with a worker process for any backlog: partitions consumed there
+    report their metadata through the run like the others, and the run exits 0."""
+    per_partition = {0: 7, 1: 0, 2: 5, 3: 3, 4: 4}  # the run's four threads take one each
+    bootstrap = pipeline_config.bootstrap_servers
+    topic = create_topic(bootstrap, "multi", partitions=len(per_partition))
+    _produce(bootstrap, topic, per_partition)
+    data = pipeline_config.model_dump(mode="json", exclude_none=True)
+    data["kafka"]["group.id"] = f"g-{uuid.uuid4().hex[:6]}"
+    data["lakehouse"]["database"] = f"multi_{uuid.uuid4().hex[:6]}"
+    data["dagster"] = {"worker_processes": 1, "worker_backlog_records": 1}
+    data["sources"] = [{"name": "multi", "topics": [topic], "format": "debezium"}]
+    config_path = tmp_path / "binlake.yaml"
+    config_path.write_text(yaml.safe_dump(data))
+    home = tmp_path / "dagster"
+    home.mkdir()
+    keys = [partition_key(topic, p) for p in per_partition]
+    with dg.DagsterInstance.from_config(str(home)) as instance:
+        instance.add_dynamic_partitions(KAFKA_PARTITIONS_NAME, keys)
+    env = {**os.environ, "BINLAKE_CONFIG": str(config_path), "DAGSTER_HOME": str(home)}
+
+    result, proc = _child(env, keys[0], keys[-1])
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert result["success"] and result["pyspark"] == [], proc.stderr[-4000:]
+    cfg = load_config(config_path)
+    writer = ChangelogWriter(cfg)
+    assert {p: writer.checkpoint(cfg.kafka["group.id"], topic, p)
+            for p in per_partition} == {p: n or None for p, n in per_partition.items()}
+    with dg.DagsterInstance.from_config(str(home)) as instance:
+        logs = [e.user_message for e in instance.all_logs(result["run_id"])]
+        assert [m for m in logs if "in a worker process" in m], logs
+        for partition, n in per_partition.items():
+            (record,) = instance.fetch_materializations(
+                dg.AssetRecordsFilter(asset_key=dg.AssetKey("changelog"),
+                                      asset_partitions=[keys[partition]]), limit=5).records
+            md = record.asset_materialization.metadata
+            assert (md["records"].value, md["committed_offset"].value) == (n, n)

@@ -1,0 +1,120 @@
+"""Worker processes for a consumer run with a large backlog.
+
+A run decodes in one interpreter, which keeps one core busy however many partitions it
+reads at a time. A run whose partitions hold at least `dagster.worker_backlog_records`
+records to read also hands partitions to worker processes (`dagster.worker_processes`,
+by default one per core beyond the first): each takes the next partition not started
+yet, as the run's own threads do, and runs it exactly as they would (its own consumer,
+tracker and fence, the changelog written by delta-rs), opening the handlers its source
+names in that process. Only what the run reports comes back: the partition's summary
+and its changelog totals.
+
+A worker stops when the run's process is gone (killed, say), within a second; what it
+was doing is then what a killed run leaves, which the next run takes over as always.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import threading
+import time
+from collections.abc import Sequence
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
+from multiprocessing import get_context
+from typing import TYPE_CHECKING
+
+from binlog_assets.config import PipelineConfig
+from binlog_assets.consume.checkpoint import Checkpoint
+from binlog_assets.consume.lag import measure_lag
+from binlog_assets.orchestration.partitions import parse_partition_key
+
+if TYPE_CHECKING:
+    from binlog_assets.orchestration.consume_runs import ChangelogRunConfig, PartitionOutcome
+
+PARENT_CHECK_SECONDS = 0.5
+
+
+@dataclass(frozen=True)
+class SinkTotals:
+    """What a worker's changelog sink reports back: rows appended, the last version."""
+
+    rows: int
+    version: int | None
+
+
+def worker_processes(cfg: PipelineConfig, kafka_conf: dict, keys: Sequence[str],
+                     run_config: ChangelogRunConfig, group: str) -> int:
+    """How many worker processes the run over `keys` uses: none for a single partition
+    or a backlog below `dagster.worker_backlog_records` (its group's committed offsets
+    against the partitions' ends, each capped at the run's record limit)."""
+    wanted = cfg.dagster.worker_processes
+    if wanted is None:
+        wanted = max(0, (os.cpu_count() or 1) - 1)
+    wanted = min(wanted, len(keys) - 1)
+    if wanted <= 0:
+        return 0
+    limit = run_config.max_records or cfg.dagster.max_records_per_run
+    parsed = {parse_partition_key(k) for k in keys}
+    topics = sorted({t for t, _ in parsed})
+    backlog = 0
+    for lag in measure_lag(kafka_conf, group, topics, check=False):
+        if (lag.topic, lag.partition) in parsed:
+            backlog += lag.lag if limit is None else min(lag.lag, limit)
+    return wanted if backlog >= cfg.dagster.worker_backlog_records else 0
+
+
+def worker_pool(processes: int) -> ProcessPoolExecutor:
+    """Fresh interpreters (not forks of a process running librdkafka's threads), each
+    watching that the run's process is still there."""
+    return ProcessPoolExecutor(processes, mp_context=get_context("spawn"),
+                               initializer=_watch_parent, initargs=(os.getpid(),))
+
+
+def _watch_parent(parent: int) -> None:
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(PARENT_CHECK_SECONDS)
+        os._exit(1)  # the run is gone: nobody would report this partition's outcome
+
+    threading.Thread(target=watch, name="binlake-parent-watch", daemon=True).start()
+
+
+def consume_in_worker(cfg: PipelineConfig, kafka_conf: dict, key: str,
+                      run_config: ChangelogRunConfig, group: str,
+                      checkpoint: Checkpoint | None) -> PartitionOutcome:
+    """One partition's bounded run in a worker process (`consume_partition` with the
+    handlers its source names), as a picklable outcome."""
+    from binlog_assets.orchestration.consume_runs import PartitionOutcome, consume_partition
+
+    try:
+        summary, sink = consume_partition(cfg, kafka_conf, key, run_config, group=group,
+                                          metadata_checkpoint=lambda: checkpoint,
+                                          writer=_writer(cfg))
+    except Exception as exc:  # reported per partition by the run, as in its own threads
+        return PartitionOutcome(key, error=_picklable(exc))
+    return PartitionOutcome(key, summary, SinkTotals(sink.rows, sink.version))
+
+
+_WRITERS: dict[str, object] = {}
+
+
+def _writer(cfg: PipelineConfig):  # noqa: ANN202 - a ChangelogWriter, imported lazily
+    """One changelog writer per worker process and lakehouse, as the run has one."""
+    from binlog_assets.lakehouse.changelog import ChangelogWriter
+
+    uri = cfg.lakehouse.uri()
+    if uri not in _WRITERS:
+        _WRITERS[uri] = ChangelogWriter(cfg)
+    return _WRITERS[uri]
+
+
+def _picklable(exc: Exception) -> Exception:
+    """`exc` when it survives the trip to the run's process, else its text in one that
+    does, its type named."""
+    try:
+        pickle.loads(pickle.dumps(exc))
+    except Exception:  # noqa: BLE001 - any failure to round-trip means: send the text
+        return RuntimeError(f"{type(exc).__name__}: {exc}")
+    return exc

@@ -1,0 +1,238 @@
+"""A run with a large backlog hands partitions to worker processes (`consume_workers.py`):
+every partition is still committed once, its handlers run where it is consumed, and a
+worker does not outlive a killed run by more than a second."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections import Counter
+from pathlib import Path
+
+import orjson
+import pytest
+import yaml
+from confluent_kafka import Producer
+
+from binlog_assets.config import PipelineConfig, load_config, parse_config
+from binlog_assets.consume.lag import PartitionLag
+from binlog_assets.dev.kafka import create_topic
+from binlog_assets.lakehouse.changelog import ChangelogWriter, changelog_uri
+from binlog_assets.lakehouse.delta_log import delta_rs_uri
+from binlog_assets.orchestration import consume_workers
+from binlog_assets.orchestration.consume_runs import ChangelogRunConfig, consume_partitions
+from binlog_assets.orchestration.consume_workers import SinkTotals, worker_processes
+from binlog_assets.orchestration.partitions import partition_key
+
+CHILD = Path(__file__).with_name("workers_child.py")
+PER_PARTITION = {0: 400, 1: 300, 2: 350, 3: 250}
+
+
+def _produce(bootstrap: str, topic: str) -> None:
+    p = Producer({"bootstrap.servers": bootstrap, "linger.ms": 20})
+    for partition, n in PER_PARTITION.items():
+        for i in range(n):
+            row = {"id": partition * 10_000 + i, "v": i}
+            value = {"before": None, "after": row, "op": "c", "ts_ms": i,
+                     "source": {"db": "shop", "table": "t", "file": "mysql-bin.000001",
+                                "pos": 100 + i, "row": 0, "snapshot": "false"}}
+            p.produce(topic, partition=partition, key=orjson.dumps({"id": row["id"]}),
+                      value=orjson.dumps(value))
+    assert p.flush(30) == 0
+
+
+def _setup(pipeline_config: PipelineConfig, tmp_path: Path) -> tuple[Path, list[str], Path]:
+    """A topic of four partitions with records in each, and a config whose runs use one
+    worker process for any backlog and one lane (a slowed handler slows its partition
+    down by as much); returns the config's path, the keys and the handlers' file."""
+    bootstrap = pipeline_config.bootstrap_servers
+    topic = create_topic(bootstrap, "workers", partitions=len(PER_PARTITION))
+    _produce(bootstrap, topic)
+    data = pipeline_config.model_dump(mode="json", exclude_none=True)
+    data["kafka"]["group.id"] = f"g-{uuid.uuid4().hex[:6]}"
+    data["lakehouse"]["database"] = f"workers_{uuid.uuid4().hex[:6]}"
+    data["dagster"] = {"worker_processes": 1, "worker_backlog_records": 1}
+    data["sources"] = [{"name": "workers", "topics": [topic], "format": "debezium",
+                        "handlers": "worker_handlers:registry", "lanes": 1,
+                        "tables": [{"source": "shop.t", "replica": "t"}]}]
+    config_path = tmp_path / "binlake.yaml"
+    config_path.write_text(yaml.safe_dump(data))
+    handled = tmp_path / "handled.txt"
+    handled.touch()
+    return config_path, [partition_key(topic, p) for p in PER_PARTITION], handled
+
+
+def _changelog_coordinates(cfg: PipelineConfig) -> Counter:
+    from deltalake import DeltaTable
+
+    uri = delta_rs_uri(changelog_uri(cfg))
+    if not DeltaTable.is_deltatable(uri):
+        return Counter()
+    rows = DeltaTable(uri).to_pyarrow_table(
+        columns=["partition", "offset"]).to_pylist()
+    return Counter((r["partition"], r["offset"]) for r in rows)
+
+
+def _handled(path: Path) -> list[tuple[int, int, int]]:
+    return [tuple(map(int, line.split())) for line in path.read_text().splitlines()]
+
+
+def _exactly_once(cfg: PipelineConfig, keys: list[str]) -> None:
+    coordinates = _changelog_coordinates(cfg)
+    assert coordinates == Counter({(p, o): 1 for p, n in PER_PARTITION.items()
+                                   for o in range(n)})
+    writer, group = ChangelogWriter(cfg), cfg.kafka["group.id"]
+    topic = keys[0].rsplit(":", 1)[0]
+    assert {p: writer.checkpoint(group, topic, p) for p in PER_PARTITION} == PER_PARTITION
+
+
+def test_worker_processes_are_used_only_for_a_large_backlog(monkeypatch) -> None:
+    lags = [PartitionLag("t", p, 0, 1000, c) for p, c in ((0, 900), (1, None), (2, 0))]
+    monkeypatch.setattr(consume_workers, "measure_lag", lambda *a, **k: lags)
+    monkeypatch.setattr(os, "cpu_count", lambda: 4)
+    keys = ["t:0", "t:1"]  # 100 + 1000 records to read; t:2 is not the run's
+
+    def count(run: ChangelogRunConfig | None = None, keys: list[str] = keys,
+              **dagster: int | None) -> int:
+        cfg = parse_config({"dagster": {"worker_backlog_records": 1100, **dagster}})
+        return worker_processes(cfg, {}, keys, run or ChangelogRunConfig(), "g")
+
+    assert count() == 1  # one per core beyond the first, at most one per other partition
+    assert count(keys=["t:0", "t:1", "t:2"]) == 2
+    assert count(keys=["t:0", "t:1", "t:2", "t:3"], worker_backlog_records=1) == 3
+    assert count(worker_processes=0) == 0
+    assert count(keys=["t:1"]) == 0  # one partition: nothing to share
+    assert count(worker_backlog_records=1101) == 0
+    # A run that stops after 500 records a partition reads 600 of them.
+    assert count(ChangelogRunConfig(max_records=500), worker_backlog_records=600) == 1
+    assert count(ChangelogRunConfig(max_records=500), worker_backlog_records=601) == 0
+
+
+def test_an_exception_that_cannot_travel_is_sent_as_its_text() -> None:
+    class Unpicklable(Exception):
+        def __init__(self, lock) -> None:  # noqa: ANN001
+            super().__init__("held")
+            self.lock = lock
+
+    import threading
+
+    sent = consume_workers._picklable(Unpicklable(threading.Lock()))
+    assert type(sent) is RuntimeError and str(sent) == "Unpicklable: held"
+    plain = ValueError("bad row")
+    assert consume_workers._picklable(plain) is plain
+
+
+def test_a_large_backlog_is_shared_with_a_worker_process(
+        pipeline_config: PipelineConfig, tmp_path: Path, monkeypatch) -> None:
+    config_path, keys, handled = _setup(pipeline_config, tmp_path)
+    monkeypatch.setenv("BINLAKE_TEST_HANDLED", str(handled))
+    cfg = load_config(config_path)
+    outcomes = consume_partitions(cfg, dict(cfg.kafka), keys, ChangelogRunConfig(),
+                                  group=cfg.kafka["group.id"], parallel=1)
+    assert [o.error for o in outcomes] == [None] * len(keys)
+    assert [o.summary.committed_offset for o in outcomes] == list(PER_PARTITION.values())
+    remote = [o for o in outcomes if isinstance(o.sink, SinkTotals)]
+    assert remote and len(remote) < len(keys)  # both the run and its worker took some
+    for o in outcomes:
+        assert o.sink.rows == o.summary.events == o.summary.committed_offset
+        assert o.sink.version is not None
+    _exactly_once(cfg, keys)
+    # Each event handled once, by the process that consumed its partition.
+    events = _handled(handled)
+    assert Counter((p, o) for _, p, o in events) == Counter(
+        {(p, o): 1 for p, n in PER_PARTITION.items() for o in range(n)})
+    by_partition = {p: pid for pid, p, _ in events}
+    workers = {by_partition[int(o.key.rsplit(":", 1)[1])] for o in remote}
+    assert os.getpid() not in workers
+    assert {pid for pid, _, _ in events} == workers | {os.getpid()}
+
+
+def test_a_worker_that_dies_fails_its_partition_only(
+        pipeline_config: PipelineConfig, tmp_path: Path, monkeypatch) -> None:
+    import threading
+    from concurrent.futures.process import BrokenProcessPool
+
+    config_path, keys, handled = _setup(pipeline_config, tmp_path)
+    monkeypatch.setenv("BINLAKE_TEST_HANDLED", str(handled))
+    monkeypatch.setenv("BINLAKE_TEST_HANDLER_MS", "5")
+    cfg = load_config(config_path)
+    outcomes = []
+
+    def run() -> None:
+        outcomes.extend(consume_partitions(cfg, dict(cfg.kafka), keys, ChangelogRunConfig(),
+                                           group=cfg.kafka["group.id"], parallel=1))
+
+    runner = threading.Thread(target=run)
+    runner.start()
+    deadline = time.monotonic() + 120
+    workers: set[int] = set()
+    while not workers and time.monotonic() < deadline and runner.is_alive():
+        time.sleep(0.05)
+        workers = {pid for pid, _, _ in _handled(handled)} - {os.getpid()}
+    assert len(workers) == 1
+    os.kill(workers.pop(), signal.SIGKILL)
+    runner.join(timeout=180)
+    failed = [o for o in outcomes if o.error is not None]
+    assert len(failed) == 1 and isinstance(failed[0].error, BrokenProcessPool), outcomes
+    # The run's own threads took every other partition, to its end.
+    assert [o.summary.committed_offset for o in outcomes if o.error is None] == [
+        n for k, n in zip(keys, PER_PARTITION.values(), strict=True) if k != failed[0].key]
+    # Nothing is lost: the next run resumes the failed partition from the changelog.
+    monkeypatch.setenv("BINLAKE_TEST_HANDLER_MS", "0")
+    again = consume_partitions(cfg, dict(cfg.kafka), keys, ChangelogRunConfig(),
+                               group=cfg.kafka["group.id"], parallel=1)
+    assert [o.error for o in again] == [None] * len(keys)
+    _exactly_once(cfg, keys)
+
+
+def _gone(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
+    except FileNotFoundError:
+        return True
+
+
+@pytest.mark.timeout(240)
+def test_a_worker_stops_when_its_run_is_killed(pipeline_config: PipelineConfig,
+                                               tmp_path: Path) -> None:
+    config_path, keys, handled = _setup(pipeline_config, tmp_path)
+    env = {**os.environ, "BINLAKE_TEST_HANDLED": str(handled), "BINLAKE_TEST_HANDLER_MS": "5",
+           "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent), *sys.path])}
+    child = subprocess.Popen([sys.executable, str(CHILD), str(config_path), *keys], env=env,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 120
+        workers: set[int] = set()
+        while not workers and time.monotonic() < deadline and child.poll() is None:
+            time.sleep(0.05)
+            workers = {pid for pid, _, _ in _handled(handled)} - {child.pid}
+        assert workers, child.communicate(timeout=30)
+        child.send_signal(signal.SIGKILL)
+        child.wait(timeout=30)
+        killed = time.monotonic()
+        while not all(map(_gone, workers)) and time.monotonic() - killed < 10:
+            time.sleep(0.05)
+        stopped = time.monotonic() - killed
+        assert all(map(_gone, workers)), f"worker {workers} still running after {stopped:.1f}s"
+        assert stopped < 3
+    finally:
+        if child.poll() is None:
+            child.kill()
+    cfg = load_config(config_path)
+    assert sum(_changelog_coordinates(cfg).values()) < sum(PER_PARTITION.values())
+    # The next run takes over from the changelog: every event in it exactly once.
+    env["BINLAKE_TEST_HANDLER_MS"] = "0"
+    rerun = subprocess.run([sys.executable, str(CHILD), str(config_path), *keys], env=env,
+                           capture_output=True, text=True, timeout=180)
+    assert rerun.returncode == 0, rerun.stderr[-4000:]
+    results = [json.loads(line.split(" ", 1)[1]) for line in rerun.stdout.splitlines()
+               if line.startswith("WORKERS-RESULT ")]
+    assert [(r["error"], r["committed"]) for r in results] == [
+        (None, n) for n in PER_PARTITION.values()]
+    _exactly_once(cfg, keys)

@@ -1,0 +1,20 @@
+"""Handlers a worker-process test names in its config (`worker_handlers:registry`): each
+event handled is written to the file `BINLAKE_TEST_HANDLED` names, with the process that
+handled it and its coordinates; `BINLAKE_TEST_HANDLER_MS` slows each event down."""
+
+from __future__ import annotations
+
+import os
+import time
+
+from binlog_assets.consume.handlers import HandlerRegistry
+
+
+def record(events) -> None:  # noqa: ANN001 - binlake's ChangeEvents
+    time.sleep(float(os.environ.get("BINLAKE_TEST_HANDLER_MS", "0")) / 1000 * len(events))
+    with open(os.environ["BINLAKE_TEST_HANDLED"], "a") as f:
+        f.write("".join(f"{os.getpid()} {e.partition} {e.offset}\n" for e in events))
+
+
+registry = HandlerRegistry()
+registry.register("shop.t", record, name="record", batch=True)

@@ -1,0 +1,26 @@
+"""`python workers_child.py CONFIG_PATH KEY...`: one run over KEYs as the changelog asset
+runs it (handlers from the config, worker processes as the config allows); prints one
+`WORKERS-RESULT <json>` line per partition. The worker drill SIGKILLs it mid-run."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+
+def main() -> None:
+    from binlog_assets.config import load_config
+    from binlog_assets.orchestration.consume_runs import ChangelogRunConfig, consume_partitions
+
+    cfg = load_config(sys.argv[1])
+    outcomes = consume_partitions(cfg, dict(cfg.kafka), sys.argv[2:], ChangelogRunConfig(),
+                                  group=cfg.kafka["group.id"], parallel=1)
+    for o in outcomes:
+        print("WORKERS-RESULT " + json.dumps({
+            "key": o.key, "error": None if o.error is None else repr(o.error),
+            "committed": None if o.summary is None else o.summary.committed_offset,
+            "sink": None if o.sink is None else type(o.sink).__name__}), flush=True)
+
+
+if __name__ == "__main__":
+    main()
