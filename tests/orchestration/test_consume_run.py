@@ -16,9 +16,7 @@ import uuid
 from pathlib import Path
 
 import dagster as dg
-import orjson
-import yaml
-from confluent_kafka import Producer
+from run_inputs import produce_inserts, run_config_file
 
 from binlog_assets.config import PipelineConfig, load_config
 from binlog_assets.consume.lag import measure_lag
@@ -30,18 +28,14 @@ CHILD = Path(__file__).with_name("consume_child.py")
 PER_PARTITION = {0: 7, 1: 0, 2: 5}  # partition 1 is idle: a range carries it along
 
 
-def _produce(bootstrap: str, topic: str, per_partition: dict[int, int] = PER_PARTITION
-             ) -> None:
-    p = Producer({"bootstrap.servers": bootstrap})
-    for partition, n in per_partition.items():
-        for i in range(n):
-            row = {"id": partition * 100 + i, "v": i}
-            value = {"before": None, "after": row, "op": "c", "ts_ms": i,
-                     "source": {"db": "shop", "table": "t", "file": "mysql-bin.000001",
-                                "pos": 100 + i, "row": 0, "snapshot": "false"}}
-            p.produce(topic, partition=partition, key=orjson.dumps({"id": row["id"]}),
-                      value=orjson.dumps(value))
-    assert p.flush(30) == 0
+def _run_env(tmp_path: Path, config_path: Path, keys: list[str]) -> tuple[dict, Path]:
+    """The environment of a run worker over `keys`: the config, and an instance of its
+    own that knows the partitions."""
+    home = tmp_path / "dagster"
+    home.mkdir()
+    with dg.DagsterInstance.from_config(str(home)) as instance:
+        instance.add_dynamic_partitions(KAFKA_PARTITIONS_NAME, keys)
+    return {**os.environ, "BINLAKE_CONFIG": str(config_path), "DAGSTER_HOME": str(home)}, home
 
 
 def _child(env: dict[str, str], first: str, last: str) -> tuple[dict, subprocess.CompletedProcess]:
@@ -56,19 +50,10 @@ def test_one_run_consumes_a_range_of_partitions_without_a_jvm(
         pipeline_config: PipelineConfig, tmp_path: Path) -> None:
     bootstrap = pipeline_config.bootstrap_servers
     topic = create_topic(bootstrap, "multi", partitions=3)
-    _produce(bootstrap, topic)
-    data = pipeline_config.model_dump(mode="json", exclude_none=True)
-    data["kafka"]["group.id"] = f"g-{uuid.uuid4().hex[:6]}"
-    data["lakehouse"]["database"] = f"multi_{uuid.uuid4().hex[:6]}"
-    data["sources"] = [{"name": "multi", "topics": [topic], "format": "debezium"}]
-    config_path = tmp_path / "binlake.yaml"
-    config_path.write_text(yaml.safe_dump(data))
-    home = tmp_path / "dagster"
-    home.mkdir()
+    produce_inserts(bootstrap, topic, PER_PARTITION)
+    config_path = run_config_file(pipeline_config, tmp_path, {"name": "multi", "topics": [topic]})
     keys = [partition_key(topic, p) for p in PER_PARTITION]
-    with dg.DagsterInstance.from_config(str(home)) as instance:
-        instance.add_dynamic_partitions(KAFKA_PARTITIONS_NAME, keys)
-    env = {**os.environ, "BINLAKE_CONFIG": str(config_path), "DAGSTER_HOME": str(home)}
+    env, home = _run_env(tmp_path, config_path, keys)
 
     result, proc = _child(env, keys[0], keys[-1])
     assert proc.returncode == 0, proc.stderr[-4000:]
@@ -141,13 +126,8 @@ def test_a_failing_partition_fails_the_run_and_the_others_keep_their_metadata(
 
     bootstrap = pipeline_config.bootstrap_servers
     topic = create_topic(bootstrap, "multi", partitions=3)
-    _produce(bootstrap, topic)
-    data = pipeline_config.model_dump(mode="json", exclude_none=True)
-    data["kafka"]["group.id"] = f"g-{uuid.uuid4().hex[:6]}"
-    data["lakehouse"]["database"] = f"multi_{uuid.uuid4().hex[:6]}"
-    data["sources"] = [{"name": "multi", "topics": [topic], "format": "debezium"}]
-    config_path = tmp_path / "binlake.yaml"
-    config_path.write_text(yaml.safe_dump(data))
+    produce_inserts(bootstrap, topic, PER_PARTITION)
+    config_path = run_config_file(pipeline_config, tmp_path, {"name": "multi", "topics": [topic]})
     # The middle partition's topic belongs to no configured source: that partition fails.
     keys = [partition_key(topic, 0), "unconfigured-topic:0", partition_key(topic, 2)]
     with dg.instance_for_test() as instance:
@@ -183,16 +163,11 @@ def test_the_sources_handlers_run_once_opened_with_metrics_and_named_dead_letter
     topic = create_topic(bootstrap, "handled", partitions=3)
     dlq = f"dlq-{uuid.uuid4().hex[:6]}"
     create_topics(bootstrap, [dlq])
-    _produce(bootstrap, topic)
-    data = pipeline_config.model_dump(mode="json", exclude_none=True)
-    data["kafka"]["group.id"] = f"g-{uuid.uuid4().hex[:6]}"
-    data["lakehouse"]["database"] = f"handled_{uuid.uuid4().hex[:6]}"
-    data["sources"] = [{"name": "handled", "topics": [topic], "format": "debezium",
-                        "handlers": "run_handlers:registry", "max_retries": 1,
-                        "dead_letter_topic": dlq,
-                        "tables": [{"source": "shop.t", "replica": "t"}]}]
-    config_path = tmp_path / "binlake.yaml"
-    config_path.write_text(yaml.safe_dump(data))
+    produce_inserts(bootstrap, topic, PER_PARTITION)
+    config_path = run_config_file(pipeline_config, tmp_path, {
+        "name": "handled", "topics": [topic], "handlers": "run_handlers:registry",
+        "max_retries": 1, "dead_letter_topic": dlq,
+        "tables": [{"source": "shop.t", "replica": "t"}]})
     keys = [partition_key(topic, p) for p in PER_PARTITION]
     Counting.opened = Counting.closed = 0
     Counting.seen.clear()
@@ -250,20 +225,12 @@ def test_a_run_with_worker_processes_reports_every_partition_and_exits_0(
     per_partition = {0: 7, 1: 0, 2: 5, 3: 3, 4: 4}  # the run's four threads take one each
     bootstrap = pipeline_config.bootstrap_servers
     topic = create_topic(bootstrap, "multi", partitions=len(per_partition))
-    _produce(bootstrap, topic, per_partition)
-    data = pipeline_config.model_dump(mode="json", exclude_none=True)
-    data["kafka"]["group.id"] = f"g-{uuid.uuid4().hex[:6]}"
-    data["lakehouse"]["database"] = f"multi_{uuid.uuid4().hex[:6]}"
-    data["dagster"] = {"worker_processes": 1, "worker_backlog_records": 1}
-    data["sources"] = [{"name": "multi", "topics": [topic], "format": "debezium"}]
-    config_path = tmp_path / "binlake.yaml"
-    config_path.write_text(yaml.safe_dump(data))
-    home = tmp_path / "dagster"
-    home.mkdir()
+    produce_inserts(bootstrap, topic, per_partition)
+    config_path = run_config_file(
+        pipeline_config, tmp_path, {"name": "multi", "topics": [topic]},
+        dagster={"worker_processes": 1, "worker_backlog_records": 1})
     keys = [partition_key(topic, p) for p in per_partition]
-    with dg.DagsterInstance.from_config(str(home)) as instance:
-        instance.add_dynamic_partitions(KAFKA_PARTITIONS_NAME, keys)
-    env = {**os.environ, "BINLAKE_CONFIG": str(config_path), "DAGSTER_HOME": str(home)}
+    env, home = _run_env(tmp_path, config_path, keys)
 
     result, proc = _child(env, keys[0], keys[-1])
     assert proc.returncode == 0, proc.stderr[-4000:]

@@ -10,14 +10,11 @@ import signal
 import subprocess
 import sys
 import time
-import uuid
 from collections import Counter
 from pathlib import Path
 
-import orjson
 import pytest
-import yaml
-from confluent_kafka import Producer
+from run_inputs import produce_inserts, run_config_file
 
 from binlog_assets.config import PipelineConfig, load_config, parse_config
 from binlog_assets.consume.lag import PartitionLag
@@ -33,35 +30,18 @@ CHILD = Path(__file__).with_name("workers_child.py")
 PER_PARTITION = {0: 400, 1: 300, 2: 350, 3: 250}
 
 
-def _produce(bootstrap: str, topic: str) -> None:
-    p = Producer({"bootstrap.servers": bootstrap, "linger.ms": 20})
-    for partition, n in PER_PARTITION.items():
-        for i in range(n):
-            row = {"id": partition * 10_000 + i, "v": i}
-            value = {"before": None, "after": row, "op": "c", "ts_ms": i,
-                     "source": {"db": "shop", "table": "t", "file": "mysql-bin.000001",
-                                "pos": 100 + i, "row": 0, "snapshot": "false"}}
-            p.produce(topic, partition=partition, key=orjson.dumps({"id": row["id"]}),
-                      value=orjson.dumps(value))
-    assert p.flush(30) == 0
-
-
 def _setup(pipeline_config: PipelineConfig, tmp_path: Path) -> tuple[Path, list[str], Path]:
     """A topic of four partitions with records in each, and a config whose runs use one
     worker process for any backlog and one lane (a slowed handler slows its partition
     down by as much); returns the config's path, the keys and the handlers' file."""
     bootstrap = pipeline_config.bootstrap_servers
     topic = create_topic(bootstrap, "workers", partitions=len(PER_PARTITION))
-    _produce(bootstrap, topic)
-    data = pipeline_config.model_dump(mode="json", exclude_none=True)
-    data["kafka"]["group.id"] = f"g-{uuid.uuid4().hex[:6]}"
-    data["lakehouse"]["database"] = f"workers_{uuid.uuid4().hex[:6]}"
-    data["dagster"] = {"worker_processes": 1, "worker_backlog_records": 1}
-    data["sources"] = [{"name": "workers", "topics": [topic], "format": "debezium",
-                        "handlers": "worker_handlers:registry", "lanes": 1,
-                        "tables": [{"source": "shop.t", "replica": "t"}]}]
-    config_path = tmp_path / "binlake.yaml"
-    config_path.write_text(yaml.safe_dump(data))
+    produce_inserts(bootstrap, topic, PER_PARTITION, id_base=10_000)
+    config_path = run_config_file(
+        pipeline_config, tmp_path,
+        {"name": "workers", "topics": [topic], "handlers": "worker_handlers:registry",
+         "lanes": 1, "tables": [{"source": "shop.t", "replica": "t"}]},
+        dagster={"worker_processes": 1, "worker_backlog_records": 1})
     handled = tmp_path / "handled.txt"
     handled.touch()
     return config_path, [partition_key(topic, p) for p in PER_PARTITION], handled
