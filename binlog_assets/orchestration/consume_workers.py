@@ -15,6 +15,7 @@ was doing is then what a killed run leaves, which the next run takes over as alw
 
 from __future__ import annotations
 
+import logging
 import os
 import pickle
 import threading
@@ -25,6 +26,8 @@ from dataclasses import dataclass
 from multiprocessing import get_context
 from typing import TYPE_CHECKING
 
+from confluent_kafka import KafkaException
+
 from binlog_assets.config import PipelineConfig
 from binlog_assets.consume.checkpoint import Checkpoint
 from binlog_assets.consume.lag import measure_lag
@@ -32,6 +35,8 @@ from binlog_assets.orchestration.partitions import parse_partition_key
 
 if TYPE_CHECKING:
     from binlog_assets.orchestration.consume_runs import ChangelogRunConfig, PartitionOutcome
+
+log = logging.getLogger(__name__)
 
 PARENT_CHECK_SECONDS = 0.5
 
@@ -58,10 +63,14 @@ def worker_processes(cfg: PipelineConfig, kafka_conf: dict, keys: Sequence[str],
     limit = run_config.max_records or cfg.dagster.max_records_per_run
     parsed = {parse_partition_key(k) for k in keys}
     topics = sorted({t for t, _ in parsed})
-    backlog = 0
-    for lag in measure_lag(kafka_conf, group, topics, check=False):
-        if (lag.topic, lag.partition) in parsed:
-            backlog += lag.lag if limit is None else min(lag.lag, limit)
+    try:
+        lags = measure_lag(kafka_conf, group, topics, check=False)
+    except KafkaException as exc:
+        # The run itself can still go on, in its own process.
+        log.warning("no worker processes: the backlog of %s is unknown: %s", topics, exc)
+        return 0
+    backlog = sum(lag.lag if limit is None else min(lag.lag, limit)
+                  for lag in lags if (lag.topic, lag.partition) in parsed)
     return wanted if backlog >= cfg.dagster.worker_backlog_records else 0
 
 

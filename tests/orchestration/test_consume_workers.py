@@ -14,6 +14,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+from confluent_kafka import KafkaError, KafkaException
 from run_inputs import produce_inserts, run_config_file
 
 from binlog_assets.config import PipelineConfig, load_config, parse_config
@@ -91,6 +92,13 @@ def test_worker_processes_are_used_only_for_a_large_backlog(monkeypatch) -> None
     # A run that stops after 500 records a partition reads 600 of them.
     assert count(ChangelogRunConfig(max_records=500), worker_backlog_records=600) == 1
     assert count(ChangelogRunConfig(max_records=500), worker_backlog_records=601) == 0
+
+    def unreachable(*args, **kwargs) -> list[PartitionLag]:
+        raise KafkaException(KafkaError(KafkaError._TIMED_OUT, "no answer"))
+
+    # Without the lag the run still goes on, in its own process.
+    monkeypatch.setattr(consume_workers, "measure_lag", unreachable)
+    assert count() == 0
 
 
 def test_an_exception_that_cannot_travel_is_sent_as_its_text() -> None:
