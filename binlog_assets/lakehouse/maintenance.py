@@ -27,6 +27,7 @@ from binlog_assets.lakehouse.delta_log import (
     delta_rs_uri,
     metrics_since,
     open_log,
+    set_properties,
     table_detail,
     table_location,
     table_version,
@@ -62,10 +63,8 @@ def purge_tombstones(spark: SparkSession, table: tuple[str, str], now: datetime,
     spark.sql(f"DELETE FROM {qualified(*table)} WHERE _op = '{OP_DELETE}' "
               f"AND _applied_at < TIMESTAMP '{cutoff}'")
     purged = int(metrics_since(spark, *table, before).get("numDeletedRows", 0))
-    spark.sql(f"ALTER TABLE {qualified(*table)} SET TBLPROPERTIES "
-              f"('{PURGED_PROPERTY}' = '{now.timestamp():.3f}')")
+    set_properties(spark, table, {PURGED_PROPERTY: f"{now.timestamp():.3f}"})
     return purged
-
 
 
 @dataclass(frozen=True)

@@ -103,6 +103,7 @@ from binlog_assets.lakehouse.delta_log import (
     last_commit_metrics,
     merge_aliases,
     metrics_since,
+    set_properties,
     share_lookups,
     table_detail,
     table_exists,
@@ -534,8 +535,7 @@ class ReplicaBuilder:
         if survey.truncates and new is None and props.get(TRUNCATED_PROPERTY) != "true":
             # Set once, before the first marker lands, so that applies of replicas that
             # were never truncated skip looking for markers.
-            self.spark.sql(f"ALTER TABLE {qualified(*table)} SET TBLPROPERTIES "
-                           f"('{TRUNCATED_PROPERTY}' = 'true')")
+            set_properties(self.spark, table, {TRUNCATED_PROPERTY: "true"})
         marks = self._watermarks(table, survey, props)
         if marks:
             # Changes below their table's latest truncate are gone at the source already.
