@@ -7,6 +7,8 @@ offset under read_committed) before reading, and then loops on the poll thread: 
 offset, at `max_records` or at `max_seconds`, drains the lanes, flushes dead letters and
 commits the contiguous done offset synchronously, with done-beyond offsets in the commit
 metadata so a rerun skips them. Nothing is committed past an event that is not done.
+Asked to stop (its `stop` set), it lets the handlers finish only the events they are
+running, and commits what is then contiguous.
 
 One module over 400 lines on purpose: the poll loop, its commit points and its failure
 paths share one run's state and order (`consume/runtime.py` holds the process tuning).
@@ -60,7 +62,10 @@ log = logging.getLogger(__name__)
 STOP_END = "end_offset"
 STOP_MAX_RECORDS = "max_records"
 STOP_MAX_SECONDS = "max_seconds"
+STOP_INTERRUPTED = "interrupted"  # the run's `stop` was set (Dagster terminated the run)
 
+# While the lanes drain, how often the run looks at its `stop`.
+_STOP_CHECK_SECONDS = 0.2
 # Records asked for by a run's first consume; each later batch doubles up to batch_size.
 _FIRST_BATCH = 64
 # While handlers wait on I/O, the poll thread yields the GIL after this many records.
@@ -77,6 +82,12 @@ class ContiguousSink(Protocol):
 
     def __call__(self, events: list[ChangeEvent], raw: dict[int, bytes],
                  end_offset: int) -> None: ...
+
+
+class Stop(Protocol):
+    """Asks a run to stop early: a `threading.Event`, or a process pool's `Event`."""
+
+    def is_set(self) -> bool: ...
 
 
 @dataclass(frozen=True)
@@ -174,6 +185,7 @@ class BoundedRun:
         decoder: object | None = None,
         on_commit: Callable[[int, str], None] | None = None,
         sink: ContiguousSink | None = None,
+        stop: Stop | None = None,
     ) -> None:
         from binlog_assets.formats import make_decoder
 
@@ -184,6 +196,7 @@ class BoundedRun:
                                                schema_registry=settings.schema_registry)
         self.on_commit = on_commit
         self.sink = sink
+        self.stop = stop
         # (offset, events, raw value) polled but not yet given to the sink.
         self._sink_buffer: deque[tuple[int, list[ChangeEvent], bytes | None]] = deque()
         self._sink_end: int | None = None
@@ -275,16 +288,12 @@ class BoundedRun:
                 return summary
             consumer.assign([TopicPartition(self.tp.topic, self.tp.partition, start.offset)])
             self._loop(_Poll(consumer, dispatcher, tracker, summary, began, start.offset))
-            dispatcher.finishing()
-            if summary.stop_reason == STOP_END:
-                tracker.skip_to(summary.end_offset)
-            # Keep committing while the lanes drain: a crash now loses no finished work.
-            while (not dispatcher.drain(timeout=self.settings.commit_interval_seconds)
-                   and dispatcher.failure is None):
-                self._commit(consumer, tracker, summary)
-            self._raise_if_strict_failed(dispatcher, consumer, tracker)
-            if dispatcher.in_flight() == 0:
-                dispatcher.stop()  # idle: its threads exit while the commit is in flight
+            if summary.stop_reason != STOP_INTERRUPTED:
+                self._drain(consumer, dispatcher, tracker, summary)
+            if summary.stop_reason == STOP_INTERRUPTED:
+                # Events not started are dropped (the next run reads them again); the
+                # workers finish what they run and report it as they exit.
+                dispatcher.close(timeout=s.handler_timeout_seconds or 10.0)
             self._commit(consumer, tracker, summary)
             summary.dead_lettered = summary.decode_dead_lettered + dispatcher.dead_lettered
             summary.handlers = dispatcher.handler_metrics()
@@ -304,6 +313,30 @@ class BoundedRun:
             restore_gc_threshold()
             gc.unfreeze()
 
+    def _stopping(self, summary: RunSummary) -> bool:
+        if self.stop is not None and self.stop.is_set():
+            summary.stop_reason = STOP_INTERRUPTED
+            return True
+        return False
+
+    def _drain(self, consumer: Consumer, dispatcher: LaneDispatcher,
+               tracker: OffsetTracker, summary: RunSummary) -> None:
+        dispatcher.finishing()
+        if summary.stop_reason == STOP_END:
+            tracker.skip_to(summary.end_offset)
+        # Keep committing while the lanes drain: a crash now loses no finished work.
+        last_commit = time.monotonic()
+        while (not dispatcher.drain(timeout=_STOP_CHECK_SECONDS)
+               and dispatcher.failure is None):
+            if self._stopping(summary):
+                return
+            if time.monotonic() - last_commit >= self.settings.commit_interval_seconds:
+                self._commit(consumer, tracker, summary)
+                last_commit = time.monotonic()
+        self._raise_if_strict_failed(dispatcher, consumer, tracker)
+        if dispatcher.in_flight() == 0:
+            dispatcher.stop()  # idle: its threads exit while the commit is in flight
+
     def _loop(self, poll: _Poll) -> None:
         s = self.settings
         consumer, dispatcher, summary = poll.consumer, poll.dispatcher, poll.summary
@@ -319,6 +352,8 @@ class BoundedRun:
                 summary.stop_reason = STOP_MAX_RECORDS
                 return
             if dispatcher.failure is not None:
+                return
+            if self._stopping(summary):
                 return
             # Finished events wait in the sink buffer behind a slow one: when too many do,
             # the partition is paused; the poll loop keeps running and committing.

@@ -19,7 +19,7 @@ import dagster as dg
 
 from binlog_assets.consume.checkpoint import disagreements
 from binlog_assets.consume.lag import PartitionLag, measure_lag
-from binlog_assets.consume.run import RunSummary
+from binlog_assets.consume.run import STOP_INTERRUPTED, RunSummary
 from binlog_assets.formats.event import (
     OP_CREATE,
     OP_DDL,
@@ -29,7 +29,11 @@ from binlog_assets.formats.event import (
     OP_UPDATE,
 )
 from binlog_assets.lakehouse.changelog import changelog_uri
-from binlog_assets.orchestration.consume_runs import ChangelogRunConfig, consume_partitions
+from binlog_assets.orchestration.consume_runs import (
+    ChangelogRunConfig,
+    PartitionOutcome,
+    consume_partitions,
+)
 from binlog_assets.orchestration.consume_workers import SinkTotals
 from binlog_assets.orchestration.kafka_sources import source_observation
 from binlog_assets.orchestration.metadata_checkpoint import latest_metadata_checkpoint
@@ -135,14 +139,35 @@ def changelog(
     cfg = binlake.pipeline
     group = binlake.group_id()
     kafka_conf = binlake.kafka_conf()
+
+    def report(outcomes: list[PartitionOutcome], *, final: bool) -> bool:
+        return _report(context, cfg, kafka_conf, group, keys, outcomes, final=final)
+
     outcomes = consume_partitions(
         cfg, kafka_conf, keys, config, group=group,
         metadata_checkpoint=lambda key: latest_metadata_checkpoint(context.instance, key),
+        # A terminated run still records what its partitions committed before it ends.
+        on_interrupt=lambda stopped: report(stopped, final=False),
     )
+    failed = [o for o in outcomes if o.error is not None]
+    consumed = report(outcomes, final=not failed)
+    if failed:
+        first = failed[0].error
+        raise RuntimeError(
+            f"{len(failed)} of {len(outcomes)} partitions failed: "
+            + "; ".join(f"{o.key}: {o.error}" for o in failed)) from first
+    if consumed:
+        yield dg.MaterializeResult()
+
+
+def _report(context: dg.AssetExecutionContext, cfg, kafka_conf: dict, group: str,  # noqa: ANN001
+            keys: list[str], outcomes: list[PartitionOutcome], *, final: bool) -> bool:
+    """Each partition's log line and metadata, and the sources' observations; whether
+    any record was read. `final`: the run's output will carry the metadata (else it
+    fails or was interrupted, and each materialization is recorded here)."""
     by_source = _source_lags(kafka_conf, group, cfg, keys)
     lags = {partition_key(pl.topic, pl.partition): pl.lag
             for found in by_source.values() for pl in found}
-    failed = [o for o in outcomes if o.error is not None]
     consumed = any(o.summary.records for o in outcomes if o.summary is not None)
     table_md = _table_metadata(cfg) if consumed else {}
     for outcome in outcomes:
@@ -155,7 +180,9 @@ def changelog(
         context.log.info(
             f"{key}: {summary.records} records from {summary.start_offset} "
             f"({summary.checkpoint_source}) to {summary.committed_offset} in "
-            f"{summary.seconds:.1f}s{where}; {summary.dead_lettered} dead-lettered")
+            f"{summary.seconds:.1f}s{where}; {summary.dead_lettered} dead-lettered"
+            + ("; stopped: the run was interrupted"
+               if summary.stop_reason == STOP_INTERRUPTED else ""))
         disagree = [f"{c.source}={c.offset}" for c in
                     disagreements(summary.checkpoint_candidates, summary.start_offset)]
         if disagree:
@@ -167,7 +194,7 @@ def changelog(
         if not consumed:
             context.log_event(dg.AssetObservation(
                 asset_key=CHANGELOG_ASSET_KEY, partition=key, metadata=metadata))
-        elif failed:
+        elif not final:
             # The run fails below, so its output records nothing: what did finish is
             # recorded here, so its committed offsets still show (and still count).
             context.log_event(dg.AssetMaterialization(
@@ -178,13 +205,7 @@ def changelog(
     for name, found in by_source.items():
         context.log_event(source_observation(
             context.instance, cfg.source(name), found, summaries, context.run.run_id))
-    if failed:
-        first = failed[0].error
-        raise RuntimeError(
-            f"{len(failed)} of {len(outcomes)} partitions failed: "
-            + "; ".join(f"{o.key}: {o.error}" for o in failed)) from first
-    if consumed:
-        yield dg.MaterializeResult()
+    return consumed
 
 
 def _table_metadata(cfg) -> dict[str, dg.MetadataValue]:

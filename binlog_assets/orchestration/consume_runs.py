@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor, wait
 from contextlib import ExitStack
 from dataclasses import dataclass
 
@@ -21,7 +21,7 @@ from binlog_assets.consume.checkpoint import CHANGELOG, Checkpoint, offset_for_t
 from binlog_assets.consume.errors import ErrorPolicy
 from binlog_assets.consume.handlers import HandlerRegistry
 from binlog_assets.consume.preflight import check_cluster
-from binlog_assets.consume.run import BoundedRun, RunSettings, RunSummary
+from binlog_assets.consume.run import BoundedRun, RunSettings, RunSummary, Stop
 from binlog_assets.lakehouse.changelog import ChangelogWriter
 from binlog_assets.lakehouse.fence import FencedChangelogSink
 from binlog_assets.orchestration.consume_workers import (
@@ -29,6 +29,7 @@ from binlog_assets.orchestration.consume_workers import (
     consume_in_worker,
     worker_pool,
     worker_processes,
+    worker_stop,
 )
 from binlog_assets.orchestration.partitions import parse_partition_key
 
@@ -74,6 +75,7 @@ def consume_partition(
     group: str,
     metadata_checkpoint: Callable[[], Checkpoint | None] = lambda: None,
     writer: ChangelogWriter | None = None,
+    stop: Stop | None = None,
 ) -> tuple[RunSummary, FencedChangelogSink]:
     """One bounded consumer run of `key` into the changelog: what the asset does for each
     of its partitions, without Dagster around it. `handlers` defaults to the registry
@@ -122,7 +124,8 @@ def consume_partition(
         schema_registry=dict(cfg.schema_registry) or None,
     )
     with handlers.opened():
-        summary = BoundedRun(topic, partition, handlers, settings, sink=sink).run()
+        summary = BoundedRun(topic, partition, handlers, settings, sink=sink,
+                             stop=stop).run()
     return summary, sink
 
 
@@ -146,63 +149,73 @@ def consume_partitions(
     group: str,
     metadata_checkpoint: Callable[[str], Checkpoint | None] = lambda key: None,
     parallel: int = PARTITIONS_IN_PARALLEL,
+    on_interrupt: Callable[[list[PartitionOutcome]], None] = lambda outcomes: None,
 ) -> list[PartitionOutcome]:
     """Bounded runs of every partition in `keys`, `parallel` at a time, sharing one
     changelog writer and the handlers' clients (opened once for the run). A partition
-    that fails does not stop the others: its outcome carries the error."""
+    that fails does not stop the others: its outcome carries the error.
+
+    Interrupted while it waits (Dagster terminates a run with SIGINT, raised here as
+    `DagsterExecutionInterruptedError`), it starts no more partitions, stops those
+    running at their next batch (each commits what its handlers finished), hands their
+    outcomes to `on_interrupt`, and raises the interrupt again."""
     # Refused credentials fail the run at once, named, instead of empty polls until the end.
     check_cluster(kafka_conf)
     writer = ChangelogWriter(cfg)
+    threads = max(1, min(parallel, len(keys)))
+    # Handlers given by the caller are objects of this process: only the config's
+    # registries can be opened in another.
+    workers = (worker_processes(cfg, kafka_conf, keys, run_config, group)
+               if handlers is None and len(keys) > 1 else 0)
+    stop = worker_stop() if workers else threading.Event()
+    todo = iter(keys)
+    taking = threading.Lock()
+    done: dict[str, PartitionOutcome] = {}
 
-    def one(key: str) -> PartitionOutcome:
-        try:
-            summary, sink = consume_partition(
-                cfg, kafka_conf, key, run_config, handlers, group=group,
-                metadata_checkpoint=lambda: metadata_checkpoint(key), writer=writer)
-            return PartitionOutcome(key, summary, sink)
-        except Exception as exc:  # reported per partition by the caller
-            return PartitionOutcome(key, error=exc)
+    def take() -> str | None:
+        with taking:
+            return None if stop.is_set() else next(todo, None)
+
+    def here() -> None:
+        while (key := take()) is not None:
+            try:
+                summary, sink = consume_partition(
+                    cfg, kafka_conf, key, run_config, handlers, group=group,
+                    metadata_checkpoint=lambda key=key: metadata_checkpoint(key),
+                    writer=writer, stop=stop)
+                done[key] = PartitionOutcome(key, summary, sink)
+            except Exception as exc:  # reported per partition by the caller
+                done[key] = PartitionOutcome(key, error=exc)
+
+    def there(processes: ProcessPoolExecutor) -> None:
+        while (key := take()) is not None:
+            try:
+                done[key] = processes.submit(
+                    consume_in_worker, cfg, kafka_conf, key, run_config, group,
+                    metadata_checkpoint(key)).result()
+            except Exception as exc:  # a worker died (BrokenProcessPool) or the like
+                done[key] = PartitionOutcome(key, error=exc)
+                return  # the pool is broken: the run's threads take the rest
 
     with ExitStack() as opened:
         for registry in _registries(cfg, keys, handlers):
             opened.enter_context(registry.opened())
-        if len(keys) == 1:
-            return [one(keys[0])]
-        threads = max(1, min(parallel, len(keys)))
-        # Handlers given by the caller are objects of this process: only the config's
-        # registries can be opened in another.
-        workers = (worker_processes(cfg, kafka_conf, keys, run_config, group)
-                   if handlers is None else 0)
+        # Partitions run in threads even when there is one: the interrupt is raised in
+        # this thread, which then asks them to stop instead of abandoning a commit.
         pool = opened.enter_context(ThreadPoolExecutor(
             max_workers=threads + workers, thread_name_prefix="binlake-partition"))
-        if not workers:
-            return list(pool.map(one, keys))
-        processes = opened.enter_context(worker_pool(workers))
-        todo = iter(keys)
-        taking = threading.Lock()
-        done: dict[str, PartitionOutcome] = {}
-
-        def take() -> str | None:
-            with taking:
-                return next(todo, None)
-
-        def here() -> None:
-            while (key := take()) is not None:
-                done[key] = one(key)
-
-        def there() -> None:
-            while (key := take()) is not None:
-                try:
-                    done[key] = processes.submit(
-                        consume_in_worker, cfg, kafka_conf, key, run_config, group,
-                        metadata_checkpoint(key)).result()
-                except Exception as exc:  # a worker died (BrokenProcessPool) or the like
-                    done[key] = PartitionOutcome(key, error=exc)
-                    return  # the pool is broken: the run's threads take the rest
-
-        for future in [pool.submit(here) for _ in range(threads)] + [
-                pool.submit(there) for _ in range(workers)]:
-            future.result()
+        futures = [pool.submit(here) for _ in range(threads)]
+        if workers:
+            processes = opened.enter_context(worker_pool(workers, stop))
+            futures += [pool.submit(there, processes) for _ in range(workers)]
+        try:
+            for future in futures:
+                future.result()
+        except BaseException:
+            stop.set()
+            wait(futures)
+            on_interrupt([done[key] for key in keys if key in done])
+            raise
         return [done[key] for key in keys]
 
 

@@ -10,7 +10,9 @@ names in that process. Only what the run reports comes back: the partition's sum
 and its changelog totals.
 
 A worker stops when the run's process is gone (killed, say), within a second; what it
-was doing is then what a killed run leaves, which the next run takes over as always.
+was doing is then what a killed run leaves, which the next run takes over as always. An
+interrupted run (Dagster's termination) stops its workers' partitions as its own, at
+their next batch, with what their handlers finished committed.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from __future__ import annotations
 import logging
 import os
 import pickle
+import signal
 import threading
 import time
 from collections.abc import Sequence
@@ -74,14 +77,28 @@ def worker_processes(cfg: PipelineConfig, kafka_conf: dict, keys: Sequence[str],
     return wanted if backlog >= cfg.dagster.worker_backlog_records else 0
 
 
-def worker_pool(processes: int) -> ProcessPoolExecutor:
+def worker_stop():  # noqa: ANN201 - a multiprocessing Event of the spawn context
+    """The run's stop signal, shared with its worker processes (`worker_pool`)."""
+    return get_context("spawn").Event()
+
+
+def worker_pool(processes: int, stop) -> ProcessPoolExecutor:  # noqa: ANN001
     """Fresh interpreters (not forks of a process running librdkafka's threads), each
-    watching that the run's process is still there."""
+    watching that the run's process is still there, and stopping its partition when
+    the run sets `stop` (from `worker_stop`)."""
     return ProcessPoolExecutor(processes, mp_context=get_context("spawn"),
-                               initializer=_watch_parent, initargs=(os.getpid(),))
+                               initializer=_start_worker, initargs=(os.getpid(), stop))
 
 
-def _watch_parent(parent: int) -> None:
+_STOP: list = []  # the run's stop signal, in a worker process
+
+
+def _start_worker(parent: int, stop) -> None:  # noqa: ANN001
+    # An interrupt is the run's to handle (a Ctrl-C reaches the whole process group):
+    # the run tells its workers to stop through `stop`, and they commit what is done.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    _STOP.append(stop)
+
     def watch() -> None:
         while os.getppid() == parent:
             time.sleep(PARENT_CHECK_SECONDS)
@@ -100,7 +117,8 @@ def consume_in_worker(cfg: PipelineConfig, kafka_conf: dict, key: str,
     try:
         summary, sink = consume_partition(cfg, kafka_conf, key, run_config, group=group,
                                           metadata_checkpoint=lambda: checkpoint,
-                                          writer=_writer(cfg))
+                                          writer=_writer(cfg),
+                                          stop=_STOP[0] if _STOP else None)
     except Exception as exc:  # reported per partition by the run, as in its own threads
         return PartitionOutcome(key, error=_picklable(exc))
     return PartitionOutcome(key, summary, SinkTotals(sink.rows, sink.version))

@@ -199,6 +199,48 @@ def test_crash_mid_run_then_rerun_skips_done_beyond_commit(kafka_broker: KafkaBr
     assert committed(kafka_broker, group, topic).offset == 200
 
 
+def test_a_stopped_run_commits_what_is_done_and_the_next_run_does_the_rest(
+        kafka_broker: KafkaBroker) -> None:
+    """Its `stop` set (Dagster terminated the run), a run drops the events not started,
+    lets the handler calls in progress finish, and commits: the contiguous done offset,
+    with what is done beyond it in the metadata. The next run handles every event the
+    first did not, and none twice."""
+    topic = make_topic(kafka_broker)
+    p = Producer({"bootstrap.servers": kafka_broker.bootstrap_servers})
+    for i in range(400):
+        p.produce(topic, key=key_bytes(i % 40), value=debezium("db.t", "c", i % 40, "x", i + 1))
+    p.flush(10)
+    group = f"g-{uuid.uuid4().hex[:6]}"
+    stop = threading.Event()
+    rec = Recorder(delay=0.02)  # four lanes: 2 s for the whole partition
+
+    def handler(event) -> None:
+        rec(event)
+        if len(rec.seen) >= 60:
+            stop.set()
+
+    registry = HandlerRegistry()
+    registry.register(r".*", handler, name="recorder")
+    first = BoundedRun(topic, 0, registry, settings(kafka_broker, group=group),
+                       stop=stop).run()
+    assert first.stop_reason == "interrupted"
+    handled = {off for (_, _, _, off) in rec.seen}
+    # The run looks at its stop every 0.2 s while its lanes drain: it ended well before
+    # the partition's end.
+    assert 60 <= len(handled) <= 200, len(handled)
+    assert len(rec.seen) == len(handled)
+    got = committed(kafka_broker, group, topic)
+    assert got.offset == first.committed_offset
+    assert set(range(got.offset)) <= handled
+    assert OffsetTracker.decode_metadata(got.offset, got.metadata) == {
+        o for o in handled if o >= got.offset}
+
+    rec.seen.clear()
+    second = BoundedRun(topic, 0, rec.registry(), settings(kafka_broker, group=group)).run()
+    assert sorted(off for (_, _, _, off) in rec.seen) == sorted(set(range(400)) - handled)
+    assert second.committed_offset == 400 and second.stop_reason == "end_offset"
+
+
 def test_poison_message_dead_lettered_with_coordinates(kafka_broker: KafkaBroker) -> None:
     topic = make_topic(kafka_broker)
     dlq = f"{topic}.dlq"

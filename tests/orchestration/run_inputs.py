@@ -1,9 +1,11 @@
 """What a consume-run test feeds its run: Debezium inserts on each partition of a topic,
-and a config file for the run (a group and a database of its own)."""
+and a config file for the run (a group and a database of its own); and what the run
+wrote to the changelog."""
 
 from __future__ import annotations
 
 import uuid
+from collections import Counter
 from pathlib import Path
 
 import orjson
@@ -11,6 +13,8 @@ import yaml
 from confluent_kafka import Producer
 
 from binlog_assets.config import PipelineConfig
+from binlog_assets.lakehouse.changelog import changelog_uri
+from binlog_assets.lakehouse.delta_log import delta_rs_uri
 
 
 def produce_inserts(bootstrap: str, topic: str, per_partition: dict[int, int],
@@ -40,3 +44,14 @@ def run_config_file(pipeline_config: PipelineConfig, tmp_path: Path, source: dic
     path = tmp_path / "binlake.yaml"
     path.write_text(yaml.safe_dump(data))
     return path
+
+
+def changelog_coordinates(cfg: PipelineConfig) -> Counter:
+    """(partition, offset) -> rows of the changelog (delta-rs), empty before its first write."""
+    from deltalake import DeltaTable
+
+    uri = delta_rs_uri(changelog_uri(cfg))
+    if not DeltaTable.is_deltatable(uri):
+        return Counter()
+    rows = DeltaTable(uri).to_pyarrow_table(columns=["partition", "offset"]).to_pylist()
+    return Counter((r["partition"], r["offset"]) for r in rows)

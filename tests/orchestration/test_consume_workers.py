@@ -15,13 +15,12 @@ from pathlib import Path
 
 import pytest
 from confluent_kafka import KafkaError, KafkaException
-from run_inputs import produce_inserts, run_config_file
+from run_inputs import changelog_coordinates, produce_inserts, run_config_file
 
 from binlog_assets.config import PipelineConfig, load_config, parse_config
 from binlog_assets.consume.lag import PartitionLag
 from binlog_assets.dev.kafka import create_topic
-from binlog_assets.lakehouse.changelog import ChangelogWriter, changelog_uri
-from binlog_assets.lakehouse.delta_log import delta_rs_uri
+from binlog_assets.lakehouse.changelog import ChangelogWriter
 from binlog_assets.orchestration import consume_workers
 from binlog_assets.orchestration.consume_runs import ChangelogRunConfig, consume_partitions
 from binlog_assets.orchestration.consume_workers import SinkTotals, worker_processes
@@ -48,23 +47,12 @@ def _setup(pipeline_config: PipelineConfig, tmp_path: Path) -> tuple[Path, list[
     return config_path, [partition_key(topic, p) for p in PER_PARTITION], handled
 
 
-def _changelog_coordinates(cfg: PipelineConfig) -> Counter:
-    from deltalake import DeltaTable
-
-    uri = delta_rs_uri(changelog_uri(cfg))
-    if not DeltaTable.is_deltatable(uri):
-        return Counter()
-    rows = DeltaTable(uri).to_pyarrow_table(
-        columns=["partition", "offset"]).to_pylist()
-    return Counter((r["partition"], r["offset"]) for r in rows)
-
-
 def _handled(path: Path) -> list[tuple[int, int, int]]:
     return [tuple(map(int, line.split())) for line in path.read_text().splitlines()]
 
 
 def _exactly_once(cfg: PipelineConfig, keys: list[str]) -> None:
-    coordinates = _changelog_coordinates(cfg)
+    coordinates = changelog_coordinates(cfg)
     assert coordinates == Counter({(p, o): 1 for p, n in PER_PARTITION.items()
                                    for o in range(n)})
     writer, group = ChangelogWriter(cfg), cfg.kafka["group.id"]
@@ -213,7 +201,7 @@ def test_a_worker_stops_when_its_run_is_killed(pipeline_config: PipelineConfig,
         if child.poll() is None:
             child.kill()
     cfg = load_config(config_path)
-    assert sum(_changelog_coordinates(cfg).values()) < sum(PER_PARTITION.values())
+    assert sum(changelog_coordinates(cfg).values()) < sum(PER_PARTITION.values())
     # The next run takes over from the changelog: every event in it exactly once.
     env["BINLAKE_TEST_HANDLER_MS"] = "0"
     rerun = subprocess.run([sys.executable, str(CHILD), str(config_path), *keys], env=env,

@@ -1,0 +1,122 @@
+"""A terminated consume run ends soon and keeps what it finished.
+
+Dagster terminates a run by interrupting its process (SIGINT, raised in the step as
+`DagsterExecutionInterruptedError`). The run then starts no more partitions, stops the
+ones it reads (in its threads and in its worker process) at their next batch, commits
+what their handlers finished to the changelog and to Kafka, records it as each
+partition's metadata, and ends. The next run goes on from there.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+import dagster as dg
+import pytest
+from run_inputs import changelog_coordinates, produce_inserts, run_config_file
+
+from binlog_assets.config import PipelineConfig, load_config
+from binlog_assets.consume.lag import measure_lag
+from binlog_assets.dev.kafka import create_topic
+from binlog_assets.lakehouse.changelog import ChangelogWriter
+from binlog_assets.orchestration.partitions import KAFKA_PARTITIONS_NAME, partition_key
+
+CHILD = Path(__file__).with_name("consume_child.py")
+# The run's four threads and its worker take five partitions; the sixth waits its turn.
+# Handled in order, one event at a time at 20 ms each, a partition takes 12 s to read to
+# its end, and what is handled is a contiguous prefix.
+PER_PARTITION = dict.fromkeys(range(6), 600)
+
+
+def _handled(path: Path) -> list[tuple[int, int, int]]:
+    return [tuple(map(int, line.split())) for line in path.read_text().splitlines()]
+
+
+@pytest.mark.timeout(300)
+def test_an_interrupted_run_commits_what_its_handlers_finished_and_ends(
+        pipeline_config: PipelineConfig, tmp_path: Path) -> None:
+    bootstrap = pipeline_config.bootstrap_servers
+    topic = create_topic(bootstrap, "stop", partitions=len(PER_PARTITION))
+    produce_inserts(bootstrap, topic, PER_PARTITION, id_base=10_000)
+    config_path = run_config_file(
+        pipeline_config, tmp_path,
+        {"name": "stop", "topics": [topic], "handlers": "worker_handlers:registry",
+         "ordering": "partition", "tables": [{"source": "shop.t", "replica": "t"}]},
+        dagster={"worker_processes": 1, "worker_backlog_records": 1})
+    keys = [partition_key(topic, p) for p in PER_PARTITION]
+    home = tmp_path / "dagster"
+    home.mkdir()
+    with dg.DagsterInstance.from_config(str(home)) as instance:
+        instance.add_dynamic_partitions(KAFKA_PARTITIONS_NAME, keys)
+    handled = tmp_path / "handled.txt"
+    handled.touch()
+    env = {**os.environ, "BINLAKE_CONFIG": str(config_path), "DAGSTER_HOME": str(home),
+           "BINLAKE_TEST_HANDLED": str(handled), "BINLAKE_TEST_HANDLER_MS": "20",
+           "BINLAKE_TEST_HANDLER_ONE_BY_ONE": "1",
+           "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent), *sys.path])}
+
+    child = subprocess.Popen([sys.executable, str(CHILD), keys[0], keys[-1]], env=env,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        # Interrupted once the worker and the run's own threads are handling events.
+        deadline = time.monotonic() + 120
+        pids: set[int] = set()
+        while len(pids) < 2 and time.monotonic() < deadline and child.poll() is None:
+            time.sleep(0.05)
+            pids = {pid for pid, _, _ in _handled(handled)}
+        assert child.pid in pids and len(pids) == 2, child.communicate(timeout=30)
+        child.send_signal(signal.SIGINT)
+        interrupted = time.monotonic()
+        _out, err = child.communicate(timeout=120)
+        ended = time.monotonic() - interrupted
+    finally:
+        if child.poll() is None:
+            child.kill()
+    # Reading on would have taken 12 s for the partitions running and 12 more for the
+    # sixth: the run ended at the running events instead.
+    assert ended < 8, f"the run ended {ended:.1f}s after its interrupt: {err[-3000:]}"
+
+    cfg = load_config(config_path)
+    group = cfg.kafka["group.id"]
+    writer = ChangelogWriter(cfg)
+    changelog = {p: writer.checkpoint(group, topic, p) for p in PER_PARTITION}
+    kafka = {pl.partition: pl.committed for pl in measure_lag(dict(cfg.kafka), group, [topic])}
+    assert kafka == changelog, (kafka, changelog)
+    # The sixth partition was never started; the others committed a part of theirs.
+    assert changelog[5] is None, changelog
+    assert all(0 < changelog[p] < 600 for p in range(5)), changelog
+    # Exactly the committed prefix of each partition is in the changelog, once.
+    assert changelog_coordinates(cfg) == Counter(
+        {(p, o): 1 for p in range(5) for o in range(changelog[p])})
+    # What was committed is what the handlers finished, each event once.
+    assert Counter((p, o) for _pid, p, o in _handled(handled)) == Counter(
+        {(p, o): 1 for p in range(5) for o in range(changelog[p])})
+
+    with dg.DagsterInstance.from_config(str(home)) as instance:
+        for p in range(5):
+            (record,) = instance.fetch_materializations(
+                dg.AssetRecordsFilter(asset_key=dg.AssetKey("changelog"),
+                                      asset_partitions=[keys[p]]), limit=5).records
+            md = record.asset_materialization.metadata
+            assert md["stop_reason"].value == "interrupted"
+            assert md["committed_offset"].value == changelog[p]
+        (run,) = instance.get_run_records()
+        assert run.dagster_run.status != dg.DagsterRunStatus.SUCCESS
+
+    # The next run goes on from there: every event in the changelog exactly once.
+    env["BINLAKE_TEST_HANDLER_MS"] = "0"
+    rerun = subprocess.run([sys.executable, str(CHILD), keys[0], keys[-1]], env=env,
+                           capture_output=True, text=True, timeout=240)
+    assert rerun.returncode == 0, rerun.stderr[-4000:]
+    (line,) = [ln for ln in rerun.stdout.splitlines() if ln.startswith("CONSUME-RESULT ")]
+    assert json.loads(line.split(" ", 1)[1])["success"], rerun.stderr[-4000:]
+    assert changelog_coordinates(cfg) == Counter(
+        {(p, o): 1 for p, n in PER_PARTITION.items() for o in range(n)})
+    assert {p: writer.checkpoint(group, topic, p) for p in PER_PARTITION} == PER_PARTITION
