@@ -75,6 +75,16 @@ class Recorder:
         return reg
 
 
+def keyed_inserts(broker: KafkaBroker, records: int, keys: int) -> tuple[str, str]:
+    """A new topic with `records` inserts over `keys` keys in turn, and a new group."""
+    topic = make_topic(broker)
+    p = Producer({"bootstrap.servers": broker.bootstrap_servers})
+    for i in range(records):
+        p.produce(topic, key=key_bytes(i % keys), value=debezium("db.t", "c", i % keys, "x", i + 1))
+    p.flush(10)
+    return topic, f"g-{uuid.uuid4().hex[:6]}"
+
+
 def committed(broker: KafkaBroker, group: str, topic: str, partition: int = 0):
     c = Consumer({"bootstrap.servers": broker.bootstrap_servers, "group.id": group})
     try:
@@ -160,12 +170,7 @@ def test_compacted_topic_offsets_gaps(kafka_broker: KafkaBroker) -> None:
 
 
 def test_crash_mid_run_then_rerun_skips_done_beyond_commit(kafka_broker: KafkaBroker) -> None:
-    topic = make_topic(kafka_broker)
-    p = Producer({"bootstrap.servers": kafka_broker.bootstrap_servers})
-    for i in range(200):
-        p.produce(topic, key=key_bytes(i % 20), value=debezium("db.t", "c", i % 20, "x", i + 1))
-    p.flush(10)
-    group = f"g-{uuid.uuid4().hex[:6]}"
+    topic, group = keyed_inserts(kafka_broker, 200, keys=20)
 
     # A child run never finishes offset 0; everything else completes and is committed as
     # metadata. Then it is SIGKILLed: a crash, with no chance to clean up.
@@ -205,12 +210,7 @@ def test_a_stopped_run_commits_what_is_done_and_the_next_run_does_the_rest(
     lets the handler calls in progress finish, and commits: the contiguous done offset,
     with what is done beyond it in the metadata. The next run handles every event the
     first did not, and none twice."""
-    topic = make_topic(kafka_broker)
-    p = Producer({"bootstrap.servers": kafka_broker.bootstrap_servers})
-    for i in range(400):
-        p.produce(topic, key=key_bytes(i % 40), value=debezium("db.t", "c", i % 40, "x", i + 1))
-    p.flush(10)
-    group = f"g-{uuid.uuid4().hex[:6]}"
+    topic, group = keyed_inserts(kafka_broker, 400, keys=40)
     stop = threading.Event()
     rec = Recorder(delay=0.02)  # four lanes: 2 s for the whole partition
 

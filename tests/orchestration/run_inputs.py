@@ -55,3 +55,30 @@ def changelog_coordinates(cfg: PipelineConfig) -> Counter:
         return Counter()
     rows = DeltaTable(uri).to_pyarrow_table(columns=["partition", "offset"]).to_pylist()
     return Counter((r["partition"], r["offset"]) for r in rows)
+
+
+def handlers_run(pipeline_config: PipelineConfig, tmp_path: Path, name: str,
+                 per_partition: dict[int, int], **source: object) -> tuple[Path, list[str], Path]:
+    """A topic `name` with `per_partition` inserts, and a config whose runs handle them with
+    `worker_handlers:registry` (`source` adds to the source's settings) and use one
+    worker process for any backlog; returns the config's path, the partition keys and
+    the (empty) file the handlers write."""
+    from binlog_assets.dev.kafka import create_topic
+    from binlog_assets.orchestration.partitions import partition_key
+
+    bootstrap = pipeline_config.bootstrap_servers
+    topic = create_topic(bootstrap, name, partitions=len(per_partition))
+    produce_inserts(bootstrap, topic, per_partition, id_base=10_000)
+    config_path = run_config_file(
+        pipeline_config, tmp_path,
+        {"name": name, "topics": [topic], "handlers": "worker_handlers:registry",
+         "tables": [{"source": "shop.t", "replica": "t"}], **source},
+        dagster={"worker_processes": 1, "worker_backlog_records": 1})
+    handled = tmp_path / "handled.txt"
+    handled.touch()
+    return config_path, [partition_key(topic, p) for p in per_partition], handled
+
+
+def handled_events(path: Path) -> list[tuple[int, int, int]]:
+    """(pid, partition, offset) of each event the handlers wrote to `path`."""
+    return [tuple(map(int, line.split())) for line in path.read_text().splitlines()]

@@ -20,13 +20,12 @@ from pathlib import Path
 
 import dagster as dg
 import pytest
-from run_inputs import changelog_coordinates, produce_inserts, run_config_file
+from run_inputs import changelog_coordinates, handled_events, handlers_run
 
 from binlog_assets.config import PipelineConfig, load_config
 from binlog_assets.consume.lag import measure_lag
-from binlog_assets.dev.kafka import create_topic
 from binlog_assets.lakehouse.changelog import ChangelogWriter
-from binlog_assets.orchestration.partitions import KAFKA_PARTITIONS_NAME, partition_key
+from binlog_assets.orchestration.partitions import KAFKA_PARTITIONS_NAME
 
 CHILD = Path(__file__).with_name("consume_child.py")
 # The run's four threads and its worker take five partitions; the sixth waits its turn.
@@ -35,28 +34,16 @@ CHILD = Path(__file__).with_name("consume_child.py")
 PER_PARTITION = dict.fromkeys(range(6), 600)
 
 
-def _handled(path: Path) -> list[tuple[int, int, int]]:
-    return [tuple(map(int, line.split())) for line in path.read_text().splitlines()]
-
-
 @pytest.mark.timeout(300)
 def test_an_interrupted_run_commits_what_its_handlers_finished_and_ends(
         pipeline_config: PipelineConfig, tmp_path: Path) -> None:
-    bootstrap = pipeline_config.bootstrap_servers
-    topic = create_topic(bootstrap, "stop", partitions=len(PER_PARTITION))
-    produce_inserts(bootstrap, topic, PER_PARTITION, id_base=10_000)
-    config_path = run_config_file(
-        pipeline_config, tmp_path,
-        {"name": "stop", "topics": [topic], "handlers": "worker_handlers:registry",
-         "ordering": "partition", "tables": [{"source": "shop.t", "replica": "t"}]},
-        dagster={"worker_processes": 1, "worker_backlog_records": 1})
-    keys = [partition_key(topic, p) for p in PER_PARTITION]
+    config_path, keys, handled = handlers_run(pipeline_config, tmp_path, "stop",
+                                              PER_PARTITION, ordering="partition")
+    topic = keys[0].rsplit(":", 1)[0]
     home = tmp_path / "dagster"
     home.mkdir()
     with dg.DagsterInstance.from_config(str(home)) as instance:
         instance.add_dynamic_partitions(KAFKA_PARTITIONS_NAME, keys)
-    handled = tmp_path / "handled.txt"
-    handled.touch()
     env = {**os.environ, "BINLAKE_CONFIG": str(config_path), "DAGSTER_HOME": str(home),
            "BINLAKE_TEST_HANDLED": str(handled), "BINLAKE_TEST_HANDLER_MS": "20",
            "BINLAKE_TEST_HANDLER_ONE_BY_ONE": "1",
@@ -70,7 +57,7 @@ def test_an_interrupted_run_commits_what_its_handlers_finished_and_ends(
         pids: set[int] = set()
         while len(pids) < 2 and time.monotonic() < deadline and child.poll() is None:
             time.sleep(0.05)
-            pids = {pid for pid, _, _ in _handled(handled)}
+            pids = {pid for pid, _, _ in handled_events(handled)}
         assert child.pid in pids and len(pids) == 2, child.communicate(timeout=30)
         child.send_signal(signal.SIGINT)
         interrupted = time.monotonic()
@@ -96,7 +83,7 @@ def test_an_interrupted_run_commits_what_its_handlers_finished_and_ends(
     assert changelog_coordinates(cfg) == Counter(
         {(p, o): 1 for p in range(5) for o in range(changelog[p])})
     # What was committed is what the handlers finished, each event once.
-    assert Counter((p, o) for _pid, p, o in _handled(handled)) == Counter(
+    assert Counter((p, o) for _pid, p, o in handled_events(handled)) == Counter(
         {(p, o): 1 for p in range(5) for o in range(changelog[p])})
 
     with dg.DagsterInstance.from_config(str(home)) as instance:

@@ -15,40 +15,23 @@ from pathlib import Path
 
 import pytest
 from confluent_kafka import KafkaError, KafkaException
-from run_inputs import changelog_coordinates, produce_inserts, run_config_file
+from run_inputs import changelog_coordinates, handled_events, handlers_run
 
 from binlog_assets.config import PipelineConfig, load_config, parse_config
 from binlog_assets.consume.lag import PartitionLag
-from binlog_assets.dev.kafka import create_topic
 from binlog_assets.lakehouse.changelog import ChangelogWriter
 from binlog_assets.orchestration import consume_workers
 from binlog_assets.orchestration.consume_runs import ChangelogRunConfig, consume_partitions
 from binlog_assets.orchestration.consume_workers import SinkTotals, worker_processes
-from binlog_assets.orchestration.partitions import partition_key
 
 CHILD = Path(__file__).with_name("workers_child.py")
 PER_PARTITION = {0: 400, 1: 300, 2: 350, 3: 250}
 
 
 def _setup(pipeline_config: PipelineConfig, tmp_path: Path) -> tuple[Path, list[str], Path]:
-    """A topic of four partitions with records in each, and a config whose runs use one
-    worker process for any backlog and one lane (a slowed handler slows its partition
-    down by as much); returns the config's path, the keys and the handlers' file."""
-    bootstrap = pipeline_config.bootstrap_servers
-    topic = create_topic(bootstrap, "workers", partitions=len(PER_PARTITION))
-    produce_inserts(bootstrap, topic, PER_PARTITION, id_base=10_000)
-    config_path = run_config_file(
-        pipeline_config, tmp_path,
-        {"name": "workers", "topics": [topic], "handlers": "worker_handlers:registry",
-         "lanes": 1, "tables": [{"source": "shop.t", "replica": "t"}]},
-        dagster={"worker_processes": 1, "worker_backlog_records": 1})
-    handled = tmp_path / "handled.txt"
-    handled.touch()
-    return config_path, [partition_key(topic, p) for p in PER_PARTITION], handled
-
-
-def _handled(path: Path) -> list[tuple[int, int, int]]:
-    return [tuple(map(int, line.split())) for line in path.read_text().splitlines()]
+    """Four partitions with records in each, run with one lane (a slowed handler slows
+    its partition down by as much)."""
+    return handlers_run(pipeline_config, tmp_path, "workers", PER_PARTITION, lanes=1)
 
 
 def _exactly_once(cfg: PipelineConfig, keys: list[str]) -> None:
@@ -119,7 +102,7 @@ def test_a_large_backlog_is_shared_with_a_worker_process(
         assert o.sink.version is not None
     _exactly_once(cfg, keys)
     # Each event handled once, by the process that consumed its partition.
-    events = _handled(handled)
+    events = handled_events(handled)
     assert Counter((p, o) for _, p, o in events) == Counter(
         {(p, o): 1 for p, n in PER_PARTITION.items() for o in range(n)})
     by_partition = {p: pid for pid, p, _ in events}
@@ -149,7 +132,7 @@ def test_a_worker_that_dies_fails_its_partition_only(
     workers: set[int] = set()
     while not workers and time.monotonic() < deadline and runner.is_alive():
         time.sleep(0.05)
-        workers = {pid for pid, _, _ in _handled(handled)} - {os.getpid()}
+        workers = {pid for pid, _, _ in handled_events(handled)} - {os.getpid()}
     assert len(workers) == 1
     os.kill(workers.pop(), signal.SIGKILL)
     runner.join(timeout=180)
@@ -187,7 +170,7 @@ def test_a_worker_stops_when_its_run_is_killed(pipeline_config: PipelineConfig,
         workers: set[int] = set()
         while not workers and time.monotonic() < deadline and child.poll() is None:
             time.sleep(0.05)
-            workers = {pid for pid, _, _ in _handled(handled)} - {child.pid}
+            workers = {pid for pid, _, _ in handled_events(handled)} - {child.pid}
         assert workers, child.communicate(timeout=30)
         child.send_signal(signal.SIGKILL)
         child.wait(timeout=30)
