@@ -20,6 +20,8 @@ config says nothing, a `warning` naming the settings that choose a rule.
 """
 
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import dagster as dg
 from pydantic import Field
@@ -100,7 +102,8 @@ def build_replica_assets(config: PipelineConfig) -> dg.AssetsDefinition:
             return result, live, check, seconds
 
         workers = max(1, min(len(selected), pipeline.spark.parallel_replicas))
-        with ThreadPoolExecutor(workers, thread_name_prefix="replica") as pool:
+        with ThreadPoolExecutor(workers, thread_name_prefix="replica") as pool, \
+                _cancelled_on_interrupt(pool, builder_of):
             for key, future in [(key, pool.submit(build, key)) for key in selected]:
                 result, live, check, (apply_s, count_s) = future.result()
                 append = result.key_rule == APPEND_ONLY
@@ -118,3 +121,20 @@ def build_replica_assets(config: PipelineConfig) -> dg.AssetsDefinition:
                     yield check
 
     return replicas
+
+
+@contextmanager
+def _cancelled_on_interrupt(pool, builders: dict) -> Iterator[None]:  # noqa: ANN001
+    """On an interrupt (Dagster terminating the run), no replica starts after it and the
+    applies in progress have their Spark jobs cancelled: each apply is one Delta commit,
+    so a replica is then applied or as it was, and the next build goes on from there.
+    Without this the pool's exit waited for every replica still to build."""
+    try:
+        yield
+    except Exception:
+        raise
+    except BaseException:
+        pool.shutdown(wait=False, cancel_futures=True)
+        for builder in list(builders.values()):
+            builder.spark.interruptAll()
+        raise

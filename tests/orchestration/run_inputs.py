@@ -4,8 +4,12 @@ wrote to the changelog."""
 
 from __future__ import annotations
 
+import signal
+import subprocess
+import time
 import uuid
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 
 import orjson
@@ -82,3 +86,21 @@ def handlers_run(pipeline_config: PipelineConfig, tmp_path: Path, name: str,
 def handled_events(path: Path) -> list[tuple[int, int, int]]:
     """(pid, partition, offset) of each event the handlers wrote to `path`."""
     return [tuple(map(int, line.split())) for line in path.read_text().splitlines()]
+
+
+def interrupt_when(child: subprocess.Popen, ready: Callable[[], bool],
+                   timeout: float) -> tuple[float, str]:
+    """SIGINT `child` (what Dagster's Terminate does to a run's process) once `ready()`
+    holds; returns how long it took to end after that, and its stderr."""
+    try:
+        deadline = time.monotonic() + timeout
+        while not ready() and time.monotonic() < deadline and child.poll() is None:
+            time.sleep(0.1)
+        assert ready(), child.communicate(timeout=30)
+        child.send_signal(signal.SIGINT)
+        interrupted = time.monotonic()
+        _out, err = child.communicate(timeout=300)
+        return time.monotonic() - interrupted, err
+    finally:
+        if child.poll() is None:
+            child.kill()

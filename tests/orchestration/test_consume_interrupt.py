@@ -11,16 +11,14 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
-import time
 from collections import Counter
 from pathlib import Path
 
 import dagster as dg
 import pytest
-from run_inputs import changelog_coordinates, handled_events, handlers_run
+from run_inputs import changelog_coordinates, handled_events, handlers_run, interrupt_when
 
 from binlog_assets.config import PipelineConfig, load_config
 from binlog_assets.consume.lag import measure_lag
@@ -51,21 +49,12 @@ def test_an_interrupted_run_commits_what_its_handlers_finished_and_ends(
 
     child = subprocess.Popen([sys.executable, str(CHILD), keys[0], keys[-1]], env=env,
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        # Interrupted once the worker and the run's own threads are handling events.
-        deadline = time.monotonic() + 120
-        pids: set[int] = set()
-        while len(pids) < 2 and time.monotonic() < deadline and child.poll() is None:
-            time.sleep(0.05)
-            pids = {pid for pid, _, _ in handled_events(handled)}
-        assert child.pid in pids and len(pids) == 2, child.communicate(timeout=30)
-        child.send_signal(signal.SIGINT)
-        interrupted = time.monotonic()
-        _out, err = child.communicate(timeout=120)
-        ended = time.monotonic() - interrupted
-    finally:
-        if child.poll() is None:
-            child.kill()
+
+    def busy() -> bool:  # the worker and the run's own threads are handling events
+        pids = {pid for pid, _, _ in handled_events(handled)}
+        return child.pid in pids and len(pids) == 2
+
+    ended, err = interrupt_when(child, busy, timeout=120)
     # Reading on would have taken 12 s for the partitions running and 12 more for the
     # sixth: the run ended at the running events instead.
     assert ended < 8, f"the run ended {ended:.1f}s after its interrupt: {err[-3000:]}"

@@ -1,0 +1,96 @@
+"""A terminated replica build ends at the apply in progress.
+
+Dagster terminates a run by interrupting its process (SIGINT, raised in the step as
+`DagsterExecutionInterruptedError`). The replicas asset then starts no more replica,
+cancels the Spark jobs of the applies in progress (each apply is one Delta commit: a
+replica is applied or left as it was), and ends; the next build applies the rest.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import dagster as dg
+import orjson
+import pytest
+from confluent_kafka import Producer
+from run_inputs import interrupt_when, run_config_file
+
+from binlog_assets.config import PipelineConfig, load_config
+from binlog_assets.dev.kafka import create_topic
+from binlog_assets.orchestration.consume_runs import ChangelogRunConfig, consume_partitions
+from binlog_assets.orchestration.partitions import partition_key
+
+CHILD = Path(__file__).with_name("replicas_child.py")
+TABLES = 16
+ROWS = 20  # inserts per table
+
+
+def _replica_keys() -> list[dg.AssetKey]:
+    return [dg.AssetKey(["replica", f"t{i}"]) for i in range(TABLES)]
+
+
+def _materialized(home: Path) -> set[dg.AssetKey]:
+    with dg.DagsterInstance.from_config(str(home)) as instance:
+        return {key for key in _replica_keys()
+                if instance.fetch_materializations(key, limit=1).records}
+
+
+def _build(env: dict[str, str]) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, str(CHILD)], env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+
+
+@pytest.mark.timeout(600)
+def test_an_interrupted_replica_build_ends_at_the_apply_in_progress(
+        pipeline_config: PipelineConfig, tmp_path: Path) -> None:
+    bootstrap = pipeline_config.bootstrap_servers
+    topic = create_topic(bootstrap, "many", partitions=1)
+    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 20})
+    for i in range(TABLES * ROWS):
+        row = {"id": i, "v": i}
+        producer.produce(topic, key=orjson.dumps({"id": i}), value=orjson.dumps({
+            "before": None, "after": row, "op": "c", "ts_ms": i,
+            "source": {"db": "shop", "table": f"t{i % TABLES}", "file": "mysql-bin.000001",
+                       "pos": 100 + i, "row": 0, "snapshot": "false"}}))
+    assert producer.flush(30) == 0
+    # A lakehouse of its own: the child's Spark holds its embedded catalog.
+    config_path = run_config_file(
+        pipeline_config, tmp_path,
+        {"name": "many", "topics": [topic],
+         "tables": [{"source": f"shop.t{i}", "replica": f"t{i}"} for i in range(TABLES)]},
+        lakehouse={**pipeline_config.lakehouse.model_dump(mode="json", exclude_none=True),
+                   "path": str(tmp_path / "lake"), "database": "many"},
+        spark={**pipeline_config.spark.model_dump(mode="json", exclude_none=True),
+               "parallel_replicas": 1})
+    cfg = load_config(config_path)
+    (outcome,) = consume_partitions(cfg, dict(cfg.kafka), [partition_key(topic, 0)],
+                                    ChangelogRunConfig(), group=cfg.kafka["group.id"])
+    assert outcome.error is None and outcome.summary.committed_offset == TABLES * ROWS
+    home = tmp_path / "dagster"
+    home.mkdir()
+    env = {**os.environ, "BINLAKE_CONFIG": str(config_path), "DAGSTER_HOME": str(home)}
+
+    ended, err = interrupt_when(_build(env), lambda: bool(_materialized(home)), timeout=300)
+    built = _materialized(home)
+    # Building on would have taken the other replicas' applies, a second or two each.
+    assert ended < 10, f"the build ended {ended:.1f}s after its interrupt: {err[-3000:]}"
+    assert len(built) < TABLES // 2, built
+    with dg.DagsterInstance.from_config(str(home)) as instance:
+        (run,) = instance.get_run_records()
+        assert run.dagster_run.status != dg.DagsterRunStatus.SUCCESS
+
+    # The next build applies every replica, and each holds its table's rows.
+    rerun = _build(env)
+    out, err = rerun.communicate(timeout=300)
+    assert rerun.returncode == 0, err[-4000:]
+    (line,) = [ln for ln in out.splitlines() if ln.startswith("REPLICAS-RESULT ")]
+    assert json.loads(line.split(" ", 1)[1])["success"], err[-4000:]
+    with dg.DagsterInstance.from_config(str(home)) as instance:
+        for key in _replica_keys():
+            record = instance.fetch_materializations(key, limit=1).records[0]
+            assert record.asset_materialization.metadata["dagster/row_count"].value == ROWS
