@@ -104,8 +104,15 @@ def build_replica_assets(config: PipelineConfig) -> dg.AssetsDefinition:
         workers = max(1, min(len(selected), pipeline.spark.parallel_replicas))
         with ThreadPoolExecutor(workers, thread_name_prefix="replica") as pool, \
                 _cancelled_on_interrupt(pool, builder_of):
+            failed: list[tuple[str, Exception]] = []
             for key, future in [(key, pool.submit(build, key)) for key in selected]:
-                result, live, check, (apply_s, count_s) = future.result()
+                try:
+                    result, live, check, (apply_s, count_s) = future.result()
+                except Exception as exc:  # the others are still applied and reported
+                    failed.append((key.path[-1], exc))
+                    context.log.error(f"replica {key.path[-1]}: {type(exc).__name__}: "
+                                      f"{_first_line(exc)}")
+                    continue
                 append = result.key_rule == APPEND_ONLY
                 context.log.info(f"replica {key.path[-1]}: {live} "
                                  f"{'changes' if append else 'live rows'}; applied in "
@@ -119,8 +126,18 @@ def build_replica_assets(config: PipelineConfig) -> dg.AssetsDefinition:
                 yield dg.MaterializeResult(asset_key=key, metadata=md)
                 if check is not None:
                     yield check
+        if failed:
+            raise RuntimeError(
+                f"{len(failed)} of {len(selected)} replicas failed: "
+                + "; ".join(f"{name}: {_first_line(exc)}" for name, exc in failed)
+            ) from failed[0][1]
 
     return replicas
+
+
+def _first_line(exc: Exception) -> str:
+    """An error's first line: Spark's carry the JVM's stack trace after it."""
+    return str(exc).strip().split("\n", 1)[0]
 
 
 @contextmanager

@@ -18,14 +18,15 @@ from binlog_assets.orchestration.replica_reports import ROW_COUNT_CHECK, replica
 from binlog_assets.orchestration.resources import BinlakeResource
 
 
-def _materialize(config: PipelineConfig, path, *, rebuild: bool = False
-                 ) -> dg.ExecuteInProcessResult:
+def _materialize(config: PipelineConfig, path, *, rebuild: bool = False,
+                 replicas: tuple[str, ...] = ("orders",)) -> dg.ExecuteInProcessResult:
     return dg.materialize(
         [build_replica_assets(config)],
-        selection=[replica_key("orders")],
+        selection=[replica_key(name) for name in replicas],
         resources={"binlake": BinlakeResource(config_path=str(path))},
         instance=dg.DagsterInstance.ephemeral(),
         run_config={"ops": {"replicas": {"config": {"rebuild": rebuild}}}},
+        raise_on_error=False,
     )
 
 
@@ -81,3 +82,25 @@ def test_row_count_check_catches_a_missing_row_and_a_rebuild_restores_it(
     ids = {(r["_source_db"], r["id"]) for r in spark.table(f"{db}.orders_current").collect()}
     assert ids == {("shop_1", 1), ("shop_1", 4), ("shop_1", 5), ("shop_1", 30),
                    ("shop_2", 9), ("shop_2", 10)}
+
+
+def test_a_failing_replica_fails_the_build_after_the_others_are_reported(
+        spark, make_config, tmp_path) -> None:
+    """One replica's apply fails (its key column is in no row): the others of the build
+    are still applied and reported, and the run fails naming the one that failed."""
+    config = make_config([{"source": "shop_1.orders", "replica": "orders"},
+                          {"source": "shop_2.orders", "replica": "broken",
+                           "key_columns": ["nope"]}])
+    path = tmp_path / "binlake.yaml"
+    path.write_text(yaml.safe_dump(config.model_dump(mode="json", exclude_none=True)))
+    one, two = Source("shop_1.orders"), Source("shop_2.orders")
+    part = Partition(ChangelogWriter(config))
+    part.write(part.records([[one.insert(row(1))], [two.insert(row(2))]]))
+
+    result = _materialize(config, path, replicas=("broken", "orders"))
+    assert not result.success
+    reported = {m.asset_key for m in result.asset_materializations_for_node("replicas")}
+    assert reported == {replica_key("orders")}
+    (failure,) = result.get_step_failure_events()
+    assert "1 of 2 replicas failed: broken:" in failure.step_failure_data.error.cause.message
+    assert spark.table(f"{config.lakehouse.database}.orders_current").count() == 1
