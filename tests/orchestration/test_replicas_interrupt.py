@@ -3,12 +3,11 @@
 Dagster terminates a run by interrupting its process (SIGINT, raised in the step as
 `DagsterExecutionInterruptedError`). The replicas asset then starts no more replica,
 cancels the Spark jobs of the applies in progress (each apply is one Delta commit: a
-replica is applied or left as it was), and ends; the next build applies the rest.
+replica is applied or left as it was), and ends.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -18,6 +17,7 @@ import dagster as dg
 import orjson
 import pytest
 from confluent_kafka import Producer
+from deltalake import DeltaTable
 from run_inputs import interrupt_when, run_config_file
 
 from binlog_assets.config import PipelineConfig, load_config
@@ -30,8 +30,12 @@ TABLES = 16
 ROWS = 20  # inserts per table
 
 
+def replica_key_of(i: int) -> dg.AssetKey:
+    return dg.AssetKey(["replica", f"t{i}"])
+
+
 def _replica_keys() -> list[dg.AssetKey]:
-    return [dg.AssetKey(["replica", f"t{i}"]) for i in range(TABLES)]
+    return [replica_key_of(i) for i in range(TABLES)]
 
 
 def _materialized(home: Path) -> set[dg.AssetKey]:
@@ -83,14 +87,12 @@ def test_an_interrupted_replica_build_ends_at_the_apply_in_progress(
     with dg.DagsterInstance.from_config(str(home)) as instance:
         (run,) = instance.get_run_records()
         assert run.dagster_run.status != dg.DagsterRunStatus.SUCCESS
-
-    # The next build applies every replica, and each holds its table's rows.
-    rerun = _build(env)
-    out, err = rerun.communicate(timeout=300)
-    assert rerun.returncode == 0, err[-4000:]
-    (line,) = [ln for ln in out.splitlines() if ln.startswith("REPLICAS-RESULT ")]
-    assert json.loads(line.split(" ", 1)[1])["success"], err[-4000:]
-    with dg.DagsterInstance.from_config(str(home)) as instance:
-        for key in _replica_keys():
-            record = instance.fetch_materializations(key, limit=1).records[0]
-            assert record.asset_materialization.metadata["dagster/row_count"].value == ROWS
+    # Each replica is whole or absent: the reported ones, and at most the one whose
+    # apply was cancelled in its commit's last moment; the others were never started.
+    tables = {path.name: DeltaTable(str(path)).to_pyarrow_table().num_rows
+              for path in (tmp_path / "lake" / "warehouse" / "many.db").iterdir()
+              if DeltaTable.is_deltatable(str(path)) and path.name.startswith("t")}
+    assert {f"t{i}" for i in range(TABLES)
+            if replica_key_of(i) in built} <= set(tables), tables
+    assert len(tables) <= len(built) + 1, tables
+    assert set(tables.values()) == {ROWS}, tables
