@@ -31,10 +31,12 @@ from binlog_assets.orchestration.partitions import CHANGELOG_ASSET_KEY
 from binlog_assets.orchestration.replica_reports import (
     ROW_COUNT_CHECK,
     counted_rows,
+    failure_line,
     replica_key,
     replica_metadata,
     replica_names,
     replica_table_metadata,
+    replicas_failed,
     row_count_check,
 )
 from binlog_assets.orchestration.resources import BinlakeResource
@@ -111,7 +113,7 @@ def build_replica_assets(config: PipelineConfig) -> dg.AssetsDefinition:
                 except Exception as exc:  # the others are still applied and reported
                     failed.append((key.path[-1], exc))
                     context.log.error(f"replica {key.path[-1]}: {type(exc).__name__}: "
-                                      f"{_first_line(exc)}")
+                                      f"{failure_line(exc)}")
                     continue
                 append = result.key_rule == APPEND_ONLY
                 context.log.info(f"replica {key.path[-1]}: {live} "
@@ -127,17 +129,9 @@ def build_replica_assets(config: PipelineConfig) -> dg.AssetsDefinition:
                 if check is not None:
                     yield check
         if failed:
-            raise RuntimeError(
-                f"{len(failed)} of {len(selected)} replicas failed: "
-                + "; ".join(f"{name}: {_first_line(exc)}" for name, exc in failed)
-            ) from failed[0][1]
+            raise replicas_failed(failed, len(selected))
 
     return replicas
-
-
-def _first_line(exc: Exception) -> str:
-    """An error's first line: Spark's carry the JVM's stack trace after it."""
-    return str(exc).strip().split("\n", 1)[0]
 
 
 @contextmanager

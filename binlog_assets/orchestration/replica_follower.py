@@ -21,10 +21,12 @@ from pydantic import Field
 
 from binlog_assets.orchestration.replica_reports import (
     counted_rows,
+    failure_line,
     replica_key,
     replica_metadata,
     replica_names,
     replica_table_metadata,
+    replicas_failed,
     row_count_check,
 )
 from binlog_assets.orchestration.resources import BinlakeResource
@@ -42,13 +44,23 @@ def follow(apply: Callable[[str, int], object], names: list[str],
            version: Callable[[], int], *, poll: float, stop: Callable[[], bool]
            ) -> Iterator[tuple[str, object]]:
     """Apply each new changelog version to every replica until `stop()` says so; yields
-    (replica, result) for every apply. The first round applies whatever is pending."""
+    (replica, result) for every apply. The first round applies whatever is pending. A
+    replica whose apply fails is yielded with its error once and left for the rest of
+    the run: the others go on following."""
     seen = None
+    broken: set[str] = set()
     while True:
         current = version()
         if current != seen:
             for name in names:
-                yield name, apply(name, current)
+                if name in broken:
+                    continue
+                try:
+                    result = apply(name, current)
+                except Exception as exc:  # noqa: BLE001 - the run reports it at its end
+                    broken.add(name)
+                    result = exc
+                yield name, result
             seen = current
         if stop():
             return
@@ -94,11 +106,16 @@ def follow_replicas(context: dg.OpExecutionContext, config: FollowConfig,
             return True
         return False
 
-    for name, result in follow(lambda n, v: builder.apply(n, up_to_version=v),
-                               replica_names(pipeline),
+    names = replica_names(pipeline)
+    failed: list[tuple[str, Exception]] = []
+    for name, result in follow(lambda n, v: builder.apply(n, up_to_version=v), names,
                                lambda: changelog_version(builder.spark, pipeline),
                                poll=pipeline.dagster.replica_poll_seconds, stop=stop):
-        if changed(result):
+        if isinstance(result, Exception):
+            failed.append((name, result))
+            context.log.error(f"replica {name}: {type(result).__name__}: "
+                              f"{failure_line(result)}; the others go on following")
+        elif changed(result):
             applied[name] = (result.key_rule, result.applied_version)
             context.log.info(f"replica {name}: {result}")
             if result.warning:
@@ -113,6 +130,8 @@ def follow_replicas(context: dg.OpExecutionContext, config: FollowConfig,
         yield dg.AssetCheckEvaluation(
             asset_key=result.asset_key, check_name=result.check_name, passed=result.passed,
             metadata=result.metadata, description=result.description)
+    if failed:
+        raise replicas_failed(failed, len(names))
 
 
 @dg.job(name=FOLLOW_JOB_NAME, executor_def=dg.in_process_executor,

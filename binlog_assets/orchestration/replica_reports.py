@@ -117,3 +117,16 @@ def position_label(position: tuple[int, ...]) -> str:
     phase, file, pos, row, offset, _row_index = position
     where = f"{file:06d}:{pos} row {row}, offset {offset}"
     return where if phase else f"snapshot, {where}"
+
+
+def failure_line(exc: Exception) -> str:
+    """An apply's error in one line: Spark's carry the JVM's stack trace after it."""
+    return str(exc).strip().split("\n", 1)[0]
+
+
+def replicas_failed(failed: list[tuple[str, Exception]], total: int) -> RuntimeError:
+    """The error a run raises once it reported every replica that did apply."""
+    error = RuntimeError(f"{len(failed)} of {total} replicas failed: "
+                         + "; ".join(f"{name}: {failure_line(exc)}" for name, exc in failed))
+    error.__cause__ = failed[0][1]
+    return error

@@ -93,6 +93,48 @@ def test_the_loop_applies_every_replica_once_per_new_version() -> None:
                        ("a", ("a", 8)), ("b", ("b", 8))]
 
 
+def test_a_replica_whose_apply_fails_is_left_and_the_others_go_on() -> None:
+    versions = iter([3, 5, 8])
+    stops = iter([False, False, True])
+
+    def apply(name: str, version: int) -> tuple[str, int]:
+        if name == "a" and version == 3:
+            raise ValueError("a is broken")
+        return name, version
+
+    applied = list(follow(apply, ["a", "b"], lambda: next(versions), poll=0,
+                          stop=lambda: next(stops)))
+    assert [name for name, _ in applied] == ["a", "b", "b", "b"]
+    assert isinstance(applied[0][1], ValueError)
+    assert [result for _, result in applied[1:]] == [("b", 3), ("b", 5), ("b", 8)]
+
+
+def test_a_follower_run_with_a_broken_replica_follows_the_others_then_fails(
+        spark, make_config, tmp_path) -> None:
+    config = make_config([{"source": "shop.orders", "replica": "broken",
+                           "key_columns": ["nope"]},
+                          {"source": "shop.orders", "replica": "orders"}],
+                         dagster={"replica_poll_seconds": 0.2})
+    path = tmp_path / "binlake.yaml"
+    path.write_text(yaml.safe_dump(config.model_dump(mode="json", exclude_none=True)))
+    orders = Source("shop.orders")
+    part = Partition(ChangelogWriter(config))
+    part.write(part.records([[orders.insert(row(1))], [orders.insert(row(2))]]))
+    with dg.instance_for_test() as instance:
+        result = follow_replicas_job.execute_in_process(
+            instance=instance, resources={"binlake": BinlakeResource(config_path=str(path))},
+            run_config={"ops": {"follow_replicas": {"config": {"seconds": 1}}}},
+            raise_on_error=False)
+    assert not result.success
+    mats = [e.asset_key.path[-1] for e in result.all_events if e.is_step_materialization]
+    assert mats == ["orders"]
+    (check,) = result.get_asset_check_evaluations()
+    assert check.asset_key == replica_key("orders") and check.passed
+    (failure,) = result.get_step_failure_events()
+    message = failure.step_failure_data.error.cause.message
+    assert "1 of 2 replicas failed: broken: replica 'broken': no type known" in message
+
+
 def test_the_follower_hands_the_spark_pool_over_to_a_waiting_run() -> None:
     with dg.instance_for_test() as instance:
         instance.event_log_storage.set_concurrency_slots(SPARK_POOL, 1)
