@@ -41,9 +41,10 @@ demo: setup
 
 ## The test suite: unit + integration on the real broker, Spark/Delta, MariaDB and Debezium.
 test: setup
-	$(PY) -m pytest -q -m "not long"
+	$(PY) -m pytest -q -m "not long" --durations=20
 
-## The long variants: the daemon-driven end-to-end pipeline (backfill + automation).
+## The long variants: the daemon-driven end-to-end pipeline (backfill + automation), the
+## seeded schema-change drills and the replica tests' rewrite variants.
 test-long: setup
 	$(PY) -m pytest -q -m long
 

@@ -491,8 +491,8 @@ class _Workload:
         return f"{role} {what}"
 
 
-@pytest.mark.parametrize("seed", [
-    1, *(pytest.param(s, marks=pytest.mark.long) for s in range(2, 7))])
+@pytest.mark.long
+@pytest.mark.parametrize("seed", range(1, 7))
 def test_seeded_schema_and_row_changes_keep_replicas_equal(
     debezium_connect: KafkaConnect, mariadb: MariaDBServer, pipeline_config: PipelineConfig,
     spark, seed: int,

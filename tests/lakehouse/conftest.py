@@ -25,7 +25,9 @@ def make_config(pipeline_config: PipelineConfig) -> MakeConfig:
     return make
 
 
-@pytest.fixture(params=["merge", "rewrite"])
+# The rewrite variants run with `make test-long`: the default suite still applies by
+# rewrite in the replica model test, which draws MERGE or rewrite for every batch.
+@pytest.fixture(params=["merge", pytest.param("rewrite", marks=pytest.mark.long)])
 def make_config_each_path(make_config: MakeConfig, request: pytest.FixtureRequest
                           ) -> MakeConfig:
     """Configs whose replicas apply every batch into existing rows by MERGE, or (the
