@@ -3,6 +3,7 @@ they were, and the replicas go on following the changelog afterwards."""
 
 from __future__ import annotations
 
+import pytest
 from lake_events import MakeConfig, Partition, Source, execute_job, row
 
 from binlog_assets.lakehouse.changelog import ChangelogWriter, changelog_uri
@@ -17,6 +18,7 @@ def _rows(spark, name: str) -> list:
     return sorted(map(repr, spark.table(name).collect()))
 
 
+@pytest.mark.long  # 92 s on 2 cores; the nightly job's path
 def test_compaction_keeps_rows_and_replicas_follow_after_it(
         spark, make_config: MakeConfig, tmp_path) -> None:
     config = make_config([{"source": "shop.orders", "replica": "orders", "history": True}])

@@ -36,6 +36,11 @@ from binlog_assets.lakehouse.replica import ReplicaBuilder
 TABLES = [{"source": "shop.orders", "replica": "orders", "history": True}]
 
 
+# A server's start and a build each way: minutes on 2 cores. `make demo` builds through
+# a Connect server every time; `make test-long` runs these.
+pytestmark = pytest.mark.long
+
+
 @pytest.fixture(scope="module")
 def remote_config(pipeline_config: PipelineConfig, tmp_path_factory: pytest.TempPathFactory
                   ) -> Iterator[PipelineConfig]:
