@@ -7,7 +7,9 @@ offset received and not yet done, or the last received offset + 1 when nothing i
 pending. Offsets that are never received (transaction markers, compacted records) are
 simply absent, so they never block. What finished beyond the committable offset is not
 lost either: `encode_metadata()` packs it into the commit's metadata string, and the
-next run decodes it with `decode_metadata()` and skips those offsets.
+next run decodes it with `decode_metadata()` and skips those offsets. That includes the
+committable offset itself when a previous run finished it and this run has not polled it
+yet: the next run starts by reading that very offset.
 """
 
 from __future__ import annotations
@@ -27,6 +29,9 @@ from sortedcontainers import SortedSet
 log = logging.getLogger(__name__)
 
 METADATA_VERSION = "o1"
+# o1 whose payload starts at the base itself, written only when the base is done: other
+# commits stay readable by versions that know only o1 (which ignore o2, redoing work).
+METADATA_VERSION_FROM_BASE = "o2"
 DEFAULT_METADATA_MAX_BYTES = 4000  # Kafka's offset.metadata.max.bytes is 4096 by default
 
 # Payload kinds: run-lengths suit sparse or clustered completions, a bitset dense noise.
@@ -142,24 +147,29 @@ class OffsetTracker:
 
         Format `o1:<base>:<end>:<kind>:<payload>`: `base` is the committable offset the
         string belongs to, and the payload (zlib, then url-safe base64) lists exactly the
-        done offsets in (base, end). When everything does not fit, `end` is lowered to the
+        done offsets in (base, end). When `base` itself is done (a previous run finished
+        it, this run has not polled it yet) the version is `o2` and the payload lists
+        those in [base, end). When everything does not fit, `end` is lowered to the
         longest prefix that fits: offsets past it are left out, so a restart redoes them
-        rather than skipping anything undone. "" means nothing is done beyond `base`.
+        rather than skipping anything undone. "" means nothing is done at or past `base`.
         """
         with self._lock:
             base, done = self._base_and_done()
         return _encode(base, done, max_bytes)
 
     def _base_and_done(self) -> tuple[int, list[int]]:
-        # Called with the lock held.
+        """The committable offset and the done offsets at or past it (called with the
+        lock held). Only a previous run's offset not polled yet can equal the base: it
+        stays in `_prior`, or the run would hand it out again when it arrives."""
         base = self._pending[0] if self._pending else self._last + 1
         if self._prior:
-            del self._prior[: self._prior.bisect_right(base)]
-        return base, sorted(o for o in self._done.union(self._prior) if o > base)
+            del self._prior[: self._prior.bisect_left(base)]
+        return base, sorted(o for o in self._done.union(self._prior) if o >= base)
 
     @staticmethod
     def decode_metadata(committed: int, metadata: str | None) -> set[int]:
-        """Offsets past `committed` that the metadata says are done; empty when unusable.
+        """Offsets at or past `committed` that the metadata says are done; empty when
+        unusable.
 
         Metadata written for another offset (the checkpoint was moved by hand, or another
         tool committed) is ignored: trusting it could skip work. Garbage is ignored too,
@@ -198,24 +208,28 @@ class OffsetTracker:
 
 
 def _encode(base: int, done: list[int], max_bytes: int) -> str:
-    """`done`: sorted offsets > base. Picks the smaller raw form, then the longest prefix."""
-    done = done[: bisect_left(done, base + 1 + _MAX_SPAN)]
+    """`done`: sorted offsets >= base. Picks the smaller raw form, then the longest prefix."""
+    if done and done[0] == base:
+        version, first = METADATA_VERSION_FROM_BASE, base
+    else:
+        version, first = METADATA_VERSION, base + 1
+    done = done[: bisect_left(done, first + _MAX_SPAN)]
     if not done:
         return ""
     starts, ends = _runs(done)
-    runs_raw, bounds = _runs_payload(base, starts, ends)
-    span_bytes = (done[-1] - base + 7) // 8
+    runs_raw, bounds = _runs_payload(first, starts, ends)
+    span_bytes = (done[-1] - first + 8) // 8
     if span_bytes < len(runs_raw):
-        bits = _bits_payload(base, done, span_bytes)
+        bits = _bits_payload(first, done, span_bytes)
 
         def bits_prefix(n: int) -> str:
-            end = min(base + 1 + 8 * n, done[-1] + 1)
-            return _format(base, end, _KIND_BITS, bits[:n])
+            end = min(first + 8 * n, done[-1] + 1)
+            return _format(version, base, end, _KIND_BITS, bits[:n])
 
         return _longest_fit(bits_prefix, len(bits), max_bytes)
 
     def runs_prefix(k: int) -> str:
-        return _format(base, ends[k - 1], _KIND_RUNS, runs_raw[: bounds[k]])
+        return _format(version, base, ends[k - 1], _KIND_RUNS, runs_raw[: bounds[k]])
 
     return _longest_fit(runs_prefix, len(starts), max_bytes)
 
@@ -236,9 +250,9 @@ def _longest_fit(encode_prefix: Callable[[int], str], size: int, max_bytes: int)
     return best
 
 
-def _format(base: int, end: int, kind: str, raw: bytes | bytearray) -> str:
+def _format(version: str, base: int, end: int, kind: str, raw: bytes | bytearray) -> str:
     payload = base64.urlsafe_b64encode(zlib.compress(raw, 9)).rstrip(b"=").decode("ascii")
-    return f"{METADATA_VERSION}:{base}:{end}:{kind}:{payload}"
+    return f"{version}:{base}:{end}:{kind}:{payload}"
 
 
 def _runs(done: list[int]) -> tuple[list[int], list[int]]:
@@ -255,11 +269,11 @@ def _runs(done: list[int]) -> tuple[list[int], list[int]]:
     return starts, ends
 
 
-def _runs_payload(base: int, starts: list[int], ends: list[int]) -> tuple[bytearray, list[int]]:
-    """Varint (gap, length) pairs from base + 1, and the byte length after each run."""
+def _runs_payload(first: int, starts: list[int], ends: list[int]) -> tuple[bytearray, list[int]]:
+    """Varint (gap, length) pairs from `first`, and the byte length after each run."""
     raw = bytearray()
     bounds = [0]
-    cursor = base + 1
+    cursor = first
     for start, end in zip(starts, ends, strict=True):
         _put_varint(raw, start - cursor)
         _put_varint(raw, end - start)
@@ -268,10 +282,9 @@ def _runs_payload(base: int, starts: list[int], ends: list[int]) -> tuple[bytear
     return raw, bounds
 
 
-def _bits_payload(base: int, done: list[int], size: int) -> bytearray:
-    """Bit i (little-endian within each byte) set when offset base + 1 + i is done."""
+def _bits_payload(first: int, done: list[int], size: int) -> bytearray:
+    """Bit i (little-endian within each byte) set when offset first + i is done."""
     bits = bytearray(size)
-    first = base + 1
     for o in done:
         i = o - first
         bits[i >> 3] |= 1 << (i & 7)
@@ -287,40 +300,40 @@ def _put_varint(out: bytearray, value: int) -> None:
 
 def _decode(metadata: str) -> tuple[int, int, set[int]]:
     parts = metadata.split(":")
-    if len(parts) != 5 or parts[0] != METADATA_VERSION:
-        raise ValueError(f"not {METADATA_VERSION} offset metadata")
+    if len(parts) != 5 or parts[0] not in (METADATA_VERSION, METADATA_VERSION_FROM_BASE):
+        raise ValueError(f"not {METADATA_VERSION} or {METADATA_VERSION_FROM_BASE} offset metadata")
     base, end, kind, payload = int(parts[1]), int(parts[2]), parts[3], parts[4]
-    if not 0 <= base < end or end - base - 1 > _MAX_SPAN:
+    first = base if parts[0] == METADATA_VERSION_FROM_BASE else base + 1
+    if not 0 <= base < end or end - first > _MAX_SPAN:
         raise ValueError(f"bad range {base}..{end}")
     packed = base64.b64decode(payload + "=" * (-len(payload) % 4), altchars=b"-_", validate=True)
     raw = zlib.decompress(packed)
     if kind == _KIND_RUNS:
-        done = _decode_runs(base, end, raw)
+        done = _decode_runs(first, end, raw)
     elif kind == _KIND_BITS:
-        done = _decode_bits(base, end, raw)
+        done = _decode_bits(first, end, raw)
     else:
         raise ValueError(f"unknown payload kind {kind!r}")
     return base, end, done
 
 
-def _decode_runs(base: int, end: int, raw: bytes) -> set[int]:
+def _decode_runs(first: int, end: int, raw: bytes) -> set[int]:
     values = _read_varints(raw)
     if len(values) % 2:
         raise ValueError("odd number of run-length values")
     done: set[int] = set()
-    cursor = base + 1
+    cursor = first
     for gap, length in zip(values[::2], values[1::2], strict=True):
         start = cursor + gap
         cursor = start + length
         if length < 1 or cursor > end:
-            raise ValueError(f"run {start}+{length} outside {base}..{end}")
+            raise ValueError(f"run {start}+{length} outside {first}..{end}")
         done.update(range(start, cursor))
     return done
 
 
-def _decode_bits(base: int, end: int, raw: bytes) -> set[int]:
+def _decode_bits(first: int, end: int, raw: bytes) -> set[int]:
     done: set[int] = set()
-    first = base + 1
     for index, byte in enumerate(raw):
         if byte:
             at = first + 8 * index

@@ -177,6 +177,28 @@ def test_metadata_fits_its_budget_and_is_exact_below_its_end(done: set[int], max
     assert claimed == {o for o in done if base < o < end}
 
 
+@given(
+    prior=st.sets(st.integers(1, 3000), min_size=1, max_size=400),
+    max_bytes=st.integers(0, 400),
+)
+@settings(max_examples=200, deadline=None)
+def test_metadata_naming_its_base_fits_its_budget_and_is_exact_below_its_end(
+        prior: set[int], max_bytes: int) -> None:
+    """The base is a previous run's done offset not polled yet: the metadata (o2) starts
+    at the base itself, and any prefix that fits still names it."""
+    base = min(prior)
+    tracker = OffsetTracker(0, prior)
+    tracker.received_many(range(base))
+    tracker.done_many(range(base))
+    committed, metadata = tracker.commit_point(max_bytes=max_bytes)
+    assert committed == base
+    assert len(metadata.encode()) <= max_bytes
+    claimed = OffsetTracker.decode_metadata(base, metadata)
+    end = metadata_end(metadata) if metadata else base
+    assert claimed == {o for o in prior if o < end}
+    assert not metadata or (metadata.startswith(f"o2:{base}:") and base in claimed)
+
+
 def _worst_case(done: list[int]) -> tuple[str, set[int], int]:
     tracker = OffsetTracker(0)
     tracker.received_many(range(done[-1] + 1))
@@ -241,12 +263,12 @@ def test_decode_tolerates_missing_or_garbage_metadata(metadata, caplog) -> None:
         assert "ignoring" in caplog.text
 
 
-@given(text=st.text() | st.from_regex(r"o1:0:[0-9]{1,4}:[rb]:[A-Za-z0-9_-]{0,40}"))
+@given(text=st.text() | st.from_regex(r"o[12]:0:[0-9]{1,4}:[rb]:[A-Za-z0-9_-]{0,40}"))
 @settings(max_examples=300, deadline=None)
 def test_decode_never_raises(text: str) -> None:
     claimed = OffsetTracker.decode_metadata(0, text)
     assert isinstance(claimed, set)
-    assert all(o > 0 for o in claimed)
+    assert all(o > 0 or text.startswith("o2:") for o in claimed)
 
 
 def test_decode_ignores_metadata_written_for_another_offset(caplog) -> None:
@@ -286,3 +308,101 @@ def test_skip_to_passes_never_delivered_offsets_but_not_pending_ones() -> None:
     assert t.committable() == 5  # 5 is pending: never passed
     t.done(5)
     assert t.committable() == 9
+
+
+def test_a_prior_done_offset_equal_to_the_commit_base_is_still_skipped() -> None:
+    """Issue 41: a commit point taken when the base is a previous run's done offset,
+    not yet polled, must not forget it (the run would hand it to the handlers again)."""
+    t = OffsetTracker(100, {102})
+    t.received_many([100, 101])
+    t.done_many([100, 101])
+    t.commit_point()
+    assert t.is_already_done(102)
+    t.received_many([102])
+    assert t.committable() == 103
+
+
+def test_a_commit_at_a_prior_done_offset_carries_it_to_the_next_run() -> None:
+    """The same commit, restarted from: its metadata must name the base itself as done,
+    since the next run starts by reading that very offset."""
+    t = OffsetTracker(100, {102, 104})
+    t.received_many([100, 101])
+    t.done_many([100, 101])
+    base, metadata = t.commit_point()
+    assert base == 102
+    assert OffsetTracker.decode_metadata(base, metadata) == {102, 104}
+    again = OffsetTracker(base, OffsetTracker.decode_metadata(base, metadata))
+    assert again.is_already_done(102) and again.is_already_done(104)
+    assert not again.is_already_done(103)
+
+
+def _commit_point(tracker: OffsetTracker, offsets: list[int], finished: set[int]
+                  ) -> tuple[int, str, frozenset[int]]:
+    """A commit point, checked: nothing undone below it, and its metadata names exactly
+    what is done at or past it (the base included)."""
+    base, metadata = tracker.commit_point()
+    assert all(o in finished for o in offsets if o < base)
+    assert OffsetTracker.decode_metadata(base, metadata) == {o for o in finished if o >= base}
+    return base, metadata, frozenset(finished)
+
+
+@st.composite
+def partitions(draw: st.DrawFn) -> tuple[int, list[int]]:
+    """A partition's end offset and the offsets it delivers (the rest are markers or
+    aborted records, never delivered)."""
+    end = draw(st.integers(1, 24))
+    present = draw(st.lists(st.booleans(), min_size=end, max_size=end))
+    return end, [o for o, p in enumerate(present) if p or o % 3 == 0]
+
+
+@given(partition=partitions(), data=st.data())
+@settings(max_examples=150, deadline=None)
+def test_no_offset_finished_by_an_earlier_run_is_handled_again(partition, data) -> None:
+    """Runs in a row, each from the last commit (its offset and its done-beyond metadata):
+    slices polled in order, completions in any order, commit points at any moment, a
+    run that stops (with its final commit) or crashes (without) anywhere. No offset an
+    earlier run finished, as far as the commit resumed from knows, is handed out again;
+    nothing undone is ever skipped or committed past; a last whole run finishes all."""
+    end, offsets = partition
+    # The commit resumed from: offset, metadata, and what was finished when it was taken.
+    commit: tuple[int, str, frozenset[int]] = (0, "", frozenset())
+    runs = data.draw(st.integers(1, 6), label="runs before the last")
+    for run in range(runs + 1):
+        last = run == runs
+        start, metadata, inherited = commit
+        tracker = OffsetTracker(start, OffsetTracker.decode_metadata(start, metadata))
+        ahead = [o for o in offsets if o >= start]
+        finished = set(inherited)  # done as far as this run's commits can know
+        in_flight: list[int] = []
+        while ahead or in_flight:
+            # Only steps that can act, progress first: the smallest example is a short one.
+            steps = ["poll"] * bool(ahead) + ["finish"] * bool(in_flight) + ["commit"] * 2
+            step = data.draw(st.sampled_from(steps if last else [*steps, "stop"]))
+            if step == "poll":
+                n = data.draw(st.integers(1, 3))
+                batch, ahead = ahead[:n], ahead[n:]
+                # As the poll thread does: ask per record, then report the whole slice.
+                asked = tracker.has_prior()
+                skipped = [o for o in batch if asked and tracker.is_already_done(o)]
+                for o in batch:
+                    assert (o in skipped) == (o in inherited), (o, run)
+                tracker.received_many(batch)
+                tracker.done_many(skipped)
+                in_flight += [o for o in batch if o not in skipped]
+            elif step == "finish":
+                chunk = data.draw(st.lists(st.sampled_from(in_flight), min_size=1, unique=True))
+                tracker.done_many(chunk)
+                finished.update(chunk)
+                in_flight = [o for o in in_flight if o not in finished]
+            elif step == "commit":
+                commit = _commit_point(tracker, offsets, finished)
+            elif step == "stop":
+                if data.draw(st.booleans(), label="stop with a final commit, else crash"):
+                    commit = _commit_point(tracker, offsets, finished)
+                break
+            assert all(o in finished for o in offsets if o < tracker.committable())
+        else:
+            tracker.skip_to(end)  # the run reached the end offset
+            commit = _commit_point(tracker, offsets, finished)
+    assert commit[0] == end and commit[1] == ""
+    assert set(offsets) <= commit[2]
