@@ -128,7 +128,7 @@ def survey_of_frame(frame: DataFrame) -> list[SurveyGroup]:
                         list(g["key_columns"] or []), g["n"], list(g["last"])) for g in groups]
 
 
-def read_survey(spark: SparkSession, config: PipelineConfig, after_version: int | None,
+def read_survey(spark: SparkSession | None, config: PipelineConfig, after_version: int | None,
                 up_to: int) -> list[SurveyGroup] | None:
     """The surveys of changelog versions (`after_version`, `up_to`] (all versions up to
     `up_to` when `after_version` is None) from their commits' metadata, merged per group

@@ -221,3 +221,16 @@ def fallback_warning(route: ReplicaRoute, rule: str | None) -> str | None:
             "For a row per source row set key_columns: [<unique, never-null columns>] in the "
             "table config and rebuild the replica; to keep the log and silence this, set "
             "replica_mode: append")
+
+
+def replicas_touched(config: PipelineConfig, routes: dict[str, ReplicaRoute],
+                     after_version: int, up_to: int) -> set[str] | None:
+    """The replicas (of `routes`) whose source tables changelog versions (`after_version`,
+    `up_to`] hold rows of, from the surveys their commits carry; None when every replica
+    must look: the surveys are missing or too many to read, or the versions hold DDL (a
+    rename may bring a table to any replica)."""
+    groups = read_survey(None, config, after_version, up_to)
+    if groups is None or any(g.op == OP_DDL for g in groups):
+        return None
+    tables = {g.table for g in groups}
+    return {name for name, route in routes.items() if route.select(tables)}

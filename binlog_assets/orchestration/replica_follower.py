@@ -2,9 +2,11 @@
 
 With `dagster.replica_follow_seconds` above 0, replicas are not built by automation
 after each consumer run (a tick, a queue, a new process, a Spark session: 10-15 s before
-the first row moved). One `follow_replicas_job` run instead keeps a Spark session and
+the first row moved). One `follow_replicas_job` run instead keeps its Spark sessions and
 applies every new changelog version within `replica_poll_seconds` of its commit, for
-`replica_follow_seconds`; `replica_follower_sensor` starts the next one. Each apply that
+`replica_follow_seconds`; `replica_follower_sensor` starts the next one. A new version
+is applied to the replicas whose source tables it holds rows of (the surveys its commits
+carry say which, without reading it), `spark.parallel_replicas` at a time. Each apply that
 changed a replica is reported as that replica's materialization at once, and the run
 ends with each changed replica's `row_count_matches_changelog` check.
 
@@ -13,8 +15,10 @@ never overlap; it hands the slot over early when another run waits for it (a reb
 from the launchpad, or dbt on an embedded catalog).
 """
 
+import queue
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor, as_completed
 
 import dagster as dg
 from pydantic import Field
@@ -34,6 +38,10 @@ from binlog_assets.orchestration.shared import EVERY_DAEMON_PASS, SPARK_POOL, UN
 
 FOLLOW_JOB_NAME = "follow_replicas_job"
 
+# An untouched replica is still applied once this many versions passed since its last
+# apply: the apply then commits its applied version, which keeps its next range short.
+STALE_VERSIONS = 1000
+
 
 class FollowConfig(dg.Config):
     seconds: float | None = Field(None, gt=0, description="how long this run follows the "
@@ -41,30 +49,65 @@ class FollowConfig(dg.Config):
 
 
 def follow(apply: Callable[[str, int], object], names: list[str],
-           version: Callable[[], int], *, poll: float, stop: Callable[[], bool]
-           ) -> Iterator[tuple[str, object]]:
-    """Apply each new changelog version to every replica until `stop()` says so; yields
-    (replica, result) for every apply. The first round applies whatever is pending. A
-    replica whose apply fails is yielded with its error once and left for the rest of
-    the run: the others go on following."""
+           version: Callable[[], int], *, poll: float, stop: Callable[[], bool],
+           touched: Callable[[int, int], set[str] | None] = lambda after, up_to: None,
+           workers: int = 1, stale: int = STALE_VERSIONS) -> Iterator[tuple[str, object]]:
+    """Apply each new changelog version to the replicas it touches until `stop()` says
+    so; yields (replica, result) for every apply, as each ends.
+
+    The first round applies every replica (whatever is pending); later rounds apply those
+    that `touched(seen, current)` names (None: all), and any not applied for `stale`
+    versions, `workers` at a time. A replica whose apply fails is yielded with its error
+    once and left for the rest of the run: the others go on following.
+    """
     seen = None
+    brought: dict[str, int] = {}  # replica -> the version its last apply went up to
     broken: set[str] = set()
-    while True:
-        current = version()
-        if current != seen:
-            for name in names:
-                if name in broken:
-                    continue
-                try:
-                    result = apply(name, current)
-                except Exception as exc:  # noqa: BLE001 - the run reports it at its end
-                    broken.add(name)
-                    result = exc
-                yield name, result
-            seen = current
-        if stop():
-            return
-        time.sleep(poll)
+    pool = ThreadPoolExecutor(workers, thread_name_prefix="follow") if workers > 1 else None
+    try:
+        while True:
+            current = version()
+            if current != seen:
+                hit = None if seen is None else touched(seen, current)
+                due = [n for n in names if n not in broken
+                       and (hit is None or n in hit or current - brought.get(n, -1) >= stale)]
+                for name, result in _applied(apply, due, current, pool):
+                    if isinstance(result, Exception):
+                        broken.add(name)
+                    else:
+                        brought[name] = current
+                    yield name, result
+                seen = current
+            if stop():
+                break
+            time.sleep(poll)
+    except BaseException:
+        # Terminated (SIGINT) or closed: start no more applies, and wait for none (the
+        # caller cancels the running ones' Spark jobs).
+        if pool is not None:
+            pool.shutdown(wait=False, cancel_futures=True)
+        raise
+    if pool is not None:
+        pool.shutdown()
+
+
+def _applied(apply: Callable[[str, int], object], names: list[str], version: int,
+             pool: ThreadPoolExecutor | None) -> Iterator[tuple[str, object]]:
+    """(name, result or the exception it raised) of each apply; in order without a pool,
+    as each ends with one."""
+    def one(name: str) -> object:
+        try:
+            return apply(name, version)
+        except Exception as exc:  # noqa: BLE001 - the run reports it at its end
+            return exc
+
+    if pool is None:
+        for name in names:
+            yield name, one(name)
+        return
+    futures = {pool.submit(one, name): name for name in names}
+    for future in as_completed(futures):
+        yield futures[future], future.result()
 
 
 def changed(result) -> bool:
@@ -91,12 +134,22 @@ def follow_replicas(context: dg.OpExecutionContext, config: FollowConfig,
                     binlake: BinlakeResource) -> Iterator:
     from binlog_assets.lakehouse.changelog_reader import changelog_version
     from binlog_assets.lakehouse.replica import ReplicaBuilder
+    from binlog_assets.lakehouse.replica_plan import replicas_touched
+    from binlog_assets.lakehouse.routing import replica_routes
 
     pipeline = binlake.pipeline
     seconds = config.seconds or pipeline.dagster.replica_follow_seconds or 300.0
-    builder = ReplicaBuilder(binlake.spark(), pipeline)
+    names = replica_names(pipeline)
+    # A builder (a Spark session) per replica applied at once, as a replica build has.
+    builders = [ReplicaBuilder(binlake.spark(), pipeline)
+                for _ in range(max(1, min(len(names), pipeline.spark.parallel_replicas)))]
+    free: queue.SimpleQueue = queue.SimpleQueue()
+    for builder in builders:
+        free.put(builder)
     deadline = time.monotonic() + seconds
     applied: dict[str, tuple[str | None, int]] = {}  # replica -> (key rule, version)
+    routes = {name: route for name, route in replica_routes(pipeline).items()
+              if name in names}
 
     def stop() -> bool:
         if time.monotonic() >= deadline:
@@ -106,23 +159,45 @@ def follow_replicas(context: dg.OpExecutionContext, config: FollowConfig,
             return True
         return False
 
-    names = replica_names(pipeline)
+    def apply(name: str, version: int) -> tuple:
+        builder = free.get()
+        try:
+            result = builder.apply(name, up_to_version=version)
+            # The table's columns as this apply left them, read before another can change them.
+            columns = replica_table_metadata(builder, name) if changed(result) else {}
+            return result, columns
+        finally:
+            free.put(builder)
+
     failed: list[tuple[str, Exception]] = []
-    for name, result in follow(lambda n, v: builder.apply(n, up_to_version=v), names,
-                               lambda: changelog_version(builder.spark, pipeline),
-                               poll=pipeline.dagster.replica_poll_seconds, stop=stop):
-        if isinstance(result, Exception):
-            failed.append((name, result))
-            context.log.error(f"replica {name}: {type(result).__name__}: "
-                              f"{failure_line(result)}; the others go on following")
-        elif changed(result):
-            applied[name] = (result.key_rule, result.applied_version)
-            context.log.info(f"replica {name}: {result}")
-            if result.warning:
-                context.log.warning(result.warning)
-            yield dg.AssetMaterialization(
-                asset_key=replica_key(name),
-                metadata=replica_metadata(result, None) | replica_table_metadata(builder, name))
+    followed = follow(apply, names, lambda: changelog_version(None, pipeline),
+                      poll=pipeline.dagster.replica_poll_seconds, stop=stop,
+                      touched=lambda after, up_to: replicas_touched(pipeline, routes, after,
+                                                                    up_to),
+                      workers=len(builders))
+    try:
+        for name, outcome in followed:
+            if isinstance(outcome, Exception):
+                failed.append((name, outcome))
+                context.log.error(f"replica {name}: {type(outcome).__name__}: "
+                                  f"{failure_line(outcome)}; the others go on following")
+                continue
+            result, columns = outcome
+            if changed(result):
+                applied[name] = (result.key_rule, result.applied_version)
+                context.log.info(f"replica {name}: {result}")
+                if result.warning:
+                    context.log.warning(result.warning)
+                yield dg.AssetMaterialization(asset_key=replica_key(name),
+                                              metadata=replica_metadata(result, None) | columns)
+    except BaseException:
+        # Terminated: the applies in progress have their Spark jobs cancelled; each is one
+        # Delta commit, so a replica is applied or as it was.
+        followed.close()
+        for builder in builders:
+            builder.spark.interruptAll()
+        raise
+    builder = builders[0]
     # Once per run and per changed replica: a check reads the whole changelog.
     for name, (rule, version) in sorted(applied.items()):
         result = row_count_check(builder, name, rule, counted_rows(builder, name, rule),

@@ -17,6 +17,9 @@ import yaml
 from lake_events import Partition, Source, row
 
 from binlog_assets.lakehouse.changelog import ChangelogWriter
+from binlog_assets.lakehouse.changelog_reader import changelog_version
+from binlog_assets.lakehouse.replica_plan import replicas_touched
+from binlog_assets.lakehouse.routing import replica_routes
 from binlog_assets.orchestration.replica_follower import (
     FOLLOW_JOB_NAME,
     follow,
@@ -91,6 +94,61 @@ def test_the_loop_applies_every_replica_once_per_new_version() -> None:
                           poll=0, stop=lambda: next(stops)))
     assert applied == [("a", ("a", 3)), ("b", ("b", 3)), ("a", ("a", 5)), ("b", ("b", 5)),
                        ("a", ("a", 8)), ("b", ("b", 8))]
+
+
+def test_later_rounds_apply_only_the_touched_replicas_and_the_stale_ones() -> None:
+    versions = iter([3, 5, 8, 9, 9])
+    stops = iter([False] * 4 + [True])
+    asked: list[tuple[int, int]] = []
+
+    def touched(after: int, up_to: int) -> set[str] | None:
+        asked.append((after, up_to))
+        return {5: {"b"}, 8: set(), 9: None}[up_to]
+
+    applied = list(follow(lambda name, v: v, ["a", "b", "c"], lambda: next(versions),
+                          poll=0, stop=lambda: next(stops), touched=touched, stale=5))
+    assert asked == [(3, 5), (5, 8), (8, 9)]
+    # 3: the first round, all; 5: b; 8: nothing touched, but a and c were last applied at
+    # 3 (stale at 5 versions); 9: the surveys could not say, so all.
+    assert applied == [("a", 3), ("b", 3), ("c", 3), ("b", 5), ("a", 8), ("c", 8),
+                       ("a", 9), ("b", 9), ("c", 9)]
+
+
+def test_the_loop_applies_workers_replicas_at_once() -> None:
+    # Each apply waits until another is in flight with it: only applies that overlap
+    # get past the barrier (its timeout is the liveness bound).
+    together = threading.Barrier(2, timeout=60)
+    stops = iter([True])
+
+    def apply(name: str, version: int) -> tuple[str, int]:
+        together.wait()
+        return name, version
+
+    applied = list(follow(apply, ["a", "b", "c", "d"], lambda: 1, poll=0,
+                          stop=lambda: next(stops), workers=2))
+    assert sorted(applied) == [(n, (n, 1)) for n in "abcd"]
+
+
+def test_the_surveys_name_the_replicas_that_new_versions_touch(make_config) -> None:
+    config = make_config([{"source": "shop.orders", "replica": "orders"},
+                          {"source": "shop.products", "replica": "products"},
+                          {"source": "shop.users", "replica": "users"}])
+    routes = replica_routes(config)
+    orders, products = Source("shop.orders"), Source("shop.products")
+    part = Partition(ChangelogWriter(config))
+    part.write(part.records([[orders.insert(row(1))], [products.insert(row(1))]]))
+    first = changelog_version(None, config)
+    part.write(part.records([[orders.insert(row(2))]]))
+    second = changelog_version(None, config)
+    assert replicas_touched(config, routes, first, second) == {"orders"}
+    part.write(part.records([products.update(row(1), row(1, note="x")),
+                             [orders.truncate()]]))
+    assert replicas_touched(config, routes, second, changelog_version(None, config)
+                            ) == {"orders", "products"}
+    # A schema change may rename a table into any replica: every replica looks.
+    third = changelog_version(None, config)
+    part.write(part.records([[products.ddl({**products.types, "extra": "int"})]]))
+    assert replicas_touched(config, routes, third, changelog_version(None, config)) is None
 
 
 def test_a_replica_whose_apply_fails_is_left_and_the_others_go_on() -> None:
