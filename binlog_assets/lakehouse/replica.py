@@ -112,6 +112,7 @@ from binlog_assets.lakehouse.delta_log import (
 )
 from binlog_assets.lakehouse.identifiers import check_unmapped_names, col, qualified
 from binlog_assets.lakehouse.maintenance import PURGED_PROPERTY, purge_tombstones
+from binlog_assets.lakehouse.replica_commit import commit_rows, commit_version, driver_commits
 from binlog_assets.lakehouse.replica_cutover import (
     CUTOVERS_PROPERTY,
     cutover_rows,
@@ -550,8 +551,13 @@ class ReplicaBuilder:
                     .drop(_WM_DB, _WM_TABLE, _WM))
         name = ".".join(table)
         fault_point("during_replica_merge")
-        if not empty and rewrites(self.spark, table, survey,
-                                  self.config.lakehouse.rewrite_ratio):
+        # A small batch into an existing table: delta-rs commits it (`replica_commit.py`),
+        # whatever its size against the table's.
+        driver = new is None and driver_commits(
+            props, survey.rows, self.config.lakehouse.driver_commit_rows,
+            truncates=bool(survey.truncates))
+        if not driver and not empty and rewrites(self.spark, table, survey,
+                                                 self.config.lakehouse.rewrite_ratio):
             return rewrite_replica(self.spark, table, location, rows, survey, key, columns,
                                    up_to, now)
         stored_columns = self.spark.table(name).columns if new is None else new.columns
@@ -562,6 +568,8 @@ class ReplicaBuilder:
             create_with_rows(self.spark, new, reduced, APP_ID, up_to)
             metrics = last_commit_metrics(self.spark, *table)
             return int(metrics.get("numOutputRows", 0)), 0
+        if driver:
+            return commit_rows(location, reduced, key, APP_ID, up_to, merge=not empty), 0
         before = table_version(self.spark, *table)
         if empty:
             # Nothing to match: the reduced batch is the table's content, appended with the
@@ -586,6 +594,11 @@ class ReplicaBuilder:
         return written, int(metrics.get("numTargetRowsNotMatchedBySourceDeleted", 0))
 
     def _commit_empty(self, target: tuple[str, str], up_to: int) -> None:
+        detail = table_detail(self.spark, *target)
+        if driver_commits(detail["properties"], 0, self.config.lakehouse.driver_commit_rows,
+                          truncates=False):
+            commit_version(detail["location"], APP_ID, up_to)
+            return
         empty = self.spark.table(qualified(*target)).limit(0)
         first = empty.columns[0]
         t, s = merge_aliases(target)

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from lake_events import ALWAYS_MERGE, ALWAYS_REWRITE, MakeConfig, config_for
+from lake_events import APPLY_PATHS, MakeConfig, config_for
 
 from binlog_assets.config import PipelineConfig
 
@@ -25,12 +25,15 @@ def make_config(pipeline_config: PipelineConfig) -> MakeConfig:
     return make
 
 
-# The rewrite variants run with `make test-long`: the default suite still applies by
-# rewrite in the replica model test, which draws MERGE or rewrite for every batch.
-@pytest.fixture(params=["merge", pytest.param("rewrite", marks=pytest.mark.long)])
+# The Spark MERGE and rewrite variants run with `make test-long`: the default suite still
+# applies by both in the replica model test, which draws a path for every batch, and by
+# Spark's MERGE wherever a batch holds a truncate.
+@pytest.fixture(params=["driver", pytest.param("spark_merge", marks=pytest.mark.long),
+                        pytest.param("rewrite", marks=pytest.mark.long)])
 def make_config_each_path(make_config: MakeConfig, request: pytest.FixtureRequest
                           ) -> MakeConfig:
-    """Configs whose replicas apply every batch into existing rows by MERGE, or (the
-    second run of each test) by the one-pass rewrite: both must give the same replicas."""
-    ratio = ALWAYS_MERGE if request.param == "merge" else ALWAYS_REWRITE
-    return lambda tables, **kwargs: make_config(tables, **{"rewrite_ratio": ratio, **kwargs})
+    """Configs whose replicas apply every batch into existing rows by delta-rs's MERGE
+    from the driver, or (the long variants) by Spark's MERGE or by the one-pass rewrite:
+    each must give the same replicas."""
+    settings = APPLY_PATHS[request.param]
+    return lambda tables, **kwargs: make_config(tables, **{**settings, **kwargs})

@@ -5,8 +5,8 @@ deletes, re-inserts, primary-key changes, truncates, an initial snapshot), with 
 positions that cross digit boundaries and a file rotation (9 -> 10), so a string
 comparison anywhere would misorder them. The resulting Kafka records arrive shuffled,
 some twice, are written to the changelog in two to four random ranges (one of them
-written twice), and the replica is applied after each range, by MERGE or by the one-pass
-rewrite (drawn per apply). Whatever the draw, the
+written twice), and the replica is applied after each range, by delta-rs's MERGE from the
+driver, Spark's MERGE or the one-pass rewrite (drawn per apply). Whatever the draw, the
 replica's live rows must equal the model's final state, and every key must occur once.
 """
 
@@ -16,7 +16,7 @@ from decimal import Decimal
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from lake_events import ALWAYS_MERGE, ALWAYS_REWRITE, Partition, Source, config_for, row
+from lake_events import APPLY_PATHS, Partition, Source, config_for, row
 
 from binlog_assets.config import PipelineConfig
 from binlog_assets.lakehouse.audit import expected_live_rows
@@ -107,9 +107,10 @@ def test_replica_equals_model_whatever_the_arrival(
     ranges = list(zip([0, *cuts], [*cuts, len(arrival)], strict=True))
     retry = data.draw(st.integers(-1, len(ranges) - 1), label="write retried")
 
-    # Each apply into rows already there goes by MERGE or by the one-pass rewrite.
-    ratios = data.draw(st.lists(st.sampled_from([ALWAYS_MERGE, ALWAYS_REWRITE]),
-                                min_size=len(ranges), max_size=len(ranges)), label="paths")
+    # Each apply into rows already there goes by delta-rs's MERGE from the driver, Spark's
+    # MERGE or the one-pass rewrite.
+    paths = data.draw(st.lists(st.sampled_from(sorted(APPLY_PATHS)),
+                               min_size=len(ranges), max_size=len(ranges)), label="paths")
 
     config = config_for(pipeline_config, [ROUTE])
     part = Partition(ChangelogWriter(config))
@@ -120,7 +121,7 @@ def test_replica_equals_model_whatever_the_arrival(
         assert part.write(chunk, end_offset=hi) is not None
         if i == retry:
             assert part.write(chunk, end_offset=hi) is None
-        lakehouse = config.lakehouse.model_copy(update={"rewrite_ratio": ratios[i]})
+        lakehouse = config.lakehouse.model_copy(update=APPLY_PATHS[paths[i]])
         ReplicaBuilder(spark, config.model_copy(update={"lakehouse": lakehouse})
                        ).apply("orders")
 

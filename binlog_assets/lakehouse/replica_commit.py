@@ -1,0 +1,80 @@
+"""A small batch's commit to an existing replica, from the driver by delta-rs.
+
+Spark reads the changelog, reduces each key to its last change and types the rows, as
+for every batch; a batch of at most `lakehouse.driver_commit_rows` changes is then
+collected as Arrow and committed by delta-rs in the same statement Spark would run: a
+MERGE on the key whose update is guarded by the position (an append into a replica
+without data files). Spark's Delta MERGE of a few rows is seconds of driver planning
+and jobs; delta-rs commits the same rows in tens of milliseconds. The commit carries
+the replica's transaction (`APP_ID`, the changelog version), as Spark's does.
+
+Spark still writes a batch that holds a truncate (its delete of the rows below the
+watermark), a table with an opt-in Delta feature delta-rs does not write (deletion
+vectors, column mapping, type widening), a rewrite, and every new table.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from binlog_assets.lakehouse.delta_log import open_log
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame
+
+# Table properties of the features that keep a replica's writes in Spark.
+SPARK_ONLY_PROPERTIES = frozenset({"delta.enableDeletionVectors", "delta.columnMapping.mode",
+                                   "delta.enableTypeWidening"})
+
+
+def driver_commits(props: dict[str, str], rows: int, limit: int, *, truncates: bool) -> bool:
+    """Whether a batch of `rows` changelog rows into a replica with table properties
+    `props` is committed by delta-rs (`commit_rows`)."""
+    return (rows <= limit and not truncates
+            and not SPARK_ONLY_PROPERTIES.intersection(props))
+
+
+def commit_rows(location: str, rows: DataFrame, key: list[str], app_id: str, version: int,
+                *, merge: bool) -> int:
+    """Commit `rows` (reduced, typed: one per key) to the replica at `location` with the
+    transaction (`app_id`, `version`): MERGE them when `merge` (a matched row is updated
+    only by a newer `_position`), else append them. Returns the rows written."""
+    import pyarrow as pa
+    from deltalake import CommitProperties, Transaction, write_deltalake
+
+    log = open_log(location)
+    target = pa.schema(log.schema().to_arrow())
+    batch = rows.toArrow()
+    names = batch.schema.names
+    batch = batch.cast(pa.schema([target.field(n) for n in names]))
+    commit = CommitProperties(app_transactions=[Transaction(app_id, version)])
+    if not merge:
+        write_deltalake(log, batch, mode="append", commit_properties=commit)
+        return batch.num_rows
+    match = " AND ".join(f"t.{_quoted(k)} = s.{_quoted(k)}" for k in key)
+    # Every column the batch has, as Spark's MERGE assigns them; the key match is plain
+    # equality: batches with truncate markers (null keys) stay with Spark.
+    assign = {_quoted(n): f"s.{_quoted(n)}" for n in names}
+    metrics = (log.merge(batch, match, source_alias="s", target_alias="t",
+                         commit_properties=commit)
+               .when_matched_update(assign, predicate="s._position > t._position")
+               .when_not_matched_insert(assign)
+               .execute())
+    return int(metrics.get("num_target_rows_inserted", 0)
+               + metrics.get("num_target_rows_updated", 0))
+
+
+def commit_version(location: str, app_id: str, version: int) -> None:
+    """Move the replica's applied version to `version` with a commit that adds no file."""
+    import pyarrow as pa
+    from deltalake import CommitProperties, Transaction, write_deltalake
+
+    log = open_log(location)
+    empty = pa.schema(log.schema().to_arrow()).empty_table()
+    write_deltalake(log, empty, mode="append", commit_properties=CommitProperties(
+        app_transactions=[Transaction(app_id, version)]))
+
+
+def _quoted(name: str) -> str:
+    """A column name as delta-rs's SQL predicates take it (case kept)."""
+    return "`" + name.replace("`", "``") + "`"
