@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 JARS := .cache/jars
 export DAGSTER_HOME := $(CURDIR)/var/dagster
 
-.PHONY: setup class-archive demo test test-long drills-long test-unit stack-up stack-down stack-status source-up source-down source-status dev lint bench
+.PHONY: setup class-archive demo test test-long drills-long test-unit stack-up stack-down stack-status source-up source-down source-status dev lint bench bench-catchup
 
 setup: .cache/apt.stamp $(VENV)/.installed $(JARS)/kafka/.stamp $(JARS)/delta/.stamp $(JARS)/connect/.stamp $(JARS)/s3/.stamp $(DAGSTER_HOME)/dagster.yaml class-archive
 
@@ -84,6 +84,11 @@ lint: setup
 	$(VENV)/bin/ruff check .
 
 ## The benchmarks (bench/README.md); each prints its ratio against a baseline of the same run.
-bench: setup
+## Spark's Kafka source is for the benches only (E3's anchor, bench/anchor_spark.py).
+bench: setup $(JARS)/spark-kafka/.stamp
 	$(PY) bench/bench_pipeline.py && $(PY) bench/bench_slow_handlers.py && $(PY) bench/bench_memory.py \
 	  && $(PY) bench/bench_merge.py
+
+## E3, quick: binlake's catch-up beside the baseline and the Spark job one would write instead.
+bench-catchup: setup $(JARS)/spark-kafka/.stamp
+	$(PY) bench/bench_catchup.py
