@@ -170,6 +170,17 @@ def table_detail(spark: SparkSession, database: str, table: str) -> dict:
             "location": table_location(spark, database, table)}
 
 
+def table_schema(spark: SparkSession, database: str, table: str) -> T.StructType:
+    """The table's schema as Spark types, from its log by delta-rs: a Spark lookup of a
+    table whose last commit delta-rs wrote reconstructs its metadata in a job first. The
+    Delta log stores the schema in Spark's own JSON form."""
+    import json
+
+    from pyspark.sql import types as T
+
+    return T.StructType.fromJson(json.loads(_log(spark, database, table).schema().to_json()))
+
+
 def stored_rows(spark: SparkSession, database: str, table: str) -> int | None:
     """Rows in the table's data files by the log's file statistics (rows that deletion
     vectors hide still count); None when a file has no statistics."""
@@ -211,14 +222,23 @@ def merge_aliases(table: tuple[str, str]) -> tuple[str, str]:
 
 
 def create_table(spark: SparkSession, table: tuple[str, str], schema: T.StructType,
-                 properties: dict[str, str]) -> None:
-    """`CREATE TABLE IF NOT EXISTS ... USING DELTA` with `schema` and `properties`."""
+                 properties: dict[str, str], *, exists_ok: bool = True) -> None:
+    """`CREATE TABLE [IF NOT EXISTS] ... USING DELTA` with `schema` and `properties`;
+    without `exists_ok`, a table already there raises `TableCreatedMeanwhile`."""
+    from pyspark.errors import AnalysisException
+
     columns = ", ".join(f"{quote(f.name)} {f.dataType.simpleString()}"
                         + ("" if f.nullable else " NOT NULL") for f in schema)
     props = _properties_sql(properties)
     ensure_database(spark, table[0])
-    spark.sql(f"CREATE TABLE IF NOT EXISTS {qualified(*table)} ({columns}) USING DELTA"
-              + (f" TBLPROPERTIES ({props})" if props else ""))
+    try:
+        spark.sql(f"CREATE TABLE {'IF NOT EXISTS ' if exists_ok else ''}"
+                  f"{qualified(*table)} ({columns}) USING DELTA"
+                  + (f" TBLPROPERTIES ({props})" if props else ""))
+    except AnalysisException as e:
+        if e.getCondition() == "TABLE_OR_VIEW_ALREADY_EXISTS":
+            raise TableCreatedMeanwhile(f"{'.'.join(table)} was created meanwhile") from e
+        raise
 
 
 class TableCreatedMeanwhile(RuntimeError):

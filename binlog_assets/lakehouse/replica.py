@@ -20,9 +20,11 @@ outcome (DESIGN.md invariants 3 and 5):
   The reduce runs on the typed key with the images still JSON text: only the changes
   that win it are parsed and typed.
   Re-applying an applied range changes nothing; an older change arriving late is dropped.
-  A new replica (an initial build, a rebuild) is created with the reduced batch in its
-  first commit (properties and transaction id included); into an empty one it is simply
-  appended.
+  A batch of at most `lakehouse.driver_commit_rows` changes is committed by delta-rs
+  from the driver (`replica_commit.py`): the same MERGE, or an append into a new replica
+  that Spark's CREATE TABLE made; a larger one is Spark's MERGE, or, for a new replica,
+  its CTAS (the table and the reduced batch in one commit). Into an empty replica the
+  batch is simply appended.
   A batch with at least `lakehouse.rewrite_ratio` changes per stored row (a catch-up,
   which touches every file anyway) skips MERGE: the stored rows and the batch go through
   one ranking per key (highest position wins, the stored row on a tie) and the result
@@ -107,6 +109,8 @@ from binlog_assets.lakehouse.delta_log import (
     share_lookups,
     table_detail,
     table_exists,
+    table_location,
+    table_schema,
     table_version,
     txn_version,
 )
@@ -334,7 +338,7 @@ class ReplicaBuilder:
                                              & F.col("op").isin(*MERGED_OPS)),
                                  route, survey, [], columns, row_image(), F.col("op"),
                                  image_first=False)
-            stored_columns = (self.spark.table(".".join(replica_table)).columns
+            stored_columns = (table_schema(spark, *replica_table).names
                               if new is None else new.columns)
             fault_point("during_replica_merge")
             written = append_changes(
@@ -506,7 +510,7 @@ class ReplicaBuilder:
 
     def _source_columns(self, table: tuple[str, str]) -> dict[str, T.DataType]:
         """The replica's key and source columns with their types, in table order."""
-        schema = self.spark.table(".".join(table)).schema
+        schema = table_schema(self.spark, *table)
         return {f.name: f.dataType for f in schema if f.name not in METADATA_COLUMNS}
 
     def _watermarks(self, table: tuple[str, str], survey: Survey, props: dict[str, str]
@@ -553,17 +557,25 @@ class ReplicaBuilder:
         fault_point("during_replica_merge")
         # A small batch into an existing table: delta-rs commits it (`replica_commit.py`),
         # whatever its size against the table's.
-        driver = new is None and driver_commits(
-            props, survey.rows, self.config.lakehouse.driver_commit_rows,
-            truncates=bool(survey.truncates))
+        limit = self.config.lakehouse.driver_commit_rows
+        driver = new is None and driver_commits(props, survey.rows, limit,
+                                                truncates=bool(survey.truncates))
         if not driver and not empty and rewrites(self.spark, table, survey,
                                                  self.config.lakehouse.rewrite_ratio):
             return rewrite_replica(self.spark, table, location, rows, survey, key, columns,
                                    up_to, now)
-        stored_columns = self.spark.table(name).columns if new is None else new.columns
+        stored_columns = table_schema(self.spark, *table).names if new is None else new.columns
         reduced = (first_per_group(rows, [col(k) for k in key], [col("_position").desc()])
                    .withColumn("_applied_at", F.lit(now)))
         reduced = typed_columns(reduced, survey, key, columns, stored_columns, live=True)
+        if new is not None and driver_commits(new.properties, survey.rows, limit,
+                                              truncates=False):
+            # The table by Spark (its catalog entry, schema and properties), its first rows
+            # by delta-rs: a CTAS plans and writes them in Spark jobs of its own. A crash
+            # in between leaves an empty replica, which the next apply appends to.
+            create_table(self.spark, new.name, new.schema, new.properties, exists_ok=False)
+            location = table_location(self.spark, *new.name)
+            return commit_rows(location, reduced, key, APP_ID, up_to, merge=False), 0
         if new is not None:
             create_with_rows(self.spark, new, reduced, APP_ID, up_to)
             metrics = last_commit_metrics(self.spark, *table)

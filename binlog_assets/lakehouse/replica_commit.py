@@ -1,16 +1,18 @@
-"""A small batch's commit to an existing replica, from the driver by delta-rs.
+"""A batch's commit to a replica from the driver by delta-rs, when the batch is small.
 
 Spark reads the changelog, reduces each key to its last change and types the rows, as
 for every batch; a batch of at most `lakehouse.driver_commit_rows` changes is then
-collected as Arrow and committed by delta-rs in the same statement Spark would run: a
-MERGE on the key whose update is guarded by the position (an append into a replica
-without data files). Spark's Delta MERGE of a few rows is seconds of driver planning
-and jobs; delta-rs commits the same rows in tens of milliseconds. The commit carries
-the replica's transaction (`APP_ID`, the changelog version), as Spark's does.
+collected as Arrow and committed by delta-rs in the statement Spark would run: a MERGE
+on the key whose update is guarded by the position, or an append (into a replica
+without data files, or one just created by Spark's CREATE TABLE, which keeps its
+catalog entry, schema and properties). Spark's Delta MERGE or CTAS of a few rows is a
+second or more of driver planning and jobs; delta-rs commits the same rows in tens of
+milliseconds. The commit carries the replica's transaction (`APP_ID`, the changelog
+version), as Spark's does.
 
 Spark still writes a batch that holds a truncate (its delete of the rows below the
 watermark), a table with an opt-in Delta feature delta-rs does not write (deletion
-vectors, column mapping, type widening), a rewrite, and every new table.
+vectors, column mapping, type widening), and a rewrite.
 """
 
 from __future__ import annotations

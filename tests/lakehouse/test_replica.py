@@ -332,12 +332,13 @@ def test_an_apply_with_nothing_for_a_replica_commits_nothing(
 
 def test_a_new_replica_is_created_with_its_rows_in_one_commit(
         spark, make_config: MakeConfig) -> None:
-    """Its first commit holds the table, the rows and the applied changelog version."""
+    """Spark's CTAS (a batch above lakehouse.driver_commit_rows): its first commit holds
+    the table, the rows and the applied changelog version."""
     from binlog_assets.lakehouse.delta_log import open_log, table_location
     from binlog_assets.lakehouse.replica_plan import KEY_PROPERTY, TRUNCATED_PROPERTY
     from binlog_assets.lakehouse.transactions import APP_ID
 
-    config = make_config(ORDERS)
+    config = make_config(ORDERS, driver_commit_rows=0)
     db = config.lakehouse.database
     part, builder = setup(spark, config)
     src = Source("shop.orders")
@@ -350,6 +351,46 @@ def test_a_new_replica_is_created_with_its_rows_in_one_commit(
     assert log.transaction_version(APP_ID) == result.applied_version
     props = log.metadata().configuration
     assert props[KEY_PROPERTY] == '["id"]' and props[TRUNCATED_PROPERTY] == "true"
+    assert live(spark, config) == {2: (Decimal("2.00"), "b")}
+    assert builder.apply("orders").skipped
+
+
+def test_a_new_small_replica_is_created_by_spark_and_filled_by_delta_rs(
+        spark, make_config: MakeConfig, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Spark's CREATE TABLE (catalog, schema, properties), then one delta-rs commit with
+    the rows and the applied changelog version. A crash between the two leaves an empty
+    replica that the next apply fills, exactly once."""
+    from binlog_assets.lakehouse import replica as replica_module
+    from binlog_assets.lakehouse.delta_log import open_log, table_location
+    from binlog_assets.lakehouse.replica_plan import KEY_PROPERTY, TRUNCATED_PROPERTY
+    from binlog_assets.lakehouse.transactions import APP_ID
+
+    config = make_config(ORDERS)
+    db = config.lakehouse.database
+    part, builder = setup(spark, config)
+    src = Source("shop.orders")
+    part.write(part.records([[src.insert(row(1, "1.00", "a"))], [src.truncate()],
+                             [src.insert(row(2, "2.00", "b"))]]))
+
+    def crash(*args, **kwargs) -> int:
+        raise RuntimeError("killed between the create and the rows")
+
+    monkeypatch.setattr(replica_module, "commit_rows", crash)
+    with pytest.raises(RuntimeError, match="killed"):
+        builder.apply("orders")
+    log = open_log(table_location(spark, db, "orders"))
+    assert (log.version(), log.transaction_version(APP_ID)) == (0, None)
+    props = log.metadata().configuration
+    assert props[KEY_PROPERTY] == '["id"]' and props[TRUNCATED_PROPERTY] == "true"
+    assert spark.table(f"{db}.orders").count() == 0
+
+    monkeypatch.undo()
+    result = ReplicaBuilder(spark, config).apply("orders")
+    assert (result.written, result.key_rule) == (2, "primary_key")
+    log = open_log(table_location(spark, db, "orders"))
+    assert log.version() == 1
+    assert log.transaction_version(APP_ID) == result.applied_version
+    assert [h["operation"] for h in log.history()] == ["WRITE", "CREATE TABLE"]
     assert live(spark, config) == {2: (Decimal("2.00"), "b")}
     assert builder.apply("orders").skipped
 
@@ -370,19 +411,24 @@ def test_a_missing_view_of_live_rows_comes_back_with_the_next_apply(
     assert live(spark, config) == {1: (Decimal("1.00"), "a")}
 
 
+@pytest.mark.parametrize(("driver_rows", "creates"), [(None, "create_table"),
+                                                    (0, "create_with_rows")])
 def test_a_replica_created_by_another_builder_meanwhile_is_applied_on_top(
-        spark, make_config: MakeConfig, monkeypatch: pytest.MonkeyPatch) -> None:
+        spark, make_config: MakeConfig, monkeypatch: pytest.MonkeyPatch,
+        driver_rows: int | None, creates: str) -> None:
     """Two builders create the same new replica: the one that finds it created after it
-    looked refuses nothing and loses nothing; it applies what the other did not."""
+    looked refuses nothing and loses nothing; it applies what the other did not. Its
+    rows by delta-rs after Spark's CREATE TABLE, or (lakehouse.driver_commit_rows 0) in
+    Spark's CTAS."""
     from binlog_assets.lakehouse import replica as replica_module
 
-    config = make_config(ORDERS)
+    config = make_config(ORDERS, driver_commit_rows=driver_rows)
     part, first = setup(spark, config)
     other = ReplicaBuilder(spark, config)
     src = Source("shop.orders")
     part.write(part.records([[src.insert(row(1, "1.00", "a"))]]))
     raced = changelog_version(spark, config)
-    real = replica_module.create_with_rows
+    real = getattr(replica_module, creates)
     calls = []
 
     def other_builder_first(*args, **kwargs) -> None:
@@ -394,7 +440,7 @@ def test_a_replica_created_by_another_builder_meanwhile_is_applied_on_top(
             part.write(part.records([[src.insert(row(2, "2.00", "b"))]]))
         real(*args, **kwargs)
 
-    monkeypatch.setattr(replica_module, "create_with_rows", other_builder_first)
+    monkeypatch.setattr(replica_module, creates, other_builder_first)
     result = first.apply("orders")
     assert len(calls) == 2  # the first builder's (refused), the other one's
     assert result.applied_version == raced + 1 and result.written == 1
