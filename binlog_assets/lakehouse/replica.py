@@ -299,6 +299,10 @@ class ReplicaBuilder:
 
         batch = read_changelog(spark, self.config, start, up_to)
         survey = survey_batch(spark, self.config, batch, route, start, up_to)
+        if survey.rows <= self.config.lakehouse.driver_commit_rows:
+            # A small batch in one partition: its reduce then needs no shuffle (a stage
+            # and a job of its own, most of a small apply's Spark time).
+            batch = batch.coalesce(1)
         # A new replica (a first build, a rebuild) follows the DDL too: it is built as its
         # source tables are at the batch's end.
         ddl = read_ddl(batch, route) if survey.ddl else DdlPlan()

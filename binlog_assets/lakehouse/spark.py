@@ -86,6 +86,10 @@ def spark_conf(config: PipelineConfig) -> dict[str, str]:
         "spark.driver.memory": "2g",
         "spark.databricks.delta.schema.autoMerge.enabled": "false",
         "spark.sql.ansi.enabled": "true",
+        # PySpark's capture of the Python call site for every DataFrame and function call
+        # (a stack walk and three JVM round trips each): about half the driver time of
+        # building a small apply's plan. Errors still name the failing expression.
+        "spark.python.sql.dataFrameDebugging.enabled": "false",
     }
     # The driver maps the class archive `make setup` made, when there is one: seconds
     # off its start and its first build (`class_archive.py`).
