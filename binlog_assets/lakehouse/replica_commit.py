@@ -62,6 +62,11 @@ def commit_rows(location: str, rows: DataFrame, key: list[str], app_id: str, ver
                .when_matched_update(assign, predicate="s._position > t._position")
                .when_not_matched_insert(assign)
                .execute())
+    done = open_log(location).transaction_version(app_id)
+    if done is None or done < version:
+        # delta-rs commits nothing for a MERGE that changes no row (an empty batch, or
+        # every change older than its row); Spark's commits the transaction regardless.
+        commit_version(location, app_id, version)
     return int(metrics.get("num_target_rows_inserted", 0)
                + metrics.get("num_target_rows_updated", 0))
 

@@ -395,6 +395,29 @@ def test_a_new_small_replica_is_created_by_spark_and_filled_by_delta_rs(
     assert builder.apply("orders").skipped
 
 
+def test_a_batch_that_changes_no_row_still_moves_the_applied_version(
+        spark, make_config_each_path: MakeConfig) -> None:
+    """Every change of the batch is older than its row (the guard drops them all): the
+    apply writes nothing and still records the changelog version it applied, so the
+    next apply has nothing to do."""
+    from binlog_assets.lakehouse.delta_log import txn_version
+    from binlog_assets.lakehouse.transactions import APP_ID
+
+    config = make_config_each_path(ORDERS)
+    db = config.lakehouse.database
+    part, builder = setup(spark, config)
+    src = Source("shop.orders")
+    part.write(part.records([[src.insert(row(1, "1.00", "a"))]]))
+    builder.apply("orders")
+    late = Source("shop.orders", pos=10)  # an earlier binlog position than the insert's
+    part.write(part.records([late.update(row(1, "1.00", "a"), row(1, "9.00", "old"))]))
+    result = builder.apply("orders")
+    assert (result.rows, result.written) == (1, 0)
+    assert txn_version(spark, db, "orders", APP_ID) == result.applied_version
+    assert builder.apply("orders").skipped
+    assert live(spark, config) == {1: (Decimal("1.00"), "a")}
+
+
 def test_a_missing_view_of_live_rows_comes_back_with_the_next_apply(
         spark, make_config: MakeConfig) -> None:
     """A crash between the replica's first commit and its view leaves a replica that is
