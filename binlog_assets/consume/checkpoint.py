@@ -1,6 +1,6 @@
 """Where a partition resumes: the checkpoint, chosen by a fixed precedence of sources.
 
-DESIGN.md's precedence is: an explicit run-config override, then the changelog table's
+The precedence is: an explicit run-config override, then the changelog table's
 own transaction state (atomic with the data), then the latest materialization metadata,
 then Kafka's committed offset, then the configured reset policy. Each source is a small
 callable returning a `Checkpoint` or None; `resolve_checkpoint` takes the first answer

@@ -1,72 +1,34 @@
 """Silver replicas: each replica table equals its source tables as of the last applied position.
 
 `ReplicaBuilder.apply` reads the changelog rows committed since the replica's applied
-changelog version (planned from the surveys their commits carry: `replica_plan.py`,
-which also decides the key rule; rows shaped by `replica_rows.py`; transaction ids in
-`transactions.py`),
-keeps the source tables routed to the replica (`routing.py`), reduces every key to its
-last change by binlog position, types its `before`/`after` JSON by the declared column
-types (`schema.py`), and MERGEs the result with a position guard.
-Batch boundaries, duplicates, restarts and late events therefore cannot change the
-outcome (DESIGN.md invariants 3 and 5):
+changelog version (planned from its commits' surveys: `replica_plan.py`, which also
+decides the key rule; rows shaped by `replica_rows.py`; transaction ids in
+`transactions.py`), keeps the source tables routed to the replica (`routing.py`), reduces
+every key to its last change by binlog position, types its JSON images by the declared
+column types (`schema.py`) and writes the result with a position guard. Batch
+boundaries, duplicates, restarts and late events cannot change the outcome:
 
-- Position. `_position` is one struct column, `(phase, file, pos, row, offset,
-  row_index)`: the binlog position as numbers (snapshot phase below streaming), then the
-  Kafka offset and the row within a record as tie-breakers. Spark compares structs field
-  by field, so `s._position > t._position` is the whole guard; no string ever compares.
-- Reduce, then guard. Each key keeps only its highest-position change of the batch
-  (one bucket for inserts, updates and deletes alike, so they can never be reordered),
-  and a row is written only when that change is newer than the row's stored position.
-  The reduce runs on the typed key with the images still JSON text: only the changes
-  that win it are parsed and typed.
-  Re-applying an applied range changes nothing; an older change arriving late is dropped.
-  A batch of at most `lakehouse.driver_commit_rows` changes is committed by delta-rs
-  from the driver (`replica_commit.py`): the same MERGE, or an append into a new replica
-  that Spark's CREATE TABLE made; a larger one is Spark's MERGE, or, for a new replica,
-  its CTAS (the table and the reduced batch in one commit). Into an empty replica the
-  batch is simply appended.
-  A batch with at least `lakehouse.rewrite_ratio` changes per stored row (a catch-up,
-  which touches every file anyway) skips MERGE: the stored rows and the batch go through
-  one ranking per key (highest position wins, the stored row on a tie) and the result
-  overwrites the table in one commit (`replica_rewrite.py`).
-- Tombstones. A delete keeps the row with `_op = 'd'` (values as the delete's
-  before-image) so a late, older change for that key finds a newer position and is
-  dropped. Tombstones older than `lakehouse.tombstone_retention_hours` (by `_applied_at`)
-  are purged by an apply that reads changes, at most once per tenth of the window; a
-  change arriving more than that window after the delete of its key could bring the row
-  back, which is the window's contract.
-- Truncate. An `op = 't'` event removes the table's rows below its position and leaves
-  a marker row (`_op = 't'`, key columns null) whose position is the table's watermark:
-  any later-arriving change below it is dropped. Markers are kept for good (one per
-  source table).
-- Primary-key change. Decoders split it into delete (old key) + create (new key); when
-  the replica's key is a `key_columns` override the decoder may not know about, an
-  update whose before-image holds another key also deletes the old key here.
-- Key rule. A replica is keyed by its table config's `key_columns`, else by the primary
-  key its changes carry; one configured `replica_mode: append`, or one whose changes
-  carry no key and that sets neither, is instead the append-only log of its changes
-  (`append_replica.py`), with a warning naming the settings. The rule is recorded on the
-  table and reported in every result (`key_rule`); changing it takes a rebuild.
-- Applied version. Each MERGE commits with Delta's idempotent-DML transaction id
-  (`binlake.replica`, version = the changelog version applied), atomically with the data;
-  the replica's applied version is that transaction's version, and a retried commit of
-  the same version is skipped by Delta itself. A range with nothing for the replica
-  still commits (an empty MERGE) to move the applied version.
+- Position. `_position` is one struct `(phase, file, pos, row, offset, row_index)`,
+  compared field by field: `s._position > t._position` is the whole guard.
+- Reduce, then guard. Each key keeps its highest-position change of the batch, and a row
+  is written only when that change is newer than the stored one; only the winners are
+  parsed and typed. A batch of at most `lakehouse.driver_commit_rows` changes is
+  committed by delta-rs (`replica_commit.py`): the same MERGE, or an append into a new
+  replica that Spark's CREATE TABLE made; a larger one is Spark's MERGE, a new replica's
+  CTAS, or, at `lakehouse.rewrite_ratio` changes per stored row, one overwrite
+  (`replica_rewrite.py`).
+- Tombstones. A delete keeps the row with `_op = 'd'` so a late, older change finds a
+  newer position; they are purged after `lakehouse.tombstone_retention_hours`.
+- Truncate. An `op = 't'` removes the table's rows below its position and leaves a
+  marker row (`_op = 't'`, null key) whose position is the table's watermark.
+- Primary-key change: a delete of the old key and a create of the new one.
+- Applied version. Every write commits Delta's transaction id (`binlake.replica`,
+  version = the changelog version applied) atomically with the data.
 
-Replica table `<database>.<replica>`: `_source_db`, `_source_table` (in the key when the
-replica gathers several source tables), the key columns, the source columns, then
-`_position`, `_op` (c/u/r live, d tombstone, t truncate marker), `_source_ts` (source
-commit time) and `_applied_at` (when this apply wrote the row). Live rows are the view
-`<database>.<replica>_current` (`_op` not in d, t): what dbt reads. Delta's column
-mapping, type widening and deletion vectors are opt-in (`lakehouse.table_features`).
-Renames and drops of columns and tables, read from the batch's DDL, are
-`replica_ddl.py`'s; a table renamed in from a name the replica does not take (an online
-schema change's cut-over) is `replica_cutover.py`'s.
-With `history: true`, `<database>.<replica>_history` keeps SCD type 2 versions
-(`history.py`).
-
-One module over 400 lines on purpose: the builder's table DDL and its writes (MERGE,
-purge) share its Spark session and transaction block.
+Replica table `<database>.<replica>`: `_source_db`, `_source_table`, the key and source
+columns, then `_position`, `_op`, `_source_ts` and `_applied_at`. Live rows are the view
+`<database>.<replica>_current` (`_op` not in d, t). DDL is `replica_ddl.py`'s, cut-overs
+`replica_cutover.py`'s, `history: true` tables `history.py`'s.
 """
 
 from __future__ import annotations
