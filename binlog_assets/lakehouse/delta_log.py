@@ -18,13 +18,19 @@ Connect there is no JVM at hand, and the public reader it is.
 
 from __future__ import annotations
 
+import shutil
+import threading
 import weakref
+from contextlib import contextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from binlog_assets.lakehouse.identifiers import col, qualified, quote
 
 if TYPE_CHECKING:
+    from collections.abc import Iterator
+
     from pyspark.sql import DataFrame, SparkSession
     from pyspark.sql import types as T
 
@@ -232,13 +238,44 @@ def create_table(spark: SparkSession, table: tuple[str, str], schema: T.StructTy
     props = _properties_sql(properties)
     ensure_database(spark, table[0])
     try:
-        spark.sql(f"CREATE TABLE {'IF NOT EXISTS ' if exists_ok else ''}"
-                  f"{qualified(*table)} ({columns}) USING DELTA"
-                  + (f" TBLPROPERTIES ({props})" if props else ""))
+        with _creating(spark, table):
+            spark.sql(f"CREATE TABLE {'IF NOT EXISTS ' if exists_ok else ''}"
+                      f"{qualified(*table)} ({columns}) USING DELTA"
+                      + (f" TBLPROPERTIES ({props})" if props else ""))
     except AnalysisException as e:
         if e.getCondition() == "TABLE_OR_VIEW_ALREADY_EXISTS":
             raise TableCreatedMeanwhile(f"{'.'.join(table)} was created meanwhile") from e
         raise
+
+
+# One creation of a table at a time in this process (the builders of the follower share
+# a JVM and its catalog), so that clearing a killed creation's files races no live one.
+_creations: dict[tuple[str, str], threading.Lock] = {}
+_creations_lock = threading.Lock()
+
+
+@contextmanager
+def _creating(spark: SparkSession, table: tuple[str, str]) -> Iterator[None]:
+    """Hold the table's creation lock; first clear what a creation killed before its
+    first commit left at a local location (files but no log), which Delta would refuse
+    to create a table on (DELTA_CREATE_TABLE_WITH_NON_EMPTY_LOCATION)."""
+    with _creations_lock:
+        lock = _creations.setdefault((table[0].lower(), table[1].lower()), threading.Lock())
+    with lock:
+        if not spark.catalog.tableExists(qualified(*table)):
+            _clear_unborn(spark, table)
+        yield
+
+
+def _clear_unborn(spark: SparkSession, table: tuple[str, str]) -> None:
+    uri = spark.catalog.getDatabase(table[0]).locationUri
+    if not uri.startswith("file:"):
+        # On object storage the debris stays, and Delta's error names its location.
+        return
+    path = Path(delta_rs_uri(uri)) / table[1].lower()
+    log = path / "_delta_log"
+    if path.is_dir() and not any(log.glob("*.json")):
+        shutil.rmtree(path)
 
 
 class TableCreatedMeanwhile(RuntimeError):
@@ -281,7 +318,8 @@ def create_with_rows(spark: SparkSession, new: NewTable, rows: DataFrame, app_id
     for key, value in new.properties.items():
         writer = writer.tableProperty(key, value)
     try:
-        writer.create()
+        with _creating(spark, new.name):
+            writer.create()
     except AnalysisException as e:
         if e.getCondition() == "TABLE_OR_VIEW_ALREADY_EXISTS":
             raise TableCreatedMeanwhile(f"{'.'.join(new.name)} was created meanwhile") from e

@@ -395,6 +395,31 @@ def test_a_new_small_replica_is_created_by_spark_and_filled_by_delta_rs(
     assert builder.apply("orders").skipped
 
 
+@pytest.mark.parametrize("driver_rows", [None, 0])
+def test_files_of_a_creation_killed_before_its_first_commit_do_not_block_the_next(
+        spark, make_config: MakeConfig, driver_rows: int | None) -> None:
+    """A SIGKILL inside Spark's CREATE TABLE or CTAS leaves files at the new replica's
+    location and no log: the next apply creates the replica there all the same."""
+    from pathlib import Path
+
+    from binlog_assets.lakehouse.delta_log import delta_rs_uri, ensure_database
+
+    config = make_config(ORDERS, driver_commit_rows=driver_rows)
+    db = config.lakehouse.database
+    part, builder = setup(spark, config)
+    src = Source("shop.orders")
+    part.write(part.records([[src.insert(row(1, "1.00", "a"))]]))
+    ensure_database(spark, db)
+    debris = Path(delta_rs_uri(spark.catalog.getDatabase(db).locationUri)) / "orders"
+    (debris / "_delta_log").mkdir(parents=True)
+    (debris / "_delta_log" / ".00000000000000000000.json.tmp").write_text("{")
+    (debris / "part-00000-killed.snappy.parquet").write_bytes(b"PAR1")
+    result = builder.apply("orders")
+    assert (result.written, result.key_rule) == (1, "primary_key")
+    assert live(spark, config) == {1: (Decimal("1.00"), "a")}
+    assert not (debris / "part-00000-killed.snappy.parquet").exists()
+
+
 def test_a_batch_that_changes_no_row_still_moves_the_applied_version(
         spark, make_config_each_path: MakeConfig) -> None:
     """Every change of the batch is older than its row (the guard drops them all): the
