@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import shutil
 from pathlib import Path
+from types import SimpleNamespace
 
 import pyarrow as pa
 import pytest
@@ -54,6 +55,9 @@ class FakeSpark:
 
     def tableExists(self, name: str) -> bool:  # noqa: N802 - Spark's spelling
         return any(name == f"`{db}`.`{table}`" for db, table in self.tables)
+
+    def getDatabase(self, name: str) -> SimpleNamespace:  # noqa: N802 - Spark's spelling
+        return SimpleNamespace(locationUri=f"file:/nonexistent/warehouse/{name}.db")
 
     def sql(self, statement: str) -> FakeRows:
         self.statements.append(statement)
