@@ -273,8 +273,11 @@ def _clear_unborn(spark: SparkSession, table: tuple[str, str]) -> None:
         # On object storage the debris stays, and Delta's error names its location.
         return
     path = Path(delta_rs_uri(uri)) / table[1].lower()
-    log = path / "_delta_log"
-    if path.is_dir() and not any(log.glob("*.json")):
+    # Killed before the catalog knew it, a creation leaves no commit or only its first
+    # (the catalog entry is its last step): nothing any reader saw. A table with later
+    # commits was registered once; that one stays, for Delta's error to name.
+    commits = {c.name for c in (path / "_delta_log").glob("*.json")}
+    if path.is_dir() and commits <= {f"{0:020d}.json"}:
         shutil.rmtree(path)
 
 

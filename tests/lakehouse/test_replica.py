@@ -395,12 +395,17 @@ def test_a_new_small_replica_is_created_by_spark_and_filled_by_delta_rs(
     assert builder.apply("orders").skipped
 
 
+@pytest.mark.parametrize("committed", [False, True], ids=["no-commit", "first-commit"])
 @pytest.mark.parametrize("driver_rows", [None, 0])
-def test_files_of_a_creation_killed_before_its_first_commit_do_not_block_the_next(
-        spark, make_config: MakeConfig, driver_rows: int | None) -> None:
+def test_files_of_a_creation_killed_before_the_catalog_knew_it_do_not_block_the_next(
+        spark, make_config: MakeConfig, driver_rows: int | None, committed: bool) -> None:
     """A SIGKILL inside Spark's CREATE TABLE or CTAS leaves files at the new replica's
-    location and no log: the next apply creates the replica there all the same."""
+    location, and no log or only its first commit (the catalog entry comes last): the
+    next apply creates the replica there all the same."""
     from pathlib import Path
+
+    import pyarrow as pa
+    from deltalake import write_deltalake
 
     from binlog_assets.lakehouse.delta_log import delta_rs_uri, ensure_database
 
@@ -411,8 +416,10 @@ def test_files_of_a_creation_killed_before_its_first_commit_do_not_block_the_nex
     part.write(part.records([[src.insert(row(1, "1.00", "a"))]]))
     ensure_database(spark, db)
     debris = Path(delta_rs_uri(spark.catalog.getDatabase(db).locationUri)) / "orders"
-    (debris / "_delta_log").mkdir(parents=True)
-    (debris / "_delta_log" / ".00000000000000000000.json.tmp").write_text("{")
+    if committed:
+        write_deltalake(str(debris), pa.table({"other": [1]}))
+    (debris / "_delta_log" / "_staged_commits").mkdir(parents=True)
+    (debris / "_delta_log" / ".00000000000000000001.json.tmp").write_text("{")
     (debris / "part-00000-killed.snappy.parquet").write_bytes(b"PAR1")
     result = builder.apply("orders")
     assert (result.written, result.key_rule) == (1, "primary_key")
