@@ -9,6 +9,7 @@ compared, mismatches, seconds, throughput.
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import time
@@ -28,15 +29,19 @@ def record(drill: str, figures: dict[str, Any]) -> Path:
     """Store `figures` as drill `drill`'s latest entry; returns the report's path."""
     path = report_path()
     path.parent.mkdir(parents=True, exist_ok=True)
-    try:
-        report = json.loads(path.read_text())
-    except (FileNotFoundError, ValueError):
-        report = {}
-    report[drill] = {"recorded_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"), **figures}
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(report, indent=2, sort_keys=True, default=str) + "\n")
-    tmp.replace(path)
-    path.with_suffix(".md").write_text(markdown(report))
+    # Drills run side by side (test workers): each read-modify-write holds the lock, so
+    # no drill's entry is lost to another's.
+    with path.with_suffix(".lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            report = json.loads(path.read_text())
+        except (FileNotFoundError, ValueError):
+            report = {}
+        report[drill] = {"recorded_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"), **figures}
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(report, indent=2, sort_keys=True, default=str) + "\n")
+        tmp.replace(path)
+        path.with_suffix(".md").write_text(markdown(report))
     return path
 
 

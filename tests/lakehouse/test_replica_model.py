@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from decimal import Decimal
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from lake_events import APPLY_PATHS, Partition, Source, config_for, row
@@ -88,12 +89,32 @@ def play(workload: dict) -> tuple[list[list], dict]:
     return records, state
 
 
-@settings(max_examples=12, deadline=None, derandomize=True,
-          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+def examples(n: int) -> settings:
+    return settings(max_examples=n, deadline=None, derandomize=True,
+                    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+
+
+# Every example is a handful of Spark applies (seconds each on 2 cores): the default
+# suite draws 6 workloads, `make test-long` 30 more.
+@examples(6)
 @given(workload=workloads(), data=st.data())
 def test_replica_equals_model_whatever_the_arrival(
     spark, pipeline_config: PipelineConfig, workload: dict, data: st.DataObject
 ) -> None:
+    check_against_model(spark, pipeline_config, workload, data)
+
+
+@pytest.mark.long
+@examples(36)
+@given(workload=workloads(), data=st.data())
+def test_replica_equals_model_whatever_the_arrival_long(
+    spark, pipeline_config: PipelineConfig, workload: dict, data: st.DataObject
+) -> None:
+    check_against_model(spark, pipeline_config, workload, data)
+
+
+def check_against_model(spark, pipeline_config: PipelineConfig, workload: dict,
+                        data: st.DataObject) -> None:
     records, expected = play(workload)
     # Arrival: shuffled (all within the tombstone window), some records delivered twice.
     arrival = data.draw(st.permutations(records), label="arrival")

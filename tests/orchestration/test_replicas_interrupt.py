@@ -81,8 +81,9 @@ def test_an_interrupted_replica_build_ends_at_the_apply_in_progress(
 
     ended, err = interrupt_when(_build(env), lambda: bool(_materialized(home)), timeout=300)
     built = _materialized(home)
-    # Building on would have taken the other replicas' applies, a second or two each.
-    assert ended < 10, f"the build ended {ended:.1f}s after its interrupt: {err[-3000:]}"
+    # That it stopped is the count of replicas built; the deadline is liveness only, far
+    # above a cancelled apply's second or two on a loaded machine.
+    assert ended < 60, f"the build ended {ended:.1f}s after its interrupt: {err[-3000:]}"
     assert len(built) < TABLES // 2, built
     with dg.DagsterInstance.from_config(str(home)) as instance:
         (run,) = instance.get_run_records()
