@@ -81,7 +81,7 @@ source-status:
 ## The Dagster UI over workspace.yaml (starts the local broker first).
 dev: stack-up
 	REDIS_URL="$${REDIS_URL:-$$($(PY) -m binlog_assets.dev.stack redis-url)}" \
-		$(VENV)/bin/dagster dev -w workspace.yaml
+		$(PY) -m binlog_assets.dev.dagster_dev
 
 lint: setup
 	$(VENV)/bin/ruff check .

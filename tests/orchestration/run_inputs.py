@@ -4,6 +4,8 @@ wrote to the changelog."""
 
 from __future__ import annotations
 
+import os
+import shutil
 import signal
 import subprocess
 import time
@@ -17,6 +19,7 @@ import yaml
 from confluent_kafka import Producer
 
 from binlog_assets.config import PipelineConfig
+from binlog_assets.environment import REPO_ROOT
 from binlog_assets.lakehouse.changelog import changelog_uri
 from binlog_assets.lakehouse.delta_log import delta_rs_uri
 
@@ -48,6 +51,26 @@ def run_config_file(pipeline_config: PipelineConfig, tmp_path: Path, source: dic
     path = tmp_path / "binlake.yaml"
     path.write_text(yaml.safe_dump(data))
     return path
+
+
+def dagster_dev_env(pipeline_config: PipelineConfig, tmp_path: Path, source: dict,
+                    location: str, **sections: dict) -> tuple[dict[str, str], Path]:
+    """What `dagster dev` needs in tmp_path: an instance with the shipped dagster.yaml, a
+    config (`run_config_file`, its lakehouse in tmp_path) and a workspace loading the
+    pipeline as `location`; returns the environment and the workspace file."""
+    home = tmp_path / "dagster_home"
+    home.mkdir()
+    shutil.copy(REPO_ROOT / "setup" / "dagster.yaml", home / "dagster.yaml")
+    lakehouse = {"path": str(tmp_path / "lake"), "database": source["name"]}
+    path = run_config_file(pipeline_config, tmp_path, source,
+                           **{"lakehouse": lakehouse, **sections})
+    workspace = tmp_path / "workspace.yaml"
+    workspace.write_text(yaml.safe_dump({"load_from": [{"python_module": {
+        "module_name": "binlog_assets.definitions", "location_name": location,
+        "working_directory": str(REPO_ROOT)}}]}))
+    env = {**os.environ, "DAGSTER_HOME": str(home), "BINLAKE_CONFIG": str(path),
+           "BINLAKE_VAR_DIR": str(tmp_path / "var")}
+    return env, workspace
 
 
 def changelog_coordinates(cfg: PipelineConfig) -> Counter:

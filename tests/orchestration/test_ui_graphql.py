@@ -13,25 +13,22 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
 import time
 import urllib.request
-import uuid
 from pathlib import Path
 
 import dagster as dg
 import orjson
 import pytest
-import yaml
 from confluent_kafka import Producer
+from run_inputs import dagster_dev_env
 
 from binlog_assets.config import PipelineConfig
 from binlog_assets.dev.kafka import create_topic
 from binlog_assets.dev.process import free_port
-from binlog_assets.environment import REPO_ROOT
 from binlog_assets.orchestration.partitions import KAFKA_PARTITIONS_NAME, partition_key
 
 LOCATION = "binlake"
@@ -152,20 +149,10 @@ def dagster_dev(pipeline_config: PipelineConfig, tmp_path: Path):
     bootstrap = pipeline_config.bootstrap_servers
     topic = create_topic(bootstrap, "ui", partitions=1)
     key = partition_key(topic, 0)
-    home = tmp_path / "dagster_home"
-    home.mkdir()
-    shutil.copy(REPO_ROOT / "setup" / "dagster.yaml", home / "dagster.yaml")
-    config = pipeline_config.model_dump(mode="json", exclude_none=True)
-    config["kafka"]["group.id"] = f"binlake-ui-{uuid.uuid4().hex[:6]}"
-    config["lakehouse"] = {"path": str(tmp_path / "lake"), "database": "binlake_ui"}
-    config["dagster"] = {"lag_threshold": 1, "replica_follow_seconds": 0}
-    config["sources"] = [{"name": "ui", "format": "debezium", "topics": [topic]}]
-    path = tmp_path / "binlake.yaml"
-    path.write_text(yaml.safe_dump(config))
-    workspace = tmp_path / "workspace.yaml"
-    workspace.write_text(yaml.safe_dump({"load_from": [{"python_module": {
-        "module_name": "binlog_assets.definitions", "location_name": LOCATION,
-        "working_directory": str(REPO_ROOT)}}]}))
+    env, workspace = dagster_dev_env(
+        pipeline_config, tmp_path, {"name": "ui", "topics": [topic]}, LOCATION,
+        dagster={"lag_threshold": 1, "replica_follow_seconds": 0})
+    home = Path(env["DAGSTER_HOME"])
     with dg.DagsterInstance.from_config(str(home)) as instance:
         instance.add_dynamic_partitions(KAFKA_PARTITIONS_NAME, [key])
     producer = Producer({"bootstrap.servers": bootstrap})
@@ -179,8 +166,6 @@ def dagster_dev(pipeline_config: PipelineConfig, tmp_path: Path):
 
     port = free_port()
     log = tmp_path / "dagster_dev.log"
-    env = {**os.environ, "DAGSTER_HOME": str(home), "BINLAKE_CONFIG": str(path),
-           "BINLAKE_VAR_DIR": str(tmp_path / "var")}
     with log.open("w") as out:
         proc = subprocess.Popen(
             [str(Path(sys.executable).with_name("dagster")), "dev", "-w", str(workspace),
@@ -232,7 +217,7 @@ def test_the_ui_tells_the_runs_story(dagster_dev) -> None:
     assert md["deletes"]["intValue"] == 0  # always there, so the series has no gaps
     assert md["dagster/row_count"]["intValue"] == RECORDS
     definition = _entries(changelog["definition"])
-    assert definition["dagster/table_name"]["text"] == "binlake_ui.changelog"
+    assert definition["dagster/table_name"]["text"] == "ui.changelog"
     assert definition["dagster/uri"]["__typename"] == "PathMetadataEntry"
     columns = definition["dagster/column_schema"]["schema"]["columns"]
     assert {"name": "offset", "type": "bigint"} in columns

@@ -1,0 +1,86 @@
+"""`make dev`: `dagster dev -w workspace.yaml` that one Ctrl-C stops, runs included.
+
+`dagster dev` runs in a process group of its own, so the terminal's SIGINT reaches only
+this process, which then stops it in order: the runs in progress are terminated as the
+UI's Terminate does (each interrupted in its step, reported CANCELED), then the whole
+group gets SIGINT, and whatever is left of it after a grace period SIGKILL. Left alone,
+`dagster dev` waits up to a minute for each of its webserver and daemon. The local stack
+(broker, Spark Connect, Redis) runs in sessions of its own and stays up for the next
+`make dev`; `make stack-down` stops it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+# Seconds the runs in progress get to end once terminated, then the group once signalled:
+# together under the 10 s a Ctrl-C may take.
+RUNS_GRACE = 5.0
+GROUP_GRACE = 3.0
+IN_PROGRESS = ("STARTING", "STARTED", "CANCELING")
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = ["-w", "workspace.yaml"] if argv is None else argv
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    proc = subprocess.Popen([str(Path(sys.executable).with_name("dagster")), "dev", *args],
+                            start_new_session=True)
+    while proc.poll() is None and not stop.wait(0.5):
+        pass
+    if proc.poll() is not None:
+        return proc.returncode
+    print("binlake: stopping dagster dev (runs in progress are terminated)", flush=True)
+    terminate_runs(RUNS_GRACE)
+    return stop_group(proc, GROUP_GRACE)
+
+
+def terminate_runs(grace: float) -> list[str]:
+    """Terminate the instance's runs in progress as the UI does, and wait up to `grace`
+    seconds for them to end; returns their ids."""
+    import dagster as dg
+
+    with dg.DagsterInstance.get() as instance:
+        statuses = [dg.DagsterRunStatus[s] for s in IN_PROGRESS]
+        ids = [r.dagster_run.run_id for r in
+               instance.get_run_records(dg.RunsFilter(statuses=statuses))]
+        for run_id in ids:
+            try:
+                instance.run_coordinator.cancel_run(run_id)
+            except Exception as e:  # the group's signals still end it
+                print(f"binlake: could not terminate run {run_id}: {e}", flush=True)
+        deadline = time.monotonic() + grace
+        while ids and time.monotonic() < deadline:
+            if not instance.get_run_records(dg.RunsFilter(run_ids=ids, statuses=statuses)):
+                break
+            time.sleep(0.2)
+    return ids
+
+
+def stop_group(proc: subprocess.Popen, grace: float) -> int:
+    """SIGINT `proc`'s process group, SIGKILL what is left of it after `grace` seconds."""
+    group = proc.pid  # its own session: the group id is its pid
+    _signal_group(group, signal.SIGINT)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        proc.wait(timeout=grace)
+    # The webserver, daemon and code servers may outlive dagster dev itself.
+    _signal_group(group, signal.SIGKILL)
+    proc.wait()
+    return 130  # as a shell reports a command ended by Ctrl-C
+
+
+def _signal_group(group: int, sig: signal.Signals) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(group, sig)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:] or None))
