@@ -12,6 +12,7 @@ replica's live rows must equal the model's final state, and every key must occur
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from decimal import Decimal
 
 import pytest
@@ -89,28 +90,23 @@ def play(workload: dict) -> tuple[list[list], dict]:
     return records, state
 
 
-def examples(n: int) -> settings:
-    return settings(max_examples=n, deadline=None, derandomize=True,
-                    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+def model_test(examples: int) -> Callable[..., None]:
+    """The test below with `examples` workloads drawn (derandomized: the same each run)."""
+
+    @settings(max_examples=examples, deadline=None, derandomize=True,
+              suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+    @given(workload=workloads(), data=st.data())
+    def test(spark, pipeline_config: PipelineConfig, workload: dict, data: st.DataObject
+             ) -> None:
+        check_against_model(spark, pipeline_config, workload, data)
+
+    return test
 
 
 # Every example is a handful of Spark applies (seconds each on 2 cores): the default
-# suite draws 6 workloads, `make test-long` 30 more.
-@examples(6)
-@given(workload=workloads(), data=st.data())
-def test_replica_equals_model_whatever_the_arrival(
-    spark, pipeline_config: PipelineConfig, workload: dict, data: st.DataObject
-) -> None:
-    check_against_model(spark, pipeline_config, workload, data)
-
-
-@pytest.mark.long
-@examples(36)
-@given(workload=workloads(), data=st.data())
-def test_replica_equals_model_whatever_the_arrival_long(
-    spark, pipeline_config: PipelineConfig, workload: dict, data: st.DataObject
-) -> None:
-    check_against_model(spark, pipeline_config, workload, data)
+# suite draws 6 workloads, `make test-long` 36.
+test_replica_equals_model_whatever_the_arrival = model_test(6)
+test_replica_equals_model_whatever_the_arrival_long = pytest.mark.long(model_test(36))
 
 
 def check_against_model(spark, pipeline_config: PipelineConfig, workload: dict,
