@@ -24,7 +24,6 @@ from pathlib import Path
 # together under the 10 s a Ctrl-C may take.
 RUNS_GRACE = 5.0
 GROUP_GRACE = 3.0
-IN_PROGRESS = ("STARTING", "STARTED", "CANCELING")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -43,13 +42,14 @@ def main(argv: list[str] | None = None) -> int:
     return stop_group(proc, GROUP_GRACE)
 
 
-def terminate_runs(grace: float) -> list[str]:
+def terminate_runs(grace: float) -> None:
     """Terminate the instance's runs in progress as the UI does, and wait up to `grace`
-    seconds for them to end; returns their ids."""
+    seconds for them to end."""
     import dagster as dg
 
     with dg.DagsterInstance.get() as instance:
-        statuses = [dg.DagsterRunStatus[s] for s in IN_PROGRESS]
+        statuses = [dg.DagsterRunStatus.STARTING, dg.DagsterRunStatus.STARTED,
+                    dg.DagsterRunStatus.CANCELING]
         ids = [r.dagster_run.run_id for r in
                instance.get_run_records(dg.RunsFilter(statuses=statuses))]
         for run_id in ids:
@@ -62,7 +62,6 @@ def terminate_runs(grace: float) -> list[str]:
             if not instance.get_run_records(dg.RunsFilter(run_ids=ids, statuses=statuses)):
                 break
             time.sleep(0.2)
-    return ids
 
 
 def stop_group(proc: subprocess.Popen, grace: float) -> int:

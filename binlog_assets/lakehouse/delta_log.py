@@ -256,13 +256,13 @@ _creations_lock = threading.Lock()
 
 @contextmanager
 def _creating(spark: SparkSession, table: tuple[str, str]) -> Iterator[None]:
-    """Hold the table's creation lock; first clear what a creation killed before its
-    first commit left at a local location (files but no log), which Delta would refuse
-    to create a table on (DELTA_CREATE_TABLE_WITH_NON_EMPTY_LOCATION)."""
+    """Hold the table's creation lock; first clear what a creation killed before the
+    catalog knew the table left at its local location, which Delta would refuse to
+    create a table on (DELTA_CREATE_TABLE_WITH_NON_EMPTY_LOCATION)."""
     with _creations_lock:
         lock = _creations.setdefault((table[0].lower(), table[1].lower()), threading.Lock())
     with lock:
-        if not spark.catalog.tableExists(qualified(*table)):
+        if not table_exists(spark, *table):
             _clear_unborn(spark, table)
         yield
 
