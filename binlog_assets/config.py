@@ -231,10 +231,10 @@ class LakehouseConfig(_Model):
     rewrite_ratio: float = Field(0.5, ge=0)
     driver_commit_rows: int = Field(
         200_000, ge=0,
-        description="a batch of at most this many changelog rows for a replica is reduced "
-                    "and typed by Spark, then committed to the replica from the driver by "
-                    "delta-rs (MERGE with the same guard, or an append), without a Spark "
-                    "write; 0: Spark writes every batch")
+        description="a batch of at most this many changelog rows for a replica is "
+                    "committed from the driver by delta-rs (MERGE with the same guard, or "
+                    "an append), and one of row changes only is also reduced and typed "
+                    "there, without a Spark job; 0: Spark does every batch")
     # Delta table features of the replicas (and their history tables) beyond what every
     # mainstream reader opens (delta-rs, polars, DuckDB, Trino): opt in to each.
     table_features: list[TableFeature] = Field(

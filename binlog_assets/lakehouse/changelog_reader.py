@@ -24,6 +24,7 @@ from binlog_assets.lakehouse.delta_log import (
     added_rows,
     delta_rs_uri,
     ensure_database,
+    open_log,
     remember,
     table_exists,
     table_location,
@@ -31,6 +32,8 @@ from binlog_assets.lakehouse.delta_log import (
 from binlog_assets.lakehouse.identifiers import qualified
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from pyspark.sql import DataFrame, SparkSession
     from pyspark.sql import types as T
 
@@ -77,10 +80,12 @@ def changelog_version(spark: SparkSession, config: PipelineConfig) -> int:
 
 
 def _changelog_log(config: PipelineConfig):  # noqa: ANN202 - deltalake's DeltaTable
-    from deltalake import DeltaTable
+    from deltalake.exceptions import TableNotFoundError
 
-    uri = delta_rs_uri(changelog_uri(config))
-    return DeltaTable(uri) if DeltaTable.is_deltatable(uri) else None
+    try:
+        return open_log(changelog_uri(config))
+    except TableNotFoundError:
+        return None
 
 
 def read_changelog(
@@ -165,3 +170,18 @@ def changelog_frame(spark: SparkSession, config: PipelineConfig) -> DataFrame:
         raise FileNotFoundError(f"no changelog table at {changelog_uri(config)} yet: "
                                 f"no consumer run has written one")
     return spark.table(qualified(*changelog_name(config)))
+
+
+class LazyRange:
+    """Changelog versions (`after_version`, `up_to`] as a DataFrame, planned on first use:
+    an apply reduced in the driver never needs it. `single`: in one partition."""
+
+    def __init__(self, read: Callable[[], DataFrame]) -> None:
+        self._read = read
+        self._frame: DataFrame | None = None
+        self.single = False
+
+    def frame(self) -> DataFrame:
+        if self._frame is None:
+            self._frame = self._read()
+        return self._frame.coalesce(1) if self.single else self._frame

@@ -43,6 +43,7 @@ CHANGE_FEED_COLUMNS = ("_change_type", "_commit_version", "_commit_timestamp")
 # remembered; `forget` one that is dropped. Databases made or found are remembered too.
 _locations: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 _databases: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_views: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def delta_rs_uri(uri: str) -> str:
@@ -69,6 +70,12 @@ def share_lookups(parent: SparkSession, child: SparkSession) -> None:
     `parent`'s lookups found: each replica builder's own session started with none."""
     _locations[child] = _known(parent)
     _databases[child] = _databases.setdefault(parent, set())
+    _views[child] = known_views(parent)
+
+
+def known_views(spark: SparkSession) -> set[tuple[str, str]]:
+    """Views `spark`'s catalog is known to have (made or found by this process)."""
+    return _views.setdefault(spark, set())
 
 
 def ensure_database(spark: SparkSession, database: str) -> None:
@@ -119,9 +126,39 @@ def _log(spark: SparkSession, database: str, table: str):  # noqa: ANN202 - delt
 
 
 def open_log(location: str):  # noqa: ANN201 - deltalake's DeltaTable, imported lazily
+    """The table's log at its newest version. Within a `log_scope` each location is
+    opened once per thread and brought up to date at each later use: an open reads the
+    log from its last checkpoint, an update only the commits since."""
     from deltalake import DeltaTable
 
-    return DeltaTable(delta_rs_uri(location))
+    uri = delta_rs_uri(location)
+    logs = getattr(_scope, "logs", None)
+    if logs is None:
+        return DeltaTable(uri)
+    log = logs.get(uri)
+    if log is None:
+        log = logs[uri] = DeltaTable(uri)
+    else:
+        log.update_incremental()
+    return log
+
+
+_scope = threading.local()
+
+
+@contextmanager
+def log_scope() -> Iterator[None]:
+    """Logs opened in this thread meanwhile are kept until it ends: one apply's many
+    reads of a table's log. Not across applies: a table dropped and made again at the
+    same location starts its versions anew, which an update would not notice."""
+    outer = getattr(_scope, "logs", None)
+    if outer is None:
+        _scope.logs = {}
+    try:
+        yield
+    finally:
+        if outer is None:
+            _scope.logs = None
 
 
 def table_version(spark: SparkSession, database: str, table: str) -> int:

@@ -1,29 +1,19 @@
 """Silver replicas: each replica table equals its source tables as of the last applied position.
 
 `ReplicaBuilder.apply` reads the changelog rows committed since the replica's applied
-changelog version (planned from its commits' surveys: `replica_plan.py`, which also
-decides the key rule; rows shaped by `replica_rows.py`; transaction ids in
-`transactions.py`), keeps the source tables routed to the replica (`routing.py`), reduces
-every key to its last change by binlog position, types its JSON images by the declared
-column types (`schema.py`) and writes the result with a position guard. Batch
-boundaries, duplicates, restarts and late events cannot change the outcome:
-
-- Position. `_position` is one struct `(phase, file, pos, row, offset, row_index)`,
-  compared field by field: `s._position > t._position` is the whole guard.
-- Reduce, then guard. Each key keeps its highest-position change of the batch, and a row
-  is written only when that change is newer than the stored one; only the winners are
-  parsed and typed. A batch of at most `lakehouse.driver_commit_rows` changes is
-  committed by delta-rs (`replica_commit.py`): the same MERGE, or an append into a new
-  replica that Spark's CREATE TABLE made; a larger one is Spark's MERGE, a new replica's
-  CTAS, or, at `lakehouse.rewrite_ratio` changes per stored row, one overwrite
-  (`replica_rewrite.py`).
-- Tombstones. A delete keeps the row with `_op = 'd'` so a late, older change finds a
-  newer position; they are purged after `lakehouse.tombstone_retention_hours`.
-- Truncate. An `op = 't'` removes the table's rows below its position and leaves a
-  marker row (`_op = 't'`, null key) whose position is the table's watermark.
-- Primary-key change: a delete of the old key and a create of the new one.
-- Applied version. Every write commits Delta's transaction id (`binlake.replica`,
-  version = the changelog version applied) atomically with the data.
+changelog version (planned from its commits' surveys: `replica_plan.py`), keeps the
+source tables routed to the replica (`routing.py`), reduces every key to its last change
+by binlog position (`_position`, one struct compared field by field), types its JSON
+images by the declared column types (`schema.py`) and writes the result with a position
+guard, so batch boundaries, duplicates, restarts and late events cannot change the
+outcome (docs/architecture.md states the rules). A small batch of row changes is reduced
+and typed in the driver (`replica_driver.py`) and committed by delta-rs
+(`replica_commit.py`); otherwise Spark shapes the rows (`replica_rows.py`) and writes
+them: by delta-rs for a small batch, else Spark's MERGE, a new replica's CTAS or a
+one-pass rewrite (`replica_rewrite.py`). Deletes leave tombstones (`_op = 'd'`), purged
+after `lakehouse.tombstone_retention_hours`; a truncate leaves a marker row (`_op = 't'`,
+null key) whose position is its table's watermark. Every write commits Delta's
+transaction id (`binlake.replica`, the changelog version applied) with the data.
 
 Replica table `<database>.<replica>`: `_source_db`, `_source_table`, the key and source
 columns, then `_position`, `_op`, `_source_ts` and `_applied_at`. Live rows are the view
@@ -35,6 +25,7 @@ from __future__ import annotations
 
 import json
 import threading
+from contextlib import suppress
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING
@@ -47,6 +38,7 @@ from binlog_assets.faults import fault_point
 from binlog_assets.formats.event import OP_DELETE, OP_TRUNCATE
 from binlog_assets.lakehouse.changelog import SURVEY_MAX_COMMITS
 from binlog_assets.lakehouse.changelog_reader import (
+    LazyRange,
     changelog_version,
     read_changelog,
 )
@@ -64,9 +56,12 @@ from binlog_assets.lakehouse.delta_log import (
     create_table,
     create_with_rows,
     forget,
+    known_views,
     last_commit_metrics,
+    log_scope,
     merge_aliases,
     metrics_since,
+    open_log,
     set_properties,
     share_lookups,
     table_detail,
@@ -78,7 +73,12 @@ from binlog_assets.lakehouse.delta_log import (
 )
 from binlog_assets.lakehouse.identifiers import check_unmapped_names, col, qualified
 from binlog_assets.lakehouse.maintenance import PURGED_PROPERTY, purge_tombstones
-from binlog_assets.lakehouse.replica_commit import commit_rows, commit_version, driver_commits
+from binlog_assets.lakehouse.replica_commit import (
+    commit_arrow,
+    commit_rows,
+    commit_version,
+    driver_commits,
+)
 from binlog_assets.lakehouse.replica_cutover import (
     CUTOVERS_PROPERTY,
     cutover_rows,
@@ -97,6 +97,7 @@ from binlog_assets.lakehouse.replica_ddl import (
     replica_sources,
     shape_new_table,
 )
+from binlog_assets.lakehouse.replica_driver import NotInDriver, driver_rows, in_driver
 from binlog_assets.lakehouse.replica_plan import (
     APPEND_ONLY,
     KEY_PROPERTY,
@@ -108,6 +109,7 @@ from binlog_assets.lakehouse.replica_plan import (
     Rule,
     Survey,
     fallback_warning,
+    feature_properties,
     key_rule,
     recorded_rule,
     survey_batch,
@@ -145,25 +147,6 @@ METADATA_COLUMNS = frozenset({*SOURCE_KEY_COLUMNS, *(n for n, _ in REPLICA_METAD
 # A truncate's watermark columns (source table and position) during an apply.
 _WM_DB, _WM_TABLE, _WM = (working_column(n) for n in ("wm_db", "wm_table", "wm"))
 
-# Each opt-in table feature (`lakehouse.table_features`) and the property that turns it
-# on. None is on by default: each adds a reader feature that delta-rs (and the readers
-# built on it) refuse, so a replica would be Spark's alone (README: Table features).
-FEATURE_PROPERTIES = {
-    # A MERGE that touches a few rows of a file marks them instead of rewriting the file.
-    "deletion_vectors": ("delta.enableDeletionVectors", "true"),
-    # Column names with characters Delta otherwise refuses (` ,;{}()\n\t=`), stored as
-    # written; renames and drops without rewriting files.
-    "column_mapping": ("delta.columnMapping.mode", "name"),
-    # Widening int -> bigint, float -> double or a decimal's precision without a rewrite
-    # (without it, a widened column rewrites the table once: `schema.apply_changes`).
-    "type_widening": ("delta.enableTypeWidening", "true"),
-}
-
-
-def feature_properties(features: list[str]) -> dict[str, str]:
-    return dict(FEATURE_PROPERTIES[f] for f in features)
-
-
 @dataclass(frozen=True)
 class ReplicaResult:
     """What one apply did; numbers stay numbers so the UI can chart them."""
@@ -195,7 +178,6 @@ class ReplicaBuilder:
         self.config = config
         self.database = config.lakehouse.database
         self._lock = threading.Lock()
-        self._views: set[tuple[str, str]] = set()  # views of live rows known to exist
 
     def table_name(self, replica: str) -> tuple[str, str]:
         return self.database, replica
@@ -214,7 +196,7 @@ class ReplicaBuilder:
         """Drop the replica (and its view and history) and apply the whole changelog."""
         route = replica_route(self.config, replica)
         self.spark.sql(f"DROP VIEW IF EXISTS {qualified(*self.current_view_name(replica))}")
-        self._views.discard(self.current_view_name(replica))
+        known_views(self.spark).discard(self.current_view_name(replica))
         tables = [self.table_name(replica)]
         if route.history:
             tables.append(self.history_name(replica))
@@ -227,7 +209,7 @@ class ReplicaBuilder:
         """Apply changelog versions above the replica's applied version, up to `up_to_version`
         (default: the changelog's current version)."""
         route = replica_route(self.config, replica)
-        with self._lock:
+        with self._lock, log_scope():
             try:
                 return self._apply(route, up_to_version)
             except TableCreatedMeanwhile:
@@ -259,28 +241,27 @@ class ReplicaBuilder:
         starts = [applied[t] for t in behind]
         start = None if None in starts else min(starts)
 
-        batch = read_changelog(spark, self.config, start, up_to)
-        survey = survey_batch(spark, self.config, batch, route, start, up_to)
-        if survey.rows <= self.config.lakehouse.driver_commit_rows:
-            # A small batch in one partition: its reduce then needs no shuffle (a stage
-            # and a job of its own, most of a small apply's Spark time).
-            batch = batch.coalesce(1)
+        # Read by Spark only when the batch needs it: a driver apply reads it as Arrow.
+        batch = LazyRange(lambda: read_changelog(spark, self.config, start, up_to))
+        survey = survey_batch(spark, self.config, batch.frame, route, start, up_to)
+        # A small batch in one partition: its reduce then needs no shuffle (a stage and
+        # a job of its own, most of a small apply's Spark time).
+        batch.single = survey.rows <= self.config.lakehouse.driver_commit_rows
         # A new replica (a first build, a rebuild) follows the DDL too: it is built as its
         # source tables are at the batch's end.
-        ddl = read_ddl(batch, route) if survey.ddl else DdlPlan()
+        ddl = read_ddl(batch.frame(), route) if survey.ddl else DdlPlan()
         note_adds(survey, ddl)
         # An append-only replica is the log of its tables' changes: a swap adds none.
-        cutovers = (plan_cutovers(spark, self.config, ddl, route, survey, batch, props, up_to)
+        cutovers = (plan_cutovers(spark, self.config, ddl, route, survey, batch.frame(), props,
+                                  up_to)
                     if (ddl.table_renames or CUTOVERS_PROPERTY in props)
                     and stored_rule != APPEND_ONLY else [])
         # A dropped database or a table renamed away names no table routed here.
         rule = key_rule(route, survey, props) if survey.tables or ddl else None
         if rule is None or (not survey.rows and not props):
-            # Nothing for this replica (or only truncates of a table whose key is not
-            # known yet, which leave nothing to build). An empty MERGE would move its
-            # applied version (a commit, seconds of Spark jobs); while the commits the
-            # next apply surveys again are few, their metadata answers at once and the
-            # commit can wait.
+            # Nothing for this replica (or truncates of a table whose key is not known
+            # yet). While the commits the next apply surveys again are few, their metadata
+            # answers at once and the commit moving its applied version can wait.
             existing = [t for t in behind if table_exists(spark, *t)]
             done = ReplicaResult(route.replica, applied_version=up_to if existing else -1,
                                  key_rule=stored_rule,
@@ -297,11 +278,16 @@ class ReplicaBuilder:
         new = record_cutovers(spark, replica_table, props, cutovers, new)
         columns = (self._source_columns(replica_table) if new is None else
                    {f.name: f.dataType for f in new.schema if f.name not in METADATA_COLUMNS})
+        if in_driver(route, survey, rule, props, sources, new, cutovers,
+                     self.config.lakehouse.driver_commit_rows):
+            with suppress(NotInDriver):  # else Spark's way below, for the whole batch
+                return self._driver_apply(route, survey, rule, changes, columns, start, up_to,
+                                          props, location, files, new)
         if rule.append:
             from binlog_assets.lakehouse.append_replica import append_changes
 
-            rows = keyed_changes(batch.where(F.col("table").isin(survey.tables)
-                                             & F.col("op").isin(*MERGED_OPS)),
+            rows = keyed_changes(batch.frame().where(F.col("table").isin(survey.tables)
+                                                     & F.col("op").isin(*MERGED_OPS)),
                                  route, survey, [], columns, row_image(), F.col("op"),
                                  image_first=False)
             stored_columns = (table_schema(spark, *replica_table).names
@@ -314,8 +300,8 @@ class ReplicaBuilder:
             return self._result(route, survey, up_to, rule, changes, written=written)
 
         # A new replica too: its rows are built under the names they have now.
-        rows = keyed_rows(move_batch_rows(batch, ddl, route, survey), route, survey, key,
-                          columns)
+        rows = keyed_rows(move_batch_rows(batch.frame(), ddl, route, survey), route, survey,
+                          key, columns)
         if route.on_drop == "truncate":
             rows = drop_markers(spark, rows, sources, survey)
         if cutovers:
@@ -349,6 +335,32 @@ class ReplicaBuilder:
                                 spark, replica_table, now, props,
                                 self.config.lakehouse.tombstone_retention_hours))
 
+    def _driver_apply(self, route: ReplicaRoute, survey: Survey, rule: Rule, changes: list[str],
+                      columns: dict[str, T.DataType], start: int | None, up_to: int,
+                      props: dict[str, str], location: str, files: int,
+                      new: NewTable | None) -> ReplicaResult:
+        """The batch reduced and typed in the driver (`replica_driver.py`), committed by
+        delta-rs; into a new replica after Spark's CREATE TABLE."""
+        import pyarrow as pa
+
+        now = datetime.now(UTC)
+        table = self.table_name(route.replica)
+        schema = new.schema if new is not None else (
+            pa.schema(open_log(location).schema().to_arrow()))
+        rows = driver_rows(self.config, start, up_to, survey, rule.key, columns, schema, now)
+        fault_point("during_replica_merge")
+        if new is not None:
+            create_table(self.spark, new.name, new.schema, new.properties, exists_ok=False)
+            location = table_location(self.spark, *new.name)
+        written = commit_arrow(location, rows, rule.key, APP_ID, up_to,
+                               merge=new is None and files != 0)
+        if new is not None:
+            self._ensure_view(route.replica, create=True)
+        return self._result(route, survey, up_to, rule, changes, written=written,
+                            tombstones=purge_tombstones(
+                                self.spark, table, now, props,
+                                self.config.lakehouse.tombstone_retention_hours))
+
     def _result(self, route: ReplicaRoute, survey: Survey, up_to: int, rule: Rule,
                 changes: list[str], **counts: int) -> ReplicaResult:
         return ReplicaResult(
@@ -376,12 +388,10 @@ class ReplicaBuilder:
         """Create or evolve the replica (and history) for the batch's columns, and do
         what its DDL asks of the replica's columns and rows (`replica_ddl.py`).
 
-        Returns a description of each change made, the replica's source tables and,
-        for a replica that does not exist yet, the table to create with its first rows
-        (in one commit, by the write). Schema changes commit before the MERGE; they are
-        idempotent, so a crash in between is harmless. An append-only replica has
-        neither a history (it is one) nor a view of live rows (without a key there are
-        none to tell apart).
+        Returns a description of each change made, the replica's source tables and, for
+        a new replica, the table to create with its first rows. Schema changes commit
+        before the rows, idempotently. An append-only replica has neither a history (it
+        is one) nor a view of live rows.
         """
         source_key = [k for k in rule.key if k not in SOURCE_KEY_COLUMNS]
         missing = [k for k in source_key if k not in survey.declared
@@ -463,8 +473,9 @@ class ReplicaBuilder:
         """(Re-)create the view of the replica's live rows when `create`, else when the
         catalog lacks it (a crash between the table's first commit and the view)."""
         view = self.current_view_name(replica)
-        if not create and (view in self._views or table_exists(self.spark, *view)):
-            self._views.add(view)
+        known = known_views(self.spark)
+        if not create and (view in known or table_exists(self.spark, *view)):
+            known.add(view)
             return
         # Spark fixes a view's columns when it is created, so it is re-created whenever
         # the replica's columns change. Only config-validated names are in this text.
@@ -472,7 +483,7 @@ class ReplicaBuilder:
             f"CREATE OR REPLACE VIEW {qualified(*self.current_view_name(replica))} AS "
             f"SELECT * FROM {qualified(*self.table_name(replica))} "
             f"WHERE _op NOT IN ('{OP_DELETE}', '{OP_TRUNCATE}')")
-        self._views.add(view)
+        known.add(view)
 
     def _source_columns(self, table: tuple[str, str]) -> dict[str, T.DataType]:
         """The replica's key and source columns with their types, in table order."""

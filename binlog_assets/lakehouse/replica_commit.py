@@ -1,14 +1,14 @@
 """A batch's commit to a replica from the driver by delta-rs, when the batch is small.
 
-Spark reads the changelog, reduces each key to its last change and types the rows, as
-for every batch; a batch of at most `lakehouse.driver_commit_rows` changes is then
-collected as Arrow and committed by delta-rs in the statement Spark would run: a MERGE
-on the key whose update is guarded by the position, or an append (into a replica
-without data files, or one just created by Spark's CREATE TABLE, which keeps its
-catalog entry, schema and properties). Spark's Delta MERGE or CTAS of a few rows is a
-second or more of driver planning and jobs; delta-rs commits the same rows in tens of
-milliseconds. The commit carries the replica's transaction (`APP_ID`, the changelog
-version), as Spark's does.
+A batch of at most `lakehouse.driver_commit_rows` changes is reduced to the last change
+of each key and typed in the driver (`replica_driver.py`), or by Spark and collected as
+Arrow where only Spark reproduces its values, and committed by delta-rs in the statement
+Spark would run: a MERGE on the key whose update is guarded by the position, or an
+append (into a replica without data files, or one just created by Spark's CREATE TABLE,
+which keeps its catalog entry, schema and properties). Spark's Delta MERGE or CTAS of a
+few rows is a second or more of driver planning and jobs; delta-rs commits the same rows
+in tens of milliseconds. The commit carries the replica's transaction (`APP_ID`, the
+changelog version), as Spark's does.
 
 Spark still writes a batch that holds a truncate (its delete of the rows below the
 watermark), a table with an opt-in Delta feature delta-rs does not write (deletion
@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING
 from binlog_assets.lakehouse.delta_log import open_log
 
 if TYPE_CHECKING:
+    import pyarrow as pa
     from pyspark.sql import DataFrame
 
 # Table properties of the features that keep a replica's writes in Spark.
@@ -41,12 +42,17 @@ def commit_rows(location: str, rows: DataFrame, key: list[str], app_id: str, ver
     """Commit `rows` (reduced, typed: one per key) to the replica at `location` with the
     transaction (`app_id`, `version`): MERGE them when `merge` (a matched row is updated
     only by a newer `_position`), else append them. Returns the rows written."""
+    return commit_arrow(location, rows.toArrow(), key, app_id, version, merge=merge)
+
+
+def commit_arrow(location: str, batch: pa.Table, key: list[str], app_id: str, version: int,
+                 *, merge: bool) -> int:
+    """`commit_rows` of rows already in Arrow."""
     import pyarrow as pa
     from deltalake import CommitProperties, Transaction, write_deltalake
 
     log = open_log(location)
     target = pa.schema(log.schema().to_arrow())
-    batch = rows.toArrow()
     names = batch.schema.names
     batch = batch.cast(pa.schema([target.field(n) for n in names]))
     commit = CommitProperties(app_transactions=[Transaction(app_id, version)])

@@ -34,6 +34,8 @@ from binlog_assets.lakehouse.routing import SOURCE_KEY_COLUMNS, ReplicaRoute
 from binlog_assets.lakehouse.schema import spark_type, widen_all
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from pyspark.sql import DataFrame, SparkSession
 
     from binlog_assets.config import PipelineConfig
@@ -47,6 +49,25 @@ KEY_PROPERTY = "binlake.key_columns"
 RULE_PROPERTY = "binlake.key_rule"
 SHARDED_PROPERTY = "binlake.sharded"
 TRUNCATED_PROPERTY = "binlake.truncated"
+
+# Each opt-in table feature (`lakehouse.table_features`) and the property that turns it
+# on. None is on by default: each adds a reader feature that delta-rs (and the readers
+# built on it) refuse, so a replica would be Spark's alone (README: Table features).
+FEATURE_PROPERTIES = {
+    # A MERGE that touches a few rows of a file marks them instead of rewriting the file.
+    "deletion_vectors": ("delta.enableDeletionVectors", "true"),
+    # Column names with characters Delta otherwise refuses (` ,;{}()\n\t=`), stored as
+    # written; renames and drops without rewriting files.
+    "column_mapping": ("delta.columnMapping.mode", "name"),
+    # Widening int -> bigint, float -> double or a decimal's precision without a rewrite
+    # (without it, a widened column rewrites the table once: `schema.apply_changes`).
+    "type_widening": ("delta.enableTypeWidening", "true"),
+}
+
+
+def feature_properties(features: list[str]) -> dict[str, str]:
+    return dict(FEATURE_PROPERTIES[f] for f in features)
+
 
 # How a replica's rows are keyed, as its asset's metadata reports it.
 PRIMARY_KEY = "primary_key"  # by the primary key the changes carry
@@ -99,13 +120,14 @@ class Survey:
     others: set[str] = field(default_factory=set)
 
 
-def survey_batch(spark: SparkSession, config: PipelineConfig, batch: DataFrame,
+def survey_batch(spark: SparkSession, config: PipelineConfig, batch: Callable[[], DataFrame],
                  route: ReplicaRoute, start: int | None, up_to: int) -> Survey:
     """Tables, types, keys and truncates of the batch: from the surveys its commits
-    carry in the Delta log (`changelog.read_survey`), else in one aggregate job."""
+    carry in the Delta log (`changelog.read_survey`), else in one aggregate job over
+    `batch()`."""
     groups = read_survey(spark, config, start, up_to)
     if groups is None:
-        groups = survey_of_frame(batch)
+        groups = survey_of_frame(batch())
     tables = route.select({g.table for g in groups})
     survey = Survey(tables, 0, None, {}, {}, set(), {})
     add_groups(survey, groups)

@@ -1,0 +1,119 @@
+"""The changelog's row changes as Arrow, read by delta-rs: what a driver apply reduces.
+
+A follower cycle or a replica build applies many replicas to the same changelog
+versions. Each used to plan and run a Spark read of its own; here the versions are read
+once (the change feed of the append-only table, by delta-rs, no JVM), kept for the next
+replica of the same range, and each replica takes the rows of its own tables from them.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import TYPE_CHECKING
+
+from binlog_assets.lakehouse.changelog import changelog_uri
+from binlog_assets.lakehouse.delta_log import delta_rs_uri, open_log
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+
+    from binlog_assets.config import PipelineConfig
+
+# The columns a driver apply reads. delta-rs builds a SQL projection from the names
+# without quoting them, and `table` or `offset` after another name does not parse: they
+# come first and last.
+RANGE_COLUMNS = ("offset", "op", "key", "before", "after", "pos_phase", "pos_file",
+                 "pos_pos", "pos_row", "row_index", "source_ts", "_commit_version", "table")
+# The range kept for the next replica holds at most this many rows (a catch-up's whole
+# backlog is read per replica, by its tables, instead).
+KEPT_ROWS = 400_000
+
+_lock = threading.Lock()
+# changelog location -> (table id, first version, last version, their rows)
+_kept: dict[str, tuple[str, int, int, pa.Table]] = {}
+
+
+def changes_of(config: PipelineConfig, after_version: int | None, up_to: int,
+               tables: list[str], ops: tuple[str, ...]) -> pa.Table:
+    """Rows of changelog versions (`after_version`, `up_to`] (the table as of `up_to`
+    when None) whose table is one of `tables` and op one of `ops`, columns `RANGE_COLUMNS`."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    from deltalake import DeltaTable
+
+    uri = delta_rs_uri(changelog_uri(config))
+    if after_version is None:
+        # The table as of `up_to`, as Spark reads it: rows retention removed stay out,
+        # where the change feed of every version would bring them back.
+        snapshot = DeltaTable(uri, version=up_to).to_pyarrow_dataset()
+        return _plain(snapshot.to_table(
+            columns=[c for c in RANGE_COLUMNS if c != "_commit_version"],
+            filter=pc.field("table").isin(tables) & pc.field("op").isin(list(ops))))
+    log = open_log(uri)
+    # A changelog made again at the same location counts its versions from 0 again.
+    table_id = log.metadata().id
+    first = after_version + 1
+    rows = _kept_rows(log, uri, table_id, first, up_to)
+    if rows is None:
+        rows = _read(log, first, up_to, None)
+        if rows.num_rows > KEPT_ROWS:
+            rows = _read(log, first, up_to, tables)
+        else:
+            with _lock:
+                _kept[uri] = (table_id, first, up_to, rows)
+    version = rows.column("_commit_version")
+    keep = pc.and_(
+        pc.and_(pc.is_in(rows.column("table"), value_set=pa.array(tables, pa.string())),
+                pc.is_in(rows.column("op"), value_set=pa.array(list(ops), pa.string()))),
+        pc.and_(pc.greater_equal(version, first), pc.less_equal(version, up_to)))
+    return rows.filter(keep)
+
+
+def _kept_rows(log, uri: str, table_id: str, first: int, last: int  # noqa: ANN001
+               ) -> pa.Table | None:
+    """The kept rows when they cover versions `first`..`last`, extended by the versions
+    after them when `last` is newer (a follower's next cycle) and trimmed below `first`;
+    None when they do not reach back to `first`."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    with _lock:
+        kept = _kept.get(uri)
+    if kept is None or kept[0] != table_id or not kept[1] <= first <= kept[2] + 1:
+        return None
+    _, lo, hi, rows = kept
+    if hi >= last:
+        return rows
+    if lo < first:
+        rows = rows.filter(pc.greater_equal(rows.column("_commit_version"), first))
+    rows = pa.concat_tables([rows, _read(log, hi + 1, last, None)])
+    if rows.num_rows > KEPT_ROWS:
+        return None
+    with _lock:
+        _kept[uri] = (table_id, first, last, rows)
+    return rows
+
+
+def _read(log, first: int, last: int, tables: list[str] | None  # noqa: ANN001
+          ) -> pa.Table:
+    """Versions `first`..`last` of the append-only changelog `log`: the rows they added."""
+    import pyarrow as pa
+
+    predicate = None
+    if tables is not None:
+        # Files hold one partition's events each, so their `table` statistics skip most.
+        names = ", ".join("'" + t.replace("'", "''") + "'" for t in tables)
+        predicate = f"`table` IN ({names})"
+    reader = log.load_cdf(starting_version=first, ending_version=last,
+                          columns=list(RANGE_COLUMNS), predicate=predicate)
+    return _plain(pa.table(reader.read_all()))
+
+
+def _plain(rows: pa.Table) -> pa.Table:
+    """`rows` with delta-rs's string views as plain strings, which every compute kernel
+    takes."""
+    import pyarrow as pa
+
+    return rows.cast(pa.schema([
+        pa.field(f.name, pa.string()) if f.type == pa.string_view() else f
+        for f in rows.schema]))

@@ -1,0 +1,327 @@
+"""A small batch reduced and typed in the driver, without Spark: the rows a delta-rs
+commit (`replica_commit.py`) writes to the replica.
+
+Spark's apply is a plan built in Python and a job per replica, most of a small apply's
+time whatever its size. For a batch of row changes only (no DDL, truncates, cut-overs,
+history or key override: `eligible`), the same result is computed here from the
+changelog rows as Arrow (`changelog_arrow.py`): each key keeps its change of highest
+position, and the winners' JSON images are typed by the replica's columns with Spark's
+rules (`replica_rows.cast_text` under ANSI casts, the session time zone UTC). A value
+whose Spark cast this module does not reproduce exactly raises `NotInDriver`, and the
+apply goes the Spark way for the whole batch: the two ways never mix in one commit.
+"""
+
+from __future__ import annotations
+
+import base64
+import re
+from datetime import UTC, date, datetime, timedelta, timezone
+from decimal import ROUND_HALF_UP, Context, Decimal, InvalidOperation
+from typing import TYPE_CHECKING, Any
+
+import orjson
+from pyspark.sql import types as T
+
+from binlog_assets.formats.event import OP_DELETE
+from binlog_assets.lakehouse.changelog_arrow import changes_of
+from binlog_assets.lakehouse.columns import POSITION_FIELDS, split_table
+from binlog_assets.lakehouse.replica_commit import driver_commits
+from binlog_assets.lakehouse.replica_plan import ROW_OPS, TRUNCATED_PROPERTY
+from binlog_assets.lakehouse.replica_rows import column_spellings
+from binlog_assets.lakehouse.routing import SOURCE_KEY_COLUMNS
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    import pyarrow as pa
+
+    from binlog_assets.config import PipelineConfig
+    from binlog_assets.lakehouse.delta_log import NewTable
+    from binlog_assets.lakehouse.replica_ddl import Sources
+    from binlog_assets.lakehouse.replica_plan import Rule, Survey
+    from binlog_assets.lakehouse.routing import ReplicaRoute
+
+
+class NotInDriver(Exception):  # noqa: N818 - a decision, not an error
+    """The batch holds something only Spark's apply reproduces; says what."""
+
+
+_INT_RANGES = {T.IntegerType: (-(2**31), 2**31 - 1), T.LongType: (-(2**63), 2**63 - 1)}
+_INTEGER_TEXT = re.compile(r"[+-]?\d+")
+_DECIMAL_TEXT = re.compile(r"[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?")
+# Spark reads a date from the first ten characters when a time follows.
+_DATE_TEXT = re.compile(r"(\d{4})-(\d{2})-(\d{2})(?:[T ].*)?", re.DOTALL)
+_TIMESTAMP_TEXT = re.compile(
+    r"(\d{4})-(\d{2})-(\d{2})(?:[T ](\d{2}):(\d{2}):(\d{2})(?:\.(\d{1,6}))?)?"
+    r"(Z|[+-]\d{2}:\d{2})?")
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+# Wide enough for any decimal(38, s): the default context's 28 digits would refuse some.
+_CONTEXT = Context(prec=80)
+_QUANTA = [Decimal(1).scaleb(-scale) for scale in range(39)]
+_TRUE = frozenset({"t", "true", "y", "yes", "1"})
+_FALSE = frozenset({"f", "false", "n", "no", "0"})
+
+
+def converter(data_type: T.DataType) -> Callable[[Any], Any]:
+    """A JSON-decoded value -> the value Spark's `cast_text` gives `data_type` from its
+    JSON text (None stays None); raises `NotInDriver` where the two could differ."""
+    kind = type(data_type)
+    if kind in _INT_RANGES:
+        low, high = _INT_RANGES[kind]
+        return _nullable(lambda v: _integer(v, low, high))
+    if kind in (T.DoubleType, T.FloatType):
+        return _nullable(_floating)
+    if kind is T.DecimalType:
+        return _nullable(lambda v: _decimal(v, data_type.precision, data_type.scale))
+    if kind is T.BooleanType:
+        return _nullable(_boolean)
+    if kind is T.StringType:
+        return _nullable(_text)
+    if kind is T.DateType:
+        return _nullable(_date)
+    if kind is T.TimestampType:
+        return _nullable(_timestamp)
+    if kind is T.BinaryType:
+        return _nullable(_binary)
+    raise NotInDriver(f"column type {data_type.simpleString()}")
+
+
+def _nullable(convert: Callable[[Any], Any]) -> Callable[[Any], Any]:
+    return lambda v: None if v is None else convert(v)
+
+
+def _refuse(value: Any, what: str) -> NotInDriver:
+    return NotInDriver(f"{type(value).__name__} value as {what}")
+
+
+def _integer(value: Any, low: int, high: int) -> int:
+    if isinstance(value, str) and _INTEGER_TEXT.fullmatch(value):
+        value = int(value)
+    if type(value) is not int or not low <= value <= high:
+        raise _refuse(value, "an integer")  # Spark's ANSI cast fails the apply or truncates
+    return value
+
+
+def _floating(value: Any) -> float:
+    if type(value) not in (int, float):
+        raise _refuse(value, "a floating-point number")
+    return float(value)
+
+
+def _decimal(value: Any, precision: int, scale: int) -> Decimal:
+    if type(value) is int:
+        text = str(value)
+    elif type(value) is str and _DECIMAL_TEXT.fullmatch(value):
+        text = value
+    else:
+        raise _refuse(value, "a decimal")
+    try:
+        number = Decimal(text).quantize(_QUANTA[scale], ROUND_HALF_UP, _CONTEXT)
+    except InvalidOperation as exc:
+        raise _refuse(value, "a decimal") from exc
+    if number and number.adjusted() + 1 + scale > precision:
+        raise _refuse(value, f"decimal({precision},{scale})")  # Spark: overflow error
+    return number
+
+
+def _boolean(value: Any) -> bool:
+    if type(value) is bool:
+        return value
+    text = value if type(value) is str else str(value) if type(value) is int else None
+    if text is not None and text.lower() in _TRUE:
+        return True
+    if text is not None and text.lower() in _FALSE:
+        return False
+    raise _refuse(value, "a boolean")
+
+
+def _text(value: Any) -> str:
+    if type(value) is str:
+        return value
+    if _rewritten(value):
+        raise _refuse(value, "text")
+    return orjson.dumps(value).decode()
+
+
+# Control characters Spark's JSON writer and orjson escape alike (\b \t \n \f \r).
+_SHORT_ESCAPES = frozenset("\b\t\n\f\r")
+
+
+def _rewritten(value: Any) -> bool:
+    """Whether Spark's text of a non-string JSON value may differ from orjson's: it
+    writes numbers anew in Java's notation (1.0E20) and other control characters as
+    upper-case \\u escapes."""
+    if isinstance(value, float):
+        return True
+    if isinstance(value, str):
+        return any(c < " " and c not in _SHORT_ESCAPES for c in value)
+    if isinstance(value, dict):
+        return any(_rewritten(k) or _rewritten(v) for k, v in value.items())
+    if isinstance(value, list):
+        return any(_rewritten(v) for v in value)
+    return False
+
+
+def _date(value: Any) -> date:
+    m = _DATE_TEXT.fullmatch(value) if type(value) is str else None
+    if m is not None:
+        try:
+            return date(*(int(g) for g in m.groups()))
+        except ValueError:
+            pass
+    raise _refuse(value, "a date")
+
+
+def _timestamp(value: Any) -> datetime:
+    m = _TIMESTAMP_TEXT.fullmatch(value) if type(value) is str else None
+    if m is None:
+        raise _refuse(value, "a timestamp")
+    year, month, day, hour, minute, second, fraction, zone = m.groups()
+    # Without a zone, the session's (UTC) applies.
+    offset = timedelta(0)
+    if zone and zone != "Z":
+        sign = -1 if zone[0] == "-" else 1
+        offset = sign * timedelta(hours=int(zone[1:3]), minutes=int(zone[4:6]))
+    try:
+        local = datetime(int(year), int(month), int(day), int(hour or 0), int(minute or 0),
+                         int(second or 0), int((fraction or "0").ljust(6, "0")),
+                         tzinfo=timezone(offset))
+        return local.astimezone(UTC)
+    except (ValueError, OverflowError) as exc:
+        raise _refuse(value, "a timestamp") from exc
+
+
+def _binary(value: Any) -> bytes:
+    if type(value) is str:
+        try:
+            return base64.b64decode(value, validate=True)
+        except ValueError:
+            pass
+    raise _refuse(value, "base64")
+
+
+def in_driver(route: ReplicaRoute, survey: Survey, rule: Rule, props: dict[str, str],
+              sources: Sources, new: NewTable | None, cutovers: list, limit: int) -> bool:
+    """Whether the batch is row changes only, small enough, into a replica whose commit
+    delta-rs makes: what `driver_rows` computes as Spark's apply would."""
+    return (not rule.append and not route.history and not route.key_columns
+            and not cutovers and not survey.ddl and not survey.truncates
+            and not sources.dropped and props.get(TRUNCATED_PROPERTY) != "true"
+            and driver_commits(props if new is None else new.properties, survey.rows, limit,
+                               truncates=False))
+
+
+def driver_rows(config: PipelineConfig, after_version: int | None, up_to: int,
+                survey: Survey, key: list[str], columns: dict[str, T.DataType],
+                schema: pa.Schema | T.StructType, now: datetime) -> pa.Table:
+    """The batch's rows for the replica, reduced and typed into `schema` (the replica's
+    Arrow schema, or the Spark schema of a replica about to be created)."""
+    from pyspark.sql.pandas.types import to_arrow_schema
+
+    if isinstance(schema, T.StructType):
+        schema = to_arrow_schema(schema, timezone="UTC")
+    changes = changes_of(config, after_version, up_to, survey.tables, ROW_OPS)
+    return reduced_rows(changes, survey, key, columns, schema, now)
+
+
+def reduced_rows(changes: pa.Table, survey: Survey, key: list[str],
+                 columns: dict[str, T.DataType], schema: pa.Schema, now: datetime
+                 ) -> pa.Table:
+    """Per key, the change of highest position among `changes` (changelog rows of the
+    replica's tables), typed into the replica's Arrow `schema`, `_applied_at` = `now`."""
+    import pyarrow as pa
+
+    source_key = [k for k in key if k not in SOURCE_KEY_COLUMNS]
+    sharded = len(key) > len(source_key)
+    spellings = column_spellings(columns, survey)
+    convert = {name: converter(t) for name, t in columns.items()}
+    data = {name: changes.column(name).to_pylist() for name in changes.schema.names}
+    ops, tables, offsets = data["op"], data["table"], data["offset"]
+    positions = list(zip(*(data[source] for _, _, source in POSITION_FIELDS), strict=True))
+    # group -> (row, typed key values, parsed image or None)
+    winners: dict[tuple, tuple[int, list, dict | None]] = {}
+    key_spellings = [(k, spellings[k.lower()], convert[k]) for k in source_key]
+    for i, record_text in enumerate(data["key"]):
+        position = positions[i]
+        if None in position:
+            raise NotInDriver(f"a change at offset {offsets[i]} without a position")
+        record = _json(record_text) or {}
+        image = None
+        values = []
+        for column, names, cast in key_spellings:
+            value = record.get(column)
+            if value is None:
+                if image is None:
+                    image = _json(_image(data, i, ops[i])) or {}
+                value = _first(image, names)
+            value = cast(value)
+            if value is None:
+                raise NotInDriver(f"a change at offset {offsets[i]} without its key")
+            values.append(value)
+        group = (*split_table(tables[i]), *values) if sharded else tuple(values)
+        best = winners.get(group)
+        if best is None or position > positions[best[0]]:
+            winners[group] = (i, values, image)
+    # How each replica column is filled, decided once.
+    keyed = dict(zip(source_key, range(len(source_key)), strict=True))
+    plan = []
+    for name in schema.names:
+        if name in _META:
+            plan.append((_META[name], None, None))
+        elif name in keyed:
+            plan.append(("key", keyed[name], None))
+        elif name in convert:
+            plan.append(("image", spellings[name.lower()], convert[name]))
+        else:
+            raise NotInDriver(f"replica column {name!r} the batch does not shape")
+    out: list[list] = [[] for _ in plan]
+    field_names = [n for n, _, _ in POSITION_FIELDS]
+    for i, values, image in winners.values():
+        op = ops[i]
+        if image is None:
+            image = _json(_image(data, i, op)) or {}
+        db, table = split_table(tables[i])
+        ts = data["source_ts"][i]
+        meta = (db, table, op, dict(zip(field_names, positions[i], strict=True)),
+                None if ts is None else _EPOCH + timedelta(milliseconds=ts), now)
+        for column, (kind, arg, cast) in zip(out, plan, strict=True):
+            if kind == "key":
+                column.append(values[arg])
+            elif kind == "image":
+                column.append(cast(_first(image, arg)))
+            else:
+                column.append(meta[kind])
+    return pa.table([pa.array(column, type=schema.field(i).type)
+                     for i, column in enumerate(out)], schema=schema)
+
+
+# Replica metadata columns -> their index in a winner's metadata tuple.
+_META = {"_source_db": 0, "_source_table": 1, "_op": 2, "_position": 3, "_source_ts": 4,
+         "_applied_at": 5}
+
+
+def _image(data: dict[str, list], i: int, op: str) -> str | None:
+    """A change's row values: the after-image, the before-image of a delete."""
+    return data["before" if op == OP_DELETE else "after"][i]
+
+
+def _first(image: dict, names: list[str]) -> Any:
+    """The value under the first of `names` the image holds non-null."""
+    for name in names:
+        value = image.get(name)
+        if value is not None:
+            return value
+    return None
+
+
+def _json(text: str | None) -> dict | None:
+    """A JSON object's text, parsed; None for null."""
+    if text is None:
+        return None
+    try:
+        doc = orjson.loads(text)
+    except orjson.JSONDecodeError as exc:
+        raise NotInDriver("an image or key that is not JSON") from exc
+    if doc is not None and not isinstance(doc, dict):
+        raise NotInDriver("an image or key that is not a JSON object")
+    return doc
