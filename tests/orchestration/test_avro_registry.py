@@ -1,10 +1,12 @@
 """Debezium Avro through a schema registry, in a real Dagster run on the real broker.
 
 Records are written by confluent-kafka's AvroSerializer (which registers their schemas)
-in the registry's wire format, with a bad one of each kind among them. The registry is
-`avro_wire.SchemaRegistry` (the Confluent REST API over real HTTP, a test fake: no
-registry server installs here) and wants a password, which binlake's config names by an
-environment variable. A run decodes the good records into the changelog with their
+in the registry's wire format, with a bad one of each kind among them. The registry
+wants a password, which binlake's config names by an environment variable, so it is
+`avro_wire.SchemaRegistry` (the Confluent REST API over real HTTP, a test fake): the
+real registry of the stack (Apicurio 2.x) authenticates only through an OIDC server,
+which does not run here. The decoding itself is tested on the real registry in
+tests/formats/test_debezium_avro.py and tests/drills/test_e2e_avro.py. A run decodes the good records into the changelog with their
 types, dead-letters the bad ones with their coordinates, and leaves the password out
 of everything it records; with the registry gone, the run fails at once, naming it.
 """
