@@ -235,16 +235,6 @@ class SchemaRegistry:
                 return self._reply(request, 404, {"error_code": 40403,
                                                   "message": "Schema not found"})
             return self._reply(request, 200, {"schema": text})
-        if method == "POST" and parts[:4] == ["apis", "registry", "v2", "groups"] \
-                and parts[-1] == "artifacts":
-            # Apicurio's v2 create-artifact (its converter's auto-register): the body is
-            # the schema; the ids answer the Confluent API's lookups by id too.
-            length = int(request.headers.get("Content-Length") or 0)
-            schema_id = self.register(json.loads(request.rfile.read(length)))
-            return self._reply(request, 200, {
-                "groupId": parts[4], "id": request.headers.get("X-Registry-ArtifactId"),
-                "version": "1", "type": "AVRO", "state": "ENABLED",
-                "globalId": schema_id, "contentId": schema_id})
         if method == "POST" and parts[0] == "subjects" and parts[-1] == "versions":
             length = int(request.headers.get("Content-Length") or 0)
             body = json.loads(request.rfile.read(length) or b"{}")
