@@ -14,6 +14,10 @@ types, float32) get converters that land on exactly the JSON path's values. A ne
 id (an ADD COLUMN) gets its own plan. Keys in Avro give their record's field names as the
 key columns; a key in JSON is read as the JSON path reads it.
 
+Both per-schema-id caches are bounded (`SCHEMA_CACHE_SIZE` ids each, the oldest dropped
+first, fetched again if it comes back): a long run over many tables and many schema
+changes keeps its memory flat.
+
 A record that is not in the wire format, or names a schema id the registry does not
 know, is a `DecodeError` (dead-lettered like any undecodable record). A registry that
 cannot be reached, or refuses the client, is `SourceUnavailableError`: the run fails at
@@ -42,6 +46,8 @@ from binlog_assets.formats.mysql_types import time_text
 
 _MAGIC = 0
 _HEADER = struct.Struct(">bI")
+# Far above the schemas a source's live tables use at once; a bound, not a tuning knob.
+SCHEMA_CACHE_SIZE = 1024
 
 # Avro primitive -> Connect type, unless the schema's `connect.type` says more (int8/16).
 _CONNECT_TYPES = {"int": "int32", "long": "int64", "float": "float32", "double": "float64",
@@ -189,13 +195,15 @@ class DebeziumAvroDecoder(DebeziumDecoder):
         self._url = _redacted(str((schema_registry or {}).get("url", "the schema registry")))
         self._writers: dict[int, _WriterSchema] = {}
         self._key_names: dict[int, tuple[str, ...]] = {}
+        self.cache_size = SCHEMA_CACHE_SIZE
 
     def _decode(self, record: KafkaRecord) -> list[ChangeEvent]:
         value = record[0]
         schema_id = self._schema_id(value, "value")
         writer = self._writers.get(schema_id)
         if writer is None:
-            writer = self._writers[schema_id] = self._writer_schema(schema_id)
+            writer = self._writer_schema(schema_id)
+            self._cache(self._writers, schema_id, writer)
         try:
             doc = schemaless_reader(io.BytesIO(value[_HEADER.size:]), writer.parsed, None)
         except (EOFError, ValueError, TypeError, struct.error) as exc:
@@ -253,8 +261,13 @@ class DebeziumAvroDecoder(DebeziumDecoder):
             names = tuple(str(f["name"]) for f in record.get("fields") or ())
             if not names:
                 raise self._fail(f"key schema id {schema_id} is not a record of key columns")
-            self._key_names[schema_id] = names
+            self._cache(self._key_names, schema_id, names)
         return names
+
+    def _cache(self, cache: dict[int, Any], schema_id: int, entry: Any) -> None:
+        if len(cache) >= self.cache_size:
+            del cache[next(iter(cache))]  # dicts keep insertion order: the oldest goes
+        cache[schema_id] = entry
 
 
 __all__ = ["DebeziumAvroDecoder", "avro_row_plan", "connect_fields"]

@@ -212,6 +212,22 @@ def test_an_added_column_is_followed_by_its_new_schema_id(registry: RegistryWrit
     assert sorted(client.fetched) == sorted(registry.ids) and len(registry.ids) == 3
 
 
+def test_the_schema_caches_are_bounded(registry: RegistryWriter) -> None:
+    both = Both(registry)
+    decoder, client = _counting_decoder(registry)
+    decoder.cache_size = 2
+    rows = [[field("id", "int64", False), field(f"c{i}", "int32")] for i in range(3)]
+    records = [both.records(row, {"before": None, "after": {"id": i, f"c{i}": i},
+                                  "source": source(i), "op": "c"}, i)
+               for i, row in enumerate(rows)]
+    value_ids = [int.from_bytes(r[1][1:5], "big") for r in records]
+    events = [_events(decoder, r[1], r[3], i) for i, r in enumerate([*records, records[0]])]
+    assert [e.after for [e] in events] == [{"id": i, f"c{i}": i} for i in (0, 1, 2, 0)]
+    # The first schema was dropped for the third and fetched again; the key's stayed.
+    assert [i for i in client.fetched if i in value_ids] == [*value_ids, value_ids[0]]
+    assert len(client.fetched) == 5
+
+
 def test_a_json_key_with_an_avro_value_is_read_as_json(registry: RegistryWriter) -> None:
     _, avro_record, json_key, _ = Both(registry).records(
         ROW[:1], {"before": None, "after": {"id": 3}, "source": source(1), "op": "c"}, 3)
