@@ -36,7 +36,12 @@ from binlog_assets.dev.registry import SchemaRegistryServer
 from binlog_assets.formats import make_decoder
 from binlog_assets.formats.debezium import DebeziumDecoder
 from binlog_assets.formats.debezium_avro import DebeziumAvroDecoder
-from binlog_assets.formats.event import OP_DDL, DecodeError, SourceUnavailableError
+from binlog_assets.formats.event import (
+    OP_DDL,
+    DecodeError,
+    SourceUnavailableError,
+    UnknownSchemaError,
+)
 
 TABLE = "shop.shop.orders"
 
@@ -281,10 +286,19 @@ def test_a_record_not_in_the_wire_format_is_a_decode_error(registry: RegistryWri
 
 
 def test_an_unknown_schema_id_is_a_decode_error_naming_it(registry: RegistryWriter) -> None:
-    with pytest.raises(DecodeError, match=r"schema id 4242 is unknown to the schema registry "
-                                          r"at http://127\.0\.0\.1:\d+/apis/ccompat/v7: "
-                                          r"No content with id/hash 'contentId-4242'"):
+    with pytest.raises(UnknownSchemaError, match=r"schema id 4242 is unknown to the schema "
+                                                 r"registry at http://127\.0\.0\.1:\d+/apis/"
+                                                 r"ccompat/v7: No content with id/hash "
+                                                 r"'contentId-4242'") as unknown:
         _avro_decoder(registry).decode(b"\x00\x00\x00\x10\x92rest", topic=TABLE)
+    # By default the run stops the partition at such a record; the setting dead-letters it.
+    assert (unknown.value.schema_id, unknown.value.registry) == (4242, registry.url)
+    assert unknown.value.dead_letter is False
+    decoder = make_decoder("debezium-avro", schema_registry={
+        "url": registry.url, "binlake.unknown.schema.id": "dead-letter"})
+    with pytest.raises(UnknownSchemaError) as unknown:
+        decoder.decode(b"\x00\x00\x00\x10\x92rest", topic=TABLE)
+    assert unknown.value.dead_letter is True
 
 
 def test_a_record_that_does_not_match_its_schema_is_a_decode_error(
