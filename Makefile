@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 JARS := .cache/jars
 export DAGSTER_HOME := $(CURDIR)/var/dagster
 
-.PHONY: setup class-archive demo test test-long drills-long test-unit stack-up stack-down stack-status source-up source-down source-status dev lint bench bench-catchup
+.PHONY: setup registry class-archive demo test test-long drills-long test-unit stack-up stack-down stack-status source-up source-down source-status dev lint bench bench-catchup
 
 setup: .cache/apt.stamp $(VENV)/.installed $(JARS)/kafka/.stamp $(JARS)/delta/.stamp $(JARS)/connect/.stamp $(JARS)/s3/.stamp $(DAGSTER_HOME)/dagster.yaml class-archive
 
@@ -31,6 +31,18 @@ $(JARS)/%/.stamp: setup/maven/%/pom.xml | .cache/apt.stamp
 	cd setup/maven/$* && mvn -q -B dependency:copy-dependencies -DoutputDirectory=$(CURDIR)/$(JARS)/$*
 	@touch $@
 
+## The dev schema registry (Apicurio 2.4.2, binlog_assets/dev/registry.py): a Quarkus build
+## from Maven Central, about 3 minutes the first time; only the Avro tests and a config
+## whose schema_registry.url is on this machine need it, so `make demo` never builds it.
+REGISTRY_JAR := $(JARS)/registry/apicurio-registry-2.4.2.Final-runner.jar
+registry: $(REGISTRY_JAR)
+
+$(REGISTRY_JAR): setup/maven/registry/pom.xml setup/maven/registry/src/main/resources/application.properties | .cache/apt.stamp
+	rm -rf $(JARS)/registry
+	cd setup/maven/registry && mvn -q -B package -DskipTests -Dbinlake.build.dir=$(CURDIR)/$(JARS)/registry/build
+	mv $(JARS)/registry/build/binlake-registry-1-runner.jar $@
+	rm -rf $(JARS)/registry/build
+
 $(DAGSTER_HOME)/dagster.yaml: setup/dagster.yaml
 	@mkdir -p $(DAGSTER_HOME)
 	cp setup/dagster.yaml $@
@@ -43,23 +55,25 @@ demo: setup
 ## Two workers (TEST_WORKERS), each with its own stack: while one waits on a broker, a
 ## child process or a Spark job, the other runs.
 TEST_WORKERS ?= 2
-test: setup
+test: setup registry
 	$(PY) -m pytest -q -m "not long" -n $(TEST_WORKERS) --dist load --durations=20
 
 ## The long variants: the daemon-driven end-to-end pipeline (backfill + automation), the
 ## seeded schema-change drills and the replica tests' rewrite variants.
-test-long: setup
+test-long: setup registry
 	$(PY) -m pytest -q -m long
 
 ## The long drill variants (more SIGKILL trials, fuzz examples, fencing races); their
 ## figures go to var/drills/report.json and report.md (BINLAKE_DRILL_REPORT moves them).
-drills-long: setup
+drills-long: setup registry
 	$(PY) -m pytest -q -s -m long tests/drills tests/orchestration/test_fencing.py
 
 test-unit: setup
 	$(PY) -m pytest -q -m "not integration"
 
 stack-up: setup
+	@if [ "$$($(PY) -m binlog_assets.dev.stack registry-wanted)" = yes ]; then \
+		$(MAKE) --no-print-directory registry; fi
 	$(PY) -m binlog_assets.dev.stack up
 
 stack-down:

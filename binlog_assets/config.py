@@ -372,7 +372,8 @@ class PipelineConfig(_Model):
     spark: SparkConfig = SparkConfig()
     dagster: DagsterConfig = DagsterConfig()
     # The schema registry client's settings (confluent-kafka's SchemaRegistryClient keys:
-    # url, basic.auth.user.info, ssl.ca.location, ...), for `debezium-avro` sources.
+    # url, basic.auth.user.info, ssl.ca.location, ...), for `debezium-avro` sources, and
+    # binlake's `binlake.unknown.schema.id` (`stop`, the default, or `dead-letter`).
     schema_registry: dict[str, str | int | float | bool] = Field(default_factory=dict)
     sources: tuple[SourceConfig, ...] = ()
 
@@ -396,16 +397,19 @@ class PipelineConfig(_Model):
     def _registry_keys_known(cls, v: dict[str, Any]) -> dict[str, Any]:
         if not v:
             return v
+        from binlog_assets.formats.debezium_avro import registry_settings
+
+        client, _ = registry_settings(v)  # its error names binlake's key and its values
         if not v.get("url"):
             raise ValueError("`url` is required (the registry's http(s) address)")
-        for key, value in v.items():  # the client's own error would not name the file
+        for key, value in client.items():  # the client's own error would not name the file
             if key.endswith(".location") and not Path(str(value)).is_file():
                 raise ValueError(f"`{key}`: no such file {value!r}")
         # The client checks its keys when built, without a request.
         from confluent_kafka.schema_registry import SchemaRegistryClient
 
         try:
-            SchemaRegistryClient(dict(v))
+            SchemaRegistryClient(client)
         except (ValueError, TypeError, OSError) as e:
             raise ValueError(f"the schema registry client rejects it: {e}") from e
         return v

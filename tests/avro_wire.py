@@ -1,11 +1,12 @@
 """Debezium records in Avro for tests: a Connect schema as Confluent's AvroData writes it,
-a JSON payload's values as Avro values, the registry's wire format, and a small schema
-registry (the Confluent REST API's register and by-id endpoints, and Apicurio's v2
-create-artifact that its Kafka Connect converter calls, over real HTTP, with optional
-basic auth).
+a JSON payload's values as Avro values, the registry's wire format, a writer that
+registers schemas in the real registry (Apicurio, the `schema_registry` fixture) as a
+producer's serializer does, and a counting client.
 
-The registry is a test fake: no real registry installs on this machine (see the
-README's schema registry section); the client, the HTTP and the wire format are real.
+`SchemaRegistry` is a small fake of the Confluent REST API (register and by-id lookups,
+over real HTTP, with optional basic auth). It remains only for the credential tests:
+Apicurio 2.x authenticates through an OIDC server, which does not run here, so a
+password from `${ENV}` and a refused one can only be checked against the fake.
 """
 
 from __future__ import annotations
@@ -15,12 +16,14 @@ import io
 import json
 import struct
 import threading
+import uuid
 from collections.abc import Mapping
 from decimal import Decimal
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import fastavro
+from confluent_kafka.schema_registry import Schema, SchemaRegistryClient
 
 _AVRO_PRIMITIVES = {"int8": "int", "int16": "int", "int32": "int", "int64": "long",
                     "float32": "float", "float64": "double", "float": "float",
@@ -144,8 +147,37 @@ def envelope_schema(table: str, row_fields: list[dict[str, Any]]) -> dict[str, A
         {"field": "ts_ms", "type": "int64", "optional": True}]}
 
 
+class RegistryWriter:
+    """Registers Avro schemas in a real registry under one subject of its own, with
+    Confluent's client at the registry's ccompat `url`, and returns their ids."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.client = SchemaRegistryClient({"url": url})
+        self.subject = f"test-{uuid.uuid4().hex[:10]}-value"
+        self.ids: set[int] = set()
+
+    def register(self, avro_schema: Any) -> int:
+        schema_id = self.client.register_schema(
+            self.subject, Schema(json.dumps(avro_schema), "AVRO"))
+        self.ids.add(schema_id)
+        return schema_id
+
+
+class CountingClient(SchemaRegistryClient):
+    """Confluent's client, counting the schema fetches a decoder asks it for."""
+
+    def __init__(self, conf: dict[str, Any]) -> None:
+        super().__init__(conf)
+        self.fetched: list[int] = []
+
+    def get_schema(self, schema_id: int, *args: Any, **kwargs: Any) -> Any:
+        self.fetched.append(schema_id)
+        return super().get_schema(schema_id, *args, **kwargs)
+
+
 class SchemaRegistry:
-    """A schema registry on loopback: POST /subjects/<s>/versions registers, GET
+    """A fake schema registry on loopback: POST /subjects/<s>/versions registers, GET
     /schemas/ids/<id> answers, and every request needs `user:password` when set."""
 
     def __init__(self, user_info: str | None = None) -> None:
@@ -203,16 +235,6 @@ class SchemaRegistry:
                 return self._reply(request, 404, {"error_code": 40403,
                                                   "message": "Schema not found"})
             return self._reply(request, 200, {"schema": text})
-        if method == "POST" and parts[:4] == ["apis", "registry", "v2", "groups"] \
-                and parts[-1] == "artifacts":
-            # Apicurio's v2 create-artifact (its converter's auto-register): the body is
-            # the schema; the ids answer the Confluent API's lookups by id too.
-            length = int(request.headers.get("Content-Length") or 0)
-            schema_id = self.register(json.loads(request.rfile.read(length)))
-            return self._reply(request, 200, {
-                "groupId": parts[4], "id": request.headers.get("X-Registry-ArtifactId"),
-                "version": "1", "type": "AVRO", "state": "ENABLED",
-                "globalId": schema_id, "contentId": schema_id})
         if method == "POST" and parts[0] == "subjects" and parts[-1] == "versions":
             length = int(request.headers.get("Content-Length") or 0)
             body = json.loads(request.rfile.read(length) or b"{}")

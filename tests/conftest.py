@@ -6,7 +6,8 @@ is shared by every integration test that asks for it; unit tests never touch the
 `mariadb` is a `mariadbd` with a ROW binlog on a free loopback port; `debezium_connect`
 is a Connect standalone worker running Debezium's MariaDB connector (topic prefix
 `shop`, every non-system database) into the session's `kafka_broker`, so the source
-tests, the end-to-end test and the drills share one of each.
+tests, the end-to-end test and the drills share one of each. `schema_registry` is
+Apicurio Registry (built by `make registry`), for the Avro tests.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from binlog_assets.dev.connect import DebeziumConnector, KafkaConnect
 from binlog_assets.dev.kafka import KafkaBroker
 from binlog_assets.dev.mariadb import MariaDBServer
 from binlog_assets.dev.redis import REDIS_URL_ENV, RedisServer
+from binlog_assets.dev.registry import SchemaRegistryServer
 from binlog_assets.dev.stack import source_skip_reason
 
 
@@ -117,6 +119,14 @@ def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServ
     yield from _serve(server, lambda: f"redis 127.0.0.1:{server.port}")
 
 
+@pytest.fixture(scope="session")
+def schema_registry(
+        tmp_path_factory: pytest.TempPathFactory) -> Iterator[SchemaRegistryServer]:
+    """The session's Apicurio Registry; tests keep apart by subject and artifact names."""
+    server = SchemaRegistryServer(tmp_path_factory.mktemp("schema-registry"))
+    yield from _serve(server, lambda: f"schema registry {server.ccompat_url}")
+
+
 @pytest.fixture
 def redis_url(redis_server: RedisServer, monkeypatch: pytest.MonkeyPatch) -> str:
     """The session's Redis, empty, named by `REDIS_URL` as handlers read it."""
@@ -149,7 +159,7 @@ def debezium_connect(
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     # Anything that asks for the real stack is an integration test, marked as such.
     real = {"kafka_broker", "spark", "pipeline_config", "config_file", "binlake_env",
-            "mariadb", "debezium_connect", "redis_server", "redis_url"}
+            "mariadb", "debezium_connect", "redis_server", "redis_url", "schema_registry"}
     for item in items:
         if real & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.integration)

@@ -202,10 +202,24 @@ def test_the_commit_deadline_defaults_to_60_s_and_must_be_positive() -> None:
      "properties: bogus.key"),
     ({"schema_registry": {"url": "https://r:8081", "ssl.ca.location": "/nowhere/ca.pem"}},
      "schema_registry: Value error, `ssl.ca.location`: no such file '/nowhere/ca.pem'"),
+    ({"schema_registry": {"url": "http://r:8081", "binlake.unknown.schema.id": "skip"}},
+     "schema_registry: Value error, `binlake.unknown.schema.id` must be one of 'stop', "
+     "'dead-letter', got 'skip'"),
 ])
 def test_a_bad_schema_registry_setting_fails_at_load(data: dict, says: str) -> None:
     with pytest.raises(ConfigError, match=re.escape(says)):
         parse_config(data)
+
+
+def test_unknown_schema_ids_stop_by_default_and_the_setting_is_binlake_s_own() -> None:
+    from binlog_assets.formats.debezium_avro import registry_settings
+
+    assert registry_settings(parse_config({"schema_registry": {
+        "url": "http://r:8081"}}).schema_registry) == ({"url": "http://r:8081"}, False)
+    # Accepted at load, and never handed to the client (which refuses keys it does not know).
+    cfg = parse_config({"schema_registry": {"url": "http://r:8081",
+                                            "binlake.unknown.schema.id": "dead-letter"}})
+    assert registry_settings(cfg.schema_registry) == ({"url": "http://r:8081"}, True)
 
 
 def test_registry_credentials_come_from_the_environment(

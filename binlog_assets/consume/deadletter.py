@@ -12,9 +12,11 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass
 
+import orjson
 from confluent_kafka import KafkaError, Message, Producer
 
 from binlog_assets.faults import fault_point
+from binlog_assets.formats.event import ChangeEvent
 
 HEADER_PREFIX = "binlake."
 MAX_ERROR_BYTES = 2000
@@ -31,6 +33,15 @@ class DeadLetter:
     stage: str
     error: str
     attempts: int
+
+
+def event_bytes(event: ChangeEvent) -> bytes:
+    """A handler's dead letter's value: the event it failed on, as JSON."""
+    return orjson.dumps(
+        {"table": event.table, "op": event.op, "key": list(event.key), "before": event.before,
+         "after": event.after, "position": list(event.position)},
+        default=str,
+    )
 
 
 def coordinate_headers(dl: DeadLetter) -> list[tuple[str, bytes]]:

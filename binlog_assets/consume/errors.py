@@ -17,7 +17,7 @@ from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 
 from binlog_assets.consume import defaults
-from binlog_assets.formats.event import ChangeEvent
+from binlog_assets.formats.event import ChangeEvent, SourceUnavailableError, UnknownSchemaError
 
 # Why an event was dead-lettered; the run writes this next to the error in the DLQ record.
 REASON_RETRIES_EXHAUSTED = "retries_exhausted"
@@ -63,6 +63,42 @@ class ErrorPolicy:
     def backoff(self, retry: int) -> float:
         """Seconds to wait before retry number `retry` (1-based)."""
         return min(self.backoff_max, self.backoff_initial * 2 ** (retry - 1))
+
+
+class PartitionStopped(RuntimeError):
+    """A run stopped its partition at a record it may not pass: what came before the
+    record is committed, nothing past it, and the next run starts at it."""
+
+
+class StrictModeFailure(PartitionStopped):
+    """A strict run met a bad message; nothing past it was committed."""
+
+
+def stops_partition(error: BaseException, strict: bool) -> bool:
+    """Whether a decode failure stops the partition at its record (else it is
+    dead-lettered): in strict mode, when the registry cannot be reached, and for a
+    schema id the registry does not know unless the config dead-letters those."""
+    if isinstance(error, SourceUnavailableError):
+        return True
+    return strict or (isinstance(error, UnknownSchemaError) and not error.dead_letter)
+
+
+def partition_stopped(error: BaseException, topic: str, partition: int, offset: int,
+                      committed: int) -> Exception:
+    """The error a run raises after stopping `topic[partition]` at `offset` for `error`
+    and committing up to `committed`: it names the record and says what to do."""
+    where = (f"{topic}[{partition}] stopped at offset {offset}, committed up to "
+             f"{committed}, nothing past it")
+    if isinstance(error, SourceUnavailableError):
+        return SourceUnavailableError(f"{error}; {where}: run again once it answers")
+    if isinstance(error, UnknownSchemaError):
+        return PartitionStopped(
+            f"{error}; {where}. A wrong registry or a lost store: point schema_registry.url "
+            f"at the registry the producers write to, or restore its store, and run again; "
+            f"once those schemas are known to be gone, set schema_registry "
+            f"`binlake.unknown.schema.id: dead-letter` to dead-letter such records")
+    return StrictModeFailure(f"undecodable message at {topic}[{partition}]@{offset} in "
+                             f"strict mode ({where}): {error}")
 
 
 class BreakerOpenError(Exception):

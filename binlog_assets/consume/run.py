@@ -39,8 +39,14 @@ from binlog_assets.consume.checkpoint import (
     resolve_checkpoint,
 )
 from binlog_assets.consume.commit import Committer
-from binlog_assets.consume.deadletter import DeadLetter, DeadLetterPublisher
-from binlog_assets.consume.errors import ErrorPolicy, failed_handlers
+from binlog_assets.consume.deadletter import DeadLetter, DeadLetterPublisher, event_bytes
+from binlog_assets.consume.errors import (
+    ErrorPolicy,
+    StrictModeFailure,
+    failed_handlers,
+    partition_stopped,
+    stops_partition,
+)
 from binlog_assets.consume.handlers import HandlerRegistry
 from binlog_assets.consume.invoke import HandlerMetrics
 from binlog_assets.consume.lanes import MAX_DEFAULT_WORKERS, LaneDispatcher
@@ -55,7 +61,7 @@ from binlog_assets.consume.runtime import (
     yield_gil,
 )
 from binlog_assets.faults import fault_point
-from binlog_assets.formats.event import ChangeEvent, DecodeError
+from binlog_assets.formats.event import ChangeEvent, DecodeError, SourceUnavailableError
 
 log = logging.getLogger(__name__)
 
@@ -63,6 +69,7 @@ STOP_END = "end_offset"
 STOP_MAX_RECORDS = "max_records"
 STOP_MAX_SECONDS = "max_seconds"
 STOP_INTERRUPTED = "interrupted"  # the run's `stop` was set (Dagster terminated the run)
+STOP_AT_RECORD = "stopped_at_record"  # a record it may not pass (`errors.stops_partition`)
 
 # While the lanes drain, how often the run looks at its `stop`.
 _STOP_CHECK_SECONDS = 0.2
@@ -70,10 +77,6 @@ _STOP_CHECK_SECONDS = 0.2
 _FIRST_BATCH = 64
 # While handlers wait on I/O, the poll thread yields the GIL after this many records.
 _YIELD_EVERY = 16
-
-
-class StrictModeFailure(RuntimeError):
-    """A strict run met a bad message; nothing past it was committed."""
 
 
 class ContiguousSink(Protocol):
@@ -170,6 +173,7 @@ class _Poll:
     summary: RunSummary
     began: float
     next_offset: int  # the next offset to read
+    halt: tuple[BaseException, int] | None = None  # the decode error it stopped at, where
 
 
 class BoundedRun:
@@ -287,7 +291,8 @@ class BoundedRun:
                 summary.seconds = time.monotonic() - began
                 return summary
             consumer.assign([TopicPartition(self.tp.topic, self.tp.partition, start.offset)])
-            self._loop(_Poll(consumer, dispatcher, tracker, summary, began, start.offset))
+            poll = _Poll(consumer, dispatcher, tracker, summary, began, start.offset)
+            self._loop(poll)
             if summary.stop_reason != STOP_INTERRUPTED:
                 self._drain(consumer, dispatcher, tracker, summary)
             if summary.stop_reason == STOP_INTERRUPTED:
@@ -295,6 +300,11 @@ class BoundedRun:
                 # workers finish what they run and report it as they exit.
                 dispatcher.close(timeout=s.handler_timeout_seconds or 10.0)
             self._commit(consumer, tracker, summary)
+            if poll.halt is not None:
+                # What came before the record is committed; the record and all after it
+                # wait for the next run.
+                raise partition_stopped(poll.halt[0], self.tp.topic, self.tp.partition,
+                                        poll.halt[1], summary.committed_offset)
             summary.dead_lettered = summary.decode_dead_lettered + dispatcher.dead_lettered
             summary.handlers = dispatcher.handler_metrics()
             summary.skipped = Counter(self.decoder.skipped)
@@ -385,6 +395,9 @@ class BoundedRun:
             if msgs:
                 fault_point("after_fetch")
                 self._handle_batch(poll, msgs)
+                if poll.halt is not None:
+                    summary.stop_reason = STOP_AT_RECORD  # never skip_to the end: see _drain
+                    return
             elif not paused and not full:
                 # read_committed skips markers and aborted records: the position can pass
                 # the last delivered offset without any message saying so.
@@ -410,7 +423,7 @@ class BoundedRun:
             return
         for start in range(0, len(msgs), _YIELD_EVERY):
             self._handle_slice(poll, msgs[start:start + _YIELD_EVERY])
-            if poll.next_offset >= poll.summary.end_offset:
+            if poll.next_offset >= poll.summary.end_offset or poll.halt is not None:
                 break
             if dispatcher.in_flight():  # else no worker has anything to finish
                 yield_gil()
@@ -453,7 +466,12 @@ class BoundedRun:
             try:
                 decoded = decode(msg.value(), topic=topic, partition=partition,
                                  offset=offset, key=msg.key(), headers=msg.headers())
-            except DecodeError as e:
+            except (DecodeError, SourceUnavailableError) as e:
+                if stops_partition(e, self.settings.error_policy.strict):
+                    received.pop()  # never received: nothing at or past it is committed
+                    next_offset = offset
+                    poll.halt = (e, offset)
+                    break
                 self._decode_failed(msg, e, summary)
                 done_now.append(offset)
                 continue
@@ -505,11 +523,6 @@ class BoundedRun:
     def _decode_failed(self, msg: Message, error: DecodeError, summary: RunSummary) -> None:
         # Decoding is deterministic: retrying the same bytes gives the same error, so a
         # decode failure goes to the dead-letter topic at once (attempts=1).
-        if self.settings.error_policy.strict:
-            raise StrictModeFailure(
-                f"undecodable message at {msg.topic()}[{msg.partition()}]@{msg.offset()}: "
-                f"{error}"
-            )
         log.warning("dead-lettering undecodable message %s[%d]@%d: %s",
                     msg.topic(), msg.partition(), msg.offset(), error)
         self._dead_letters().publish(DeadLetter(
@@ -522,7 +535,7 @@ class BoundedRun:
                              attempts: int) -> None:
         self._dead_letters().publish(DeadLetter(
             event.topic, event.partition, event.offset, None,
-            _event_bytes(event), (("binlake.table", event.table.encode()),
+            event_bytes(event), (("binlake.table", event.table.encode()),
                                   ("binlake.handler", ",".join(failed_handlers(error)).encode())),
             "handler", f"{type(error).__name__}: {error}", attempts,
         ))
@@ -576,15 +589,3 @@ class BoundedRun:
 
 
 _TABLE_OP = attrgetter("table", "op")
-
-
-def _event_bytes(event: ChangeEvent) -> bytes:
-    import orjson
-
-    return orjson.dumps(
-        {"table": event.table, "op": event.op, "key": list(event.key), "before": event.before,
-         "after": event.after, "position": list(event.position)},
-        default=str,
-    )
-
-

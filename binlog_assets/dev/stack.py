@@ -4,7 +4,9 @@ Only what the config leaves local is started: with `kafka.bootstrap.servers` set
 user's cluster is used and no broker starts here; with `spark.remote` naming a port on
 this machine, a Spark Connect server is started there (any other address is the user's).
 The handler example's Redis (`binlog_assets.examples.customer_cache`) starts with `up`
-when a source names that example and `REDIS_URL` does not point elsewhere.
+when a source names that example and `REDIS_URL` does not point elsewhere. With
+`schema_registry.url` on this machine (`http://127.0.0.1:<port>/apis/ccompat/v7`), the
+dev schema registry (Apicurio) is started on that port, its store under `var/`.
 `source-up` adds the binlog source in front of the embedded broker (MariaDB with a ROW
 binlog, and Debezium in a Kafka Connect standalone worker); it too is skipped when the
 user's own Kafka is configured, since it exists only to feed the embedded broker. State
@@ -16,12 +18,14 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from urllib.parse import urlsplit
 
 from binlog_assets.config import PipelineConfig, load_config
 from binlog_assets.dev.connect import DebeziumConnector, KafkaConnect
 from binlog_assets.dev.kafka import KafkaBroker
 from binlog_assets.dev.mariadb import MariaDBServer
 from binlog_assets.dev.redis import REDIS_URL_ENV, RedisServer
+from binlog_assets.dev.registry import CCOMPAT_PATH, SchemaRegistryServer
 from binlog_assets.dev.s3 import S3Server
 from binlog_assets.dev.spark_cluster import SparkCluster
 from binlog_assets.dev.spark_connect import SparkConnectServer
@@ -99,6 +103,27 @@ def redis_url(config: PipelineConfig) -> str:
     return redis.url
 
 
+def local_registry(config: PipelineConfig) -> SchemaRegistryServer | None:
+    """The schema registry the stack runs for this config: when `schema_registry.url`
+    names a port on this machine; None for a registry elsewhere, or none configured."""
+    url = str(config.schema_registry.get("url") or "")
+    parts = urlsplit(url.split(",", 1)[0])
+    if parts.hostname not in ("127.0.0.1", "localhost"):
+        return None
+    if parts.port is None or parts.scheme != "http":
+        raise ValueError(f"schema_registry.url={url}: a registry on this machine needs "
+                         f"http:// and a port, e.g. http://127.0.0.1:8081{CCOMPAT_PATH}")
+    if parts.path.rstrip("/") != CCOMPAT_PATH:
+        raise ValueError(f"schema_registry.url={url}: the local registry (Apicurio) answers "
+                         f"Confluent's API under {CCOMPAT_PATH}, not at {parts.path or '/'}")
+    return SchemaRegistryServer(var_dir() / "schema-registry", port=parts.port)
+
+
+def registry_wanted(config: PipelineConfig) -> str:
+    """`yes` when `up` starts the schema registry (so `make stack-up` builds it first)."""
+    return "yes" if local_registry(config) is not None else "no"
+
+
 def source_skip_reason(config: PipelineConfig) -> str | None:
     """Why the local source stack does not run for this config, or None when it does."""
     if config.bootstrap_servers:
@@ -130,6 +155,9 @@ def up(config: PipelineConfig) -> str:
         seconds = redis.start()
         lines.append(f"{redis.status()} (ready in {seconds:.1f}s; {REDIS_URL_ENV} for "
                      f"handlers: make dev sets it, or `stack redis-url`)")
+    if (registry := local_registry(config)) is not None:
+        seconds = registry.start()
+        lines.append(f"{registry.status()} (ready in {seconds:.1f}s)")
     return "\n".join(lines)
 
 
@@ -144,12 +172,14 @@ def down(config: PipelineConfig) -> str:
     S3Server(var_dir() / "s3").stop()
     redis = RedisServer(var_dir() / "redis")
     redis.stop()
+    registry = SchemaRegistryServer(var_dir() / "schema-registry")
+    registry.stop()
     if config.bootstrap_servers:
         return "kafka: configured cluster, nothing local to stop"
     source = source_down(config)
     local_broker().stop()
     return "\n".join([source, local_broker().status(), *([spark.status()] if spark else []),
-                      redis.status()])
+                      redis.status(), registry.status()])
 
 
 def status(config: PipelineConfig) -> str:
@@ -158,9 +188,11 @@ def status(config: PipelineConfig) -> str:
              if config.bootstrap_servers else local_broker().status())
     redis = local_redis(config)
     cluster = local_spark_cluster(config)
+    registry = local_registry(config)
     return "\n".join([kafka, *([cluster.status()] if cluster else []),
                       *([spark.status()] if spark else []),
-                      *([redis.status()] if redis else [])])
+                      *([redis.status()] if redis else []),
+                      *([registry.status()] if registry else [])])
 
 
 def source_up(config: PipelineConfig) -> str:
@@ -205,6 +237,7 @@ _ACTIONS = {
     "source-down": source_down,
     "source-status": source_status,
     "redis-url": redis_url,
+    "registry-wanted": registry_wanted,
     "s3-env": s3_env,
 }
 

@@ -14,10 +14,17 @@ types, float32) get converters that land on exactly the JSON path's values. A ne
 id (an ADD COLUMN) gets its own plan. Keys in Avro give their record's field names as the
 key columns; a key in JSON is read as the JSON path reads it.
 
-A record that is not in the wire format, or names a schema id the registry does not
-know, is a `DecodeError` (dead-lettered like any undecodable record). A registry that
-cannot be reached, or refuses the client, is `SourceUnavailableError`: the run fails at
-once, naming the registry, instead of dead-lettering every record behind it.
+Both per-schema-id caches are bounded (`SCHEMA_CACHE_SIZE` ids each, the oldest dropped
+first, fetched again if it comes back): a long run over many tables and many schema
+changes keeps its memory flat.
+
+A record that is not in the wire format is a `DecodeError` (dead-lettered like any
+undecodable record). One that names a schema id the registry does not know is an
+`UnknownSchemaError`: a wrong registry or a lost store far more often than one bad record,
+so the run stops its partition there, unless `schema_registry`'s own binlake key
+`binlake.unknown.schema.id` is `dead-letter`. A registry that cannot be reached, or
+refuses the client, is `SourceUnavailableError`: the partition stops at the record,
+naming the registry, instead of dead-lettering every record behind it.
 """
 
 from __future__ import annotations
@@ -37,11 +44,18 @@ from fastavro import parse_schema, schemaless_reader
 
 from binlog_assets.formats.base import KafkaRecord
 from binlog_assets.formats.debezium import DebeziumDecoder, _build_plan, _RowPlan
-from binlog_assets.formats.event import ChangeEvent, SourceUnavailableError
+from binlog_assets.formats.event import ChangeEvent, SourceUnavailableError, UnknownSchemaError
 from binlog_assets.formats.mysql_types import time_text
 
 _MAGIC = 0
 _HEADER = struct.Struct(">bI")
+# Far above the schemas a source's live tables use at once; a bound, not a tuning knob.
+SCHEMA_CACHE_SIZE = 1024
+
+# binlake's own key in the `schema_registry` settings (the others are the client's): what
+# a record naming a schema id the registry does not know does.
+UNKNOWN_SCHEMA_ID = "binlake.unknown.schema.id"
+UNKNOWN_SCHEMA_ACTIONS = ("stop", "dead-letter")
 
 # Avro primitive -> Connect type, unless the schema's `connect.type` says more (int8/16).
 _CONNECT_TYPES = {"int": "int32", "long": "int64", "float": "float32", "double": "float64",
@@ -94,6 +108,17 @@ def _redacted(url: str) -> str:
     host = parts.hostname or ""
     netloc = f"{host}:{parts.port}" if parts.port else host
     return urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment))
+
+
+def registry_settings(conf: Mapping[str, Any]) -> tuple[dict[str, Any], bool]:
+    """The client's settings of `conf`, and whether records naming an unknown schema id
+    are dead-lettered (`UNKNOWN_SCHEMA_ID`; default: the partition stops at them)."""
+    client = dict(conf)
+    action = client.pop(UNKNOWN_SCHEMA_ID, "stop")
+    if action not in UNKNOWN_SCHEMA_ACTIONS:
+        raise ValueError(f"`{UNKNOWN_SCHEMA_ID}` must be one of "
+                         f"{', '.join(map(repr, UNKNOWN_SCHEMA_ACTIONS))}, got {action!r}")
+    return client, action == "dead-letter"
 
 
 def _branch(avro_type: Any) -> tuple[Any, bool]:
@@ -181,21 +206,24 @@ class DebeziumAvroDecoder(DebeziumDecoder):
         client: SchemaRegistryClient | None = None,
     ) -> None:
         super().__init__(key_columns)
+        conf, self.dead_letter_unknown = registry_settings(schema_registry or {})
         if client is None:
-            if not schema_registry or not schema_registry.get("url"):
+            if not conf.get("url"):
                 raise ValueError("format 'debezium-avro' needs `schema_registry.url`")
-            client = SchemaRegistryClient(dict(schema_registry))
+            client = SchemaRegistryClient(conf)
         self._registry = client
         self._url = _redacted(str((schema_registry or {}).get("url", "the schema registry")))
         self._writers: dict[int, _WriterSchema] = {}
         self._key_names: dict[int, tuple[str, ...]] = {}
+        self.cache_size = SCHEMA_CACHE_SIZE
 
     def _decode(self, record: KafkaRecord) -> list[ChangeEvent]:
         value = record[0]
         schema_id = self._schema_id(value, "value")
         writer = self._writers.get(schema_id)
         if writer is None:
-            writer = self._writers[schema_id] = self._writer_schema(schema_id)
+            writer = self._writer_schema(schema_id)
+            self._cache(self._writers, schema_id, writer)
         try:
             doc = schemaless_reader(io.BytesIO(value[_HEADER.size:]), writer.parsed, None)
         except (EOFError, ValueError, TypeError, struct.error) as exc:
@@ -215,8 +243,10 @@ class DebeziumAvroDecoder(DebeziumDecoder):
             schema = self._registry.get_schema(schema_id)
         except SchemaRegistryError as exc:
             if exc.http_status_code == 404:
-                raise self._fail(f"schema id {schema_id} is unknown to the schema registry "
-                                 f"at {self._url}: {exc.error_message}") from None
+                raise UnknownSchemaError(
+                    f"{self.name}: schema id {schema_id} is unknown to the schema registry "
+                    f"at {self._url}: {exc.error_message}", schema_id, self._url,
+                    dead_letter=self.dead_letter_unknown) from None
             raise SourceUnavailableError(
                 f"{self.name}: the schema registry at {self._url} refused schema id "
                 f"{schema_id}: HTTP {exc.http_status_code}: {exc.error_message}") from None
@@ -253,8 +283,13 @@ class DebeziumAvroDecoder(DebeziumDecoder):
             names = tuple(str(f["name"]) for f in record.get("fields") or ())
             if not names:
                 raise self._fail(f"key schema id {schema_id} is not a record of key columns")
-            self._key_names[schema_id] = names
+            self._cache(self._key_names, schema_id, names)
         return names
+
+    def _cache(self, cache: dict[int, Any], schema_id: int, entry: Any) -> None:
+        if len(cache) >= self.cache_size:
+            del cache[next(iter(cache))]  # dicts keep insertion order: the oldest goes
+        cache[schema_id] = entry
 
 
 __all__ = ["DebeziumAvroDecoder", "avro_row_plan", "connect_fields"]

@@ -48,6 +48,19 @@ class DecodeError(ValueError):
     """A message that cannot become ChangeEvents; the message says which field is wrong."""
 
 
+class UnknownSchemaError(DecodeError):
+    """A record names a schema id its registry does not know: far more often a wrong
+    registry or a lost store than one bad record, so the run stops its partition at the
+    record unless `dead_letter` (the config's choice once the schemas are known gone)."""
+
+    def __init__(self, message: str, schema_id: int, registry: str, *,
+                 dead_letter: bool = False) -> None:
+        super().__init__(message)
+        self.schema_id = schema_id
+        self.registry = registry
+        self.dead_letter = dead_letter
+
+
 class SourceUnavailableError(RuntimeError):
     """Something a decoder needs besides the record (a schema registry) cannot be reached:
     no record can be decoded until it can, so the run fails rather than dead-lettering."""
