@@ -350,6 +350,11 @@ class DagsterConfig(_Model):
     replica_poll_seconds: float = Field(
         0.5, gt=0, le=60, description="how often a follower run looks for a new changelog "
                                       "version (a read of the changelog's log)")
+    replica_delay_alert_seconds: float = Field(
+        900.0, gt=0,
+        description="a replica's `source_delay` check warns when the newest change an apply "
+                    "wrote reached the replica more than this many seconds after its "
+                    "source commit")
     owners: list[str] = Field(
         default_factory=list,
         description="owners of binlake's assets in the UI: emails or `team:<name>`")

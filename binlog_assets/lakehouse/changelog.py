@@ -170,6 +170,7 @@ CREATE_OPERATION = "CREATE TABLE"
 _ROW_OFFSET, _ROW_INDEX, _ROW_TABLE, _ROW_OP, _ROW_KEY_COLUMNS = 2, 3, 4, 5, 7
 _ROW_POSITION = slice(10, 14)
 _ROW_COLUMN_TYPES, _ROW_VALUE_TYPES = 16, 17
+_ROW_SOURCE_TS = 14
 
 
 def survey_of_rows(rows: Sequence[tuple]) -> list[list] | None:
@@ -193,13 +194,27 @@ def survey_of_rows(rows: Sequence[tuple]) -> list[list] | None:
     return [[*g[:4], list(g[4]), n, list(last)] for g, (n, last) in groups.items()]
 
 
-def commit_metadata(tag: str, survey: list[list] | None) -> str:
-    """A changelog commit's `userMetadata`: the survey left out when it is None or
-    larger than SURVEY_MAX_BYTES."""
+def source_times(rows: Sequence[tuple]) -> dict[str, int]:
+    """Per source table of `event_row` tuples, the latest source commit time (ms)."""
+    times: dict[str, int] = {}
+    for r in rows:
+        ts = r[_ROW_SOURCE_TS]
+        if ts is not None and ts > times.get(r[_ROW_TABLE], -1):
+            times[r[_ROW_TABLE]] = ts
+    return times
+
+
+def commit_metadata(tag: str, survey: list[list] | None,
+                    times: dict[str, int] | None = None) -> str:
+    """A changelog commit's `userMetadata`: the survey and the tables' latest source
+    times (`times`), left out when the survey is None or larger than SURVEY_MAX_BYTES."""
     bare = orjson.dumps({"tag": tag}).decode()
     if survey is None:
         return bare
-    full = orjson.dumps({"tag": tag, "survey": survey}).decode()
+    doc = {"tag": tag, "survey": survey}
+    if times:
+        doc["times"] = times
+    full = orjson.dumps(doc).decode()
     return full if len(full) <= SURVEY_MAX_BYTES else bare
 
 
@@ -349,7 +364,7 @@ class ChangelogWriter:
                     commit_properties=CommitProperties(
                         app_transactions=[Transaction(txn, end_offset)],
                         custom_metadata={"userMetadata": commit_metadata(
-                            tag, survey_of_rows(rows))}),
+                            tag, survey_of_rows(rows), source_times(rows))}),
                 )
             except CommitFailedError as e:
                 # delta-rs's conflict check refuses a commit whose transaction id another

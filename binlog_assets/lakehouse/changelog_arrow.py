@@ -26,7 +26,7 @@ RANGE_COLUMNS = ("offset", "op", "key", "before", "after", "pos_phase", "pos_fil
                  "pos_pos", "pos_row", "row_index", "source_ts", "_commit_version", "table")
 # The range kept for the next replica holds at most this many rows (a catch-up's whole
 # backlog is read per replica, by its tables, instead).
-KEPT_ROWS = 400_000
+KEPT_ROWS = 100_000
 
 _lock = threading.Lock()
 # changelog location -> (table id, first version, last version, their rows)

@@ -117,6 +117,8 @@ class SurveyGroup(NamedTuple):
     key_columns: list[str]
     rows: int
     last: list[int]  # (phase, file, pos, row, offset, row_index)
+    # The table's latest source commit time (ms) in the range; None where unrecorded.
+    source_ts: int | None = None
 
 
 def survey_of_frame(frame: DataFrame) -> list[SurveyGroup]:
@@ -127,10 +129,16 @@ def survey_of_frame(frame: DataFrame) -> list[SurveyGroup]:
     from binlog_assets.lakehouse.columns import changelog_position
 
     groups = (frame.groupBy("table", "op", "column_types", "value_types", "key_columns")
-              .agg(F.count(F.lit(1)).alias("n"), F.max(changelog_position()).alias("last"))
+              .agg(F.count(F.lit(1)).alias("n"), F.max(changelog_position()).alias("last"),
+                   F.max("source_ts").alias("ts"))
               .collect())
+    times: dict[str, int] = {}  # per table, as commits record them (`source_times`)
+    for g in groups:
+        if g["ts"] is not None:
+            times[g["table"]] = max(g["ts"], times.get(g["table"], g["ts"]))
     return [SurveyGroup(g["table"], g["op"], g["column_types"], g["value_types"],
-                        list(g["key_columns"] or []), g["n"], list(g["last"])) for g in groups]
+                        list(g["key_columns"] or []), g["n"], list(g["last"]),
+                        times.get(g["table"])) for g in groups]
 
 
 def read_survey(spark: SparkSession | None, config: PipelineConfig, after_version: int | None,
@@ -152,6 +160,7 @@ def read_survey(spark: SparkSession | None, config: PipelineConfig, after_versio
     if len(found) != up_to - first + 1:
         return None  # log entries cleaned up
     merged: dict[tuple, tuple[int, list[int]]] = {}  # group -> (rows, last position)
+    times: dict[str, int] = {}  # table -> latest source time, of commits that record it
     for operation, doc in found.values():
         survey = doc.get("survey", [] if operation == CREATE_OPERATION else None)
         if survey is None:
@@ -161,7 +170,10 @@ def read_survey(spark: SparkSession | None, config: PipelineConfig, after_versio
             key = (*group[:4], tuple(group[4]))
             seen = merged.get(key)
             merged[key] = (n, last) if seen is None else (seen[0] + n, max(seen[1], last))
-    return [SurveyGroup(*key[:4], list(key[4]), n, last) for key, (n, last) in merged.items()]
+        for table, ts in doc.get("times", {}).items():
+            times[table] = max(ts, times.get(table, ts))
+    return [SurveyGroup(*key[:4], list(key[4]), n, last, times.get(key[0]))
+            for key, (n, last) in merged.items()]
 
 
 def changelog_frame(spark: SparkSession, config: PipelineConfig) -> DataFrame:

@@ -26,7 +26,7 @@ from __future__ import annotations
 import json
 import threading
 from contextlib import suppress
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
@@ -106,6 +106,7 @@ from binlog_assets.lakehouse.replica_plan import (
     SHARDED_PROPERTY,
     TRUNCATED_PROPERTY,
     ReplicaError,
+    ReplicaResult,
     Rule,
     Survey,
     fallback_warning,
@@ -146,26 +147,6 @@ METADATA_COLUMNS = frozenset({*SOURCE_KEY_COLUMNS, *(n for n, _ in REPLICA_METAD
 
 # A truncate's watermark columns (source table and position) during an apply.
 _WM_DB, _WM_TABLE, _WM = (working_column(n) for n in ("wm_db", "wm_table", "wm"))
-
-@dataclass(frozen=True)
-class ReplicaResult:
-    """What one apply did; numbers stay numbers so the UI can chart them."""
-
-    replica: str
-    rows: int = 0  # changelog rows of the replica's source tables read by this apply
-    applied_version: int = -1  # changelog version the replica now reflects
-    # Highest (phase, file, pos, row, offset, row_index) in the batch, None if empty.
-    last_position: tuple[int, ...] | None = None
-    upserts: int = 0  # insert, update and snapshot events read
-    deletes: int = 0  # delete events read
-    written: int = 0  # replica rows inserted or updated (after the reduce and the guard)
-    truncated: int = 0  # rows removed by truncates
-    tombstones: int = 0  # tombstones purged, past lakehouse.tombstone_retention_hours
-    schema_changes: tuple[str, ...] = field(default_factory=tuple)
-    skipped: bool = False  # nothing new: the replica was already at applied_version
-    key_rule: str | None = None  # PRIMARY_KEY, KEY_COLUMNS, APPEND_ONLY; None: no table yet
-    warning: str | None = None  # what to set for the replica the config may have meant
-
 
 class ReplicaBuilder:
     """Builds the replicas of one pipeline config from its changelog."""
@@ -373,6 +354,7 @@ class ReplicaBuilder:
             schema_changes=tuple(changes),
             key_rule=rule.name,
             warning=rule.warning,
+            last_source_ts=survey.last_source_ts,
             **counts,
         )
 

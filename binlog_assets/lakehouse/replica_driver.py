@@ -220,7 +220,13 @@ def driver_rows(config: PipelineConfig, after_version: int | None, up_to: int,
 
     if isinstance(schema, T.StructType):
         schema = to_arrow_schema(schema, timezone="UTC")
-    changes = changes_of(config, after_version, up_to, survey.tables, ROW_OPS)
+    from deltalake.exceptions import DeltaError
+
+    try:
+        changes = changes_of(config, after_version, up_to, survey.tables, ROW_OPS)
+    except DeltaError as exc:
+        # Versions no longer in the log, say: Spark's read of them checks and says so.
+        raise NotInDriver(f"the changelog's versions: {exc}") from exc
     return reduced_rows(changes, survey, key, columns, schema, now)
 
 

@@ -75,6 +75,28 @@ KEY_COLUMNS = "key_columns"  # by the table config's key_columns
 APPEND_ONLY = "append_only"  # no key: a row per change (replica_mode: append, or keyless)
 
 
+@dataclass(frozen=True)
+class ReplicaResult:
+    """What one apply did; numbers stay numbers so the UI can chart them."""
+
+    replica: str
+    rows: int = 0  # changelog rows of the replica's source tables read by this apply
+    applied_version: int = -1  # changelog version the replica now reflects
+    # Highest (phase, file, pos, row, offset, row_index) in the batch, None if empty.
+    last_position: tuple[int, ...] | None = None
+    upserts: int = 0  # insert, update and snapshot events read
+    deletes: int = 0  # delete events read
+    written: int = 0  # replica rows inserted or updated (after the reduce and the guard)
+    truncated: int = 0  # rows removed by truncates
+    tombstones: int = 0  # tombstones purged, past lakehouse.tombstone_retention_hours
+    schema_changes: tuple[str, ...] = field(default_factory=tuple)
+    skipped: bool = False  # nothing new: the replica was already at applied_version
+    key_rule: str | None = None  # PRIMARY_KEY, KEY_COLUMNS, APPEND_ONLY; None: no table yet
+    warning: str | None = None  # what to set for the replica the config may have meant
+    # The latest source commit time (ms) of the changes applied, where recorded.
+    last_source_ts: int | None = None
+
+
 class ReplicaError(RuntimeError):
     """A replica that cannot be built from its changelog as configured; says why."""
 
@@ -118,6 +140,8 @@ class Survey:
         default_factory=dict)
     # Tables in the batch that the replica does not take.
     others: set[str] = field(default_factory=set)
+    # The latest source commit time (ms) of the batch's row changes, where recorded.
+    last_source_ts: int | None = None
 
 
 def survey_batch(spark: SparkSession, config: PipelineConfig, batch: Callable[[], DataFrame],
@@ -139,7 +163,7 @@ def add_groups(survey: Survey, groups: list[SurveyGroup]) -> None:
     it keeps their names and whether the batch holds DDL."""
     routed = set(survey.tables)
     # Earliest first, so that the column order of a new table is the source's.
-    for table, op, column_types, value_types, key_columns, n, last in sorted(
+    for table, op, column_types, value_types, key_columns, n, last, ts in sorted(
             groups, key=lambda g: g.last):
         survey.ddl = survey.ddl or op == OP_DDL
         if table not in routed:
@@ -156,6 +180,8 @@ def add_groups(survey: Survey, groups: list[SurveyGroup]) -> None:
             survey.upserts += n
         elif op == OP_DELETE:
             survey.deletes += n
+        if op in ROW_OPS and ts is not None:
+            survey.last_source_ts = max(ts, survey.last_source_ts or ts)
         if op in MERGED_OPS:
             survey.rows += n
             if survey.last_position is None or last > survey.last_position:

@@ -30,6 +30,7 @@ from binlog_assets.config import PipelineConfig
 from binlog_assets.orchestration.partitions import CHANGELOG_ASSET_KEY
 from binlog_assets.orchestration.replica_reports import (
     ROW_COUNT_CHECK,
+    SOURCE_DELAY_CHECK,
     counted_rows,
     failure_line,
     replica_key,
@@ -38,6 +39,7 @@ from binlog_assets.orchestration.replica_reports import (
     replica_table_metadata,
     replicas_failed,
     row_count_check,
+    source_delay_check,
 )
 from binlog_assets.orchestration.resources import BinlakeResource
 from binlog_assets.orchestration.shared import FOLLOW_UPSTREAM, SPARK_POOL
@@ -69,10 +71,14 @@ def build_replica_assets(config: PipelineConfig) -> dg.AssetsDefinition:
         for name in replica_names(config)
     ]
 
-    checks = [dg.AssetCheckSpec(ROW_COUNT_CHECK, asset=replica_key(name),
-                                description="rows in the replica's `_current` view equal the "
-                                            "live keys counted from the changelog")
-              for name in replica_names(config)]
+    checks = [spec for name in replica_names(config) for spec in (
+        dg.AssetCheckSpec(ROW_COUNT_CHECK, asset=replica_key(name),
+                          description="rows in the replica's `_current` view equal the "
+                                      "live keys counted from the changelog"),
+        dg.AssetCheckSpec(SOURCE_DELAY_CHECK, asset=replica_key(name),
+                          description="the newest change applied reached the replica within "
+                                      "dagster.replica_delay_alert_seconds of its source "
+                                      "commit"))]
 
     @dg.multi_asset(specs=specs, check_specs=checks, can_subset=True, pool=SPARK_POOL,
                     name="replicas")
@@ -96,12 +102,16 @@ def build_replica_assets(config: PipelineConfig) -> dg.AssetsDefinition:
             builder_of[key] = builder
             result = builder.rebuild(name) if config.rebuild else builder.apply(name)
             applied = time.monotonic()
+            delay = (source_delay_check(key, result,
+                                        pipeline.dagster.replica_delay_alert_seconds,
+                                        time.time())
+                     if dg.AssetCheckKey(key, SOURCE_DELAY_CHECK) in checked else None)
             live = counted_rows(builder, name, result.key_rule)
             check = (row_count_check(builder, name, result.key_rule, live,
                                      result.applied_version)
                      if dg.AssetCheckKey(key, ROW_COUNT_CHECK) in checked else None)
             seconds = (applied - began, time.monotonic() - applied)
-            return result, live, check, seconds
+            return result, live, [c for c in (check, delay) if c is not None], seconds
 
         workers = max(1, min(len(selected), pipeline.spark.parallel_replicas))
         with ThreadPoolExecutor(workers, thread_name_prefix="replica") as pool, \
@@ -109,7 +119,7 @@ def build_replica_assets(config: PipelineConfig) -> dg.AssetsDefinition:
             failed: list[tuple[str, Exception]] = []
             for key, future in [(key, pool.submit(build, key)) for key in selected]:
                 try:
-                    result, live, check, (apply_s, count_s) = future.result()
+                    result, live, checks, (apply_s, count_s) = future.result()
                 except Exception as exc:  # the others are still applied and reported
                     failed.append((key.path[-1], exc))
                     context.log.error(f"replica {key.path[-1]}: {type(exc).__name__}: "
@@ -126,8 +136,7 @@ def build_replica_assets(config: PipelineConfig) -> dg.AssetsDefinition:
                                                                            key.path[-1])
                 md["apply_seconds"] = dg.MetadataValue.float(round(apply_s, 3))
                 yield dg.MaterializeResult(asset_key=key, metadata=md)
-                if check is not None:
-                    yield check
+                yield from checks
         if failed:
             raise replicas_failed(failed, len(selected))
 

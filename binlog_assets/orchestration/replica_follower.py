@@ -32,6 +32,7 @@ from binlog_assets.orchestration.replica_reports import (
     replica_table_metadata,
     replicas_failed,
     row_count_check,
+    source_delay_check,
 )
 from binlog_assets.orchestration.resources import BinlakeResource
 from binlog_assets.orchestration.shared import EVERY_DAEMON_PASS, SPARK_POOL, UNFINISHED
@@ -190,6 +191,14 @@ def follow_replicas(context: dg.OpExecutionContext, config: FollowConfig,
                     context.log.warning(result.warning)
                 yield dg.AssetMaterialization(asset_key=replica_key(name),
                                               metadata=replica_metadata(result, None) | columns)
+                # Evaluated at each apply, so the UI shows it minutes before the run ends.
+                delay = source_delay_check(replica_key(name), result,
+                                           pipeline.dagster.replica_delay_alert_seconds,
+                                           time.time())
+                yield dg.AssetCheckEvaluation(
+                    asset_key=delay.asset_key, check_name=delay.check_name,
+                    passed=delay.passed, severity=delay.severity, metadata=delay.metadata,
+                    description=delay.description)
     except BaseException:
         # Terminated: the applies in progress have their Spark jobs cancelled; each is one
         # Delta commit, so a replica is applied or as it was.

@@ -2,11 +2,14 @@
 assets' keys, the metadata of an apply, and the row-count check (the replica's rows
 against what the changelog says at the applied version)."""
 
+import time
+
 import dagster as dg
 
 from binlog_assets.config import PipelineConfig
 
 ROW_COUNT_CHECK = "row_count_matches_changelog"
+SOURCE_DELAY_CHECK = "source_delay"
 
 
 def row_count_check_result(key: dg.AssetKey, live: int, expected: int,
@@ -26,6 +29,34 @@ def row_count_check_result(key: dg.AssetKey, live: int, expected: int,
                      f"{live} rows in the replica, {says} in the changelog at version "
                      f"{version}"),
     )
+
+
+def source_delay(result, now: float) -> float | None:  # noqa: ANN001 - a ReplicaResult
+    """Seconds from the source commit of the newest change the apply wrote to `now` (a
+    Unix time); None when the apply wrote no change with a recorded source time."""
+    if result.last_source_ts is None or result.skipped:
+        return None
+    return round(max(0.0, now - result.last_source_ts / 1000), 3)
+
+
+def source_delay_check(key: dg.AssetKey, result, limit: float,  # noqa: ANN001
+                       now: float) -> dg.AssetCheckResult:
+    """`source_delay`: the newest change reached the replica within `limit` seconds of
+    its source commit. A warning, not an error: a catch-up after downtime is late by
+    design, and the replica is still right."""
+    delay = source_delay(result, now)
+    if delay is None:
+        return dg.AssetCheckResult(
+            asset_key=key, check_name=SOURCE_DELAY_CHECK, passed=True,
+            severity=dg.AssetCheckSeverity.WARN,
+            description="no change with a recorded source time in this apply")
+    return dg.AssetCheckResult(
+        asset_key=key, check_name=SOURCE_DELAY_CHECK, passed=delay <= limit,
+        severity=dg.AssetCheckSeverity.WARN,
+        metadata={"source_delay_seconds": dg.MetadataValue.float(delay),
+                  "limit_seconds": dg.MetadataValue.float(float(limit))},
+        description=(f"the newest change reached the replica {delay:.1f} s after its "
+                     f"source commit (limit {limit:g} s: dagster.replica_delay_alert_seconds)"))
 
 
 def replica_key(name: str) -> dg.AssetKey:
@@ -76,6 +107,11 @@ def replica_metadata(result, live_rows: int | None) -> dict[str, dg.MetadataValu
     }
     if result.last_position is not None:
         md["last_position"] = dg.MetadataValue.text(position_label(result.last_position))
+    delay = source_delay(result, time.time())
+    if delay is not None:
+        # How far behind its source the replica was as this apply ended.
+        md["last_source_commit"] = dg.MetadataValue.timestamp(result.last_source_ts / 1000)
+        md["source_delay_seconds"] = dg.MetadataValue.float(delay)
     if result.key_rule is not None:
         md["key_rule"] = dg.MetadataValue.text(result.key_rule)
     if result.warning:

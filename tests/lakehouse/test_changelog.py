@@ -18,6 +18,7 @@ from binlog_assets.lakehouse.changelog import (
     changelog_checkpoint,
     commit_metadata,
     event_row,
+    source_times,
     survey_of_rows,
     to_json,
 )
@@ -146,7 +147,8 @@ def test_write_refuses_events_outside_its_range(spark, make_config: MakeConfig) 
 
 
 def _groups(survey: list[list]) -> list[tuple]:
-    return sorted(((*g[:4], tuple(g[4]), g[5], tuple(g[6])) for g in survey), key=repr)
+    return sorted(((*g[:4], tuple(g[4]), g[5], tuple(g[6]), *g[7:]) for g in survey),
+                  key=repr)
 
 
 def test_each_commit_carries_the_survey_a_scan_of_its_rows_gives(spark, make_config: MakeConfig
@@ -173,9 +175,14 @@ def test_each_commit_carries_the_survey_a_scan_of_its_rows_gives(spark, make_con
     # the DDL in between, so two groups) and one for the untyped insert.
     inserts = [g for g in _groups(got) if g[:2] == ("shop.orders", "c")]
     assert sorted(g[5] for g in inserts) == [1, 1, 2]
+    rows = [event_row(e, None, datetime.now()) for e in events[6:]]
+    times = source_times(rows)
     assert read_survey(spark, config, second - 1, second) == [
-        SurveyGroup(*g) for g in survey_of_rows([event_row(e, None, datetime.now())
-                                                 for e in events[6:]])]
+        SurveyGroup(*g, times.get(g[0])) for g in survey_of_rows(rows)]
+    # Each table's latest source time, the untyped insert's (no time) left out.
+    assert {g.table: g.source_ts for g in got} == {
+        table: max(e.source_ts for e in events if e.table == table and e.source_ts)
+        for table in ("shop.orders", "shop.items")}
 
 
 def test_a_range_reads_what_its_commits_added_as_parquet_files(spark, make_config: MakeConfig

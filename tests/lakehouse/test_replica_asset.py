@@ -7,14 +7,21 @@ counts, once a row goes missing from the replica behind binlake's back.
 
 from __future__ import annotations
 
+import time
+
 import dagster as dg
+import pytest
 import yaml
 from lake_events import Partition, Source, row
 
 from binlog_assets.config import PipelineConfig
 from binlog_assets.lakehouse.changelog import ChangelogWriter
 from binlog_assets.orchestration.replica_assets import build_replica_assets
-from binlog_assets.orchestration.replica_reports import ROW_COUNT_CHECK, replica_key
+from binlog_assets.orchestration.replica_reports import (
+    ROW_COUNT_CHECK,
+    SOURCE_DELAY_CHECK,
+    replica_key,
+)
 from binlog_assets.orchestration.resources import BinlakeResource
 
 
@@ -47,7 +54,8 @@ def test_row_count_check_catches_a_missing_row_and_a_rebuild_restores_it(
     records += [[two.insert(row(i))] for i in range(1, 4)]  # equal ids, other shard
     records += [[one.delete(row(2))], one.update(row(3), row(30)), [two.truncate()],
                 [two.insert(row(9))]]
-    part.write(part.records(records))
+    part_events = part.records(records)
+    part.write(part_events)
 
     result = _materialize(config, path)
     assert result.success
@@ -64,6 +72,15 @@ def test_row_count_check_catches_a_missing_row_and_a_rebuild_restores_it(
     check = _check(result)
     assert check.passed, check.description
     assert check.metadata["changelog_live_keys"].value == 5
+    # How far behind its source: from the newest source commit applied (in 2023 here, so
+    # the delay check warns).
+    newest = max(e.source_ts for e in part_events)
+    assert mat.metadata["last_source_commit"].value == newest / 1000
+    (delay,) = [e for e in result.get_asset_check_evaluations()
+                if e.check_name == SOURCE_DELAY_CHECK]
+    assert not delay.passed and delay.severity == dg.AssetCheckSeverity.WARN
+    assert delay.metadata["source_delay_seconds"].value == pytest.approx(
+        time.time() - newest / 1000, abs=120)
 
     db = config.lakehouse.database
     spark.sql(f"DELETE FROM {db}.orders WHERE _source_db = 'shop_1' AND id = 4")

@@ -160,9 +160,13 @@ def test_a_driver_apply_gives_the_replica_sparks_apply_gives_without_a_spark_rea
     assert _content(spark, driver_config) == _content(spark, spark_config)
     assert len(_content(spark, driver_config)) == 10  # 9 rows and a tombstone
     for ours, theirs in zip(driver_results, spark_results, strict=True):
-        assert (ours.rows, ours.upserts, ours.deletes, ours.written, ours.applied_version) == (
+        assert (ours.rows, ours.upserts, ours.deletes, ours.written, ours.applied_version,
+                ours.last_source_ts) == (
             theirs.rows, theirs.upserts, theirs.deletes, theirs.written,
-            theirs.applied_version)
+            theirs.applied_version, theirs.last_source_ts)
+    # The newest source commit of each batch: one more statement each (Source's clock).
+    assert [r.last_source_ts for r in driver_results] == [
+        1_700_000_000_000 + 95 + 8, 1_700_000_000_000 + 95 + 8 + 7]
     # The view of live rows is there for a replica the driver created.
     assert spark.table(f"{driver_config.lakehouse.database}.wide_current").count() == 9
 

@@ -27,7 +27,11 @@ from binlog_assets.orchestration.replica_follower import (
     pool_wanted,
     replica_follower_sensor,
 )
-from binlog_assets.orchestration.replica_reports import ROW_COUNT_CHECK, replica_key
+from binlog_assets.orchestration.replica_reports import (
+    ROW_COUNT_CHECK,
+    SOURCE_DELAY_CHECK,
+    replica_key,
+)
 from binlog_assets.orchestration.resources import BinlakeResource
 from binlog_assets.orchestration.shared import SPARK_POOL
 
@@ -83,10 +87,18 @@ def test_a_follower_run_applies_each_commit_as_it_lands(spark, make_config, tmp_
     assert versions == sorted(versions) and len(set(versions)) == 3
     db = config.lakehouse.database
     assert {r["id"] for r in spark.table(f"{db}.orders_current").collect()} == {1, 2, 3}
-    checks = {e.asset_key.path[-1]: e for e in result.get_asset_check_evaluations()}
+    evaluations = result.get_asset_check_evaluations()
+    checks = {e.asset_key.path[-1]: e for e in evaluations if e.check_name == ROW_COUNT_CHECK}
     assert set(checks) == {"orders", "products"}
-    assert all(c.check_name == ROW_COUNT_CHECK and c.passed for c in checks.values())
+    assert all(c.passed for c in checks.values())
     assert checks["orders"].metadata["replica_rows"].value == 3
+    # The source delay, at each apply: these source commits are from 2023, far past the
+    # limit, so each warns.
+    delays = [e for e in evaluations if e.check_name == SOURCE_DELAY_CHECK]
+    assert [e.asset_key.path[-1] for e in delays] == names
+    assert all(not d.passed and d.severity == dg.AssetCheckSeverity.WARN for d in delays)
+    assert all(d.metadata["source_delay_seconds"].value > 900 for d in delays)
+    assert all("source_delay_seconds" in md for _, md in by_replica)
 
 
 def test_the_loop_applies_every_replica_once_per_new_version() -> None:
@@ -188,7 +200,8 @@ def test_a_follower_run_with_a_broken_replica_follows_the_others_then_fails(
     assert not result.success
     mats = [e.asset_key.path[-1] for e in result.all_events if e.is_step_materialization]
     assert mats == ["orders"]
-    (check,) = result.get_asset_check_evaluations()
+    (check,) = [e for e in result.get_asset_check_evaluations()
+                if e.check_name == ROW_COUNT_CHECK]
     assert check.asset_key == replica_key("orders") and check.passed
     (failure,) = result.get_step_failure_events()
     message = failure.step_failure_data.error.cause.message
