@@ -294,8 +294,8 @@ class SparkConfig(_Model):
     # each driver JVM this process starts; off: every driver loads its classes anew.
     class_archive: bool = True
     # The JIT of the driver JVMs binlake starts: `c1` stops at the quick compiler
-    # (-XX:TieredStopAtLevel=1); `tiered` is the JVM's default, C2 as well, whose
-    # compiling only pays off in long jobs with cores to spare (bench/RESULTS.md).
+    # (-XX:TieredStopAtLevel=1); `tiered` is the JVM's default, C2 as well, whose compiling
+    # only pays off in long jobs with cores to spare (bench/RESULTS.md, "The driver's JIT").
     driver_jit: Literal["c1", "tiered"] = "c1"
 
     @property

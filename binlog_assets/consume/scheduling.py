@@ -5,7 +5,7 @@ worker at a time, so a lane is serial (what keeps a key's events in order). The 
 queue hands lanes to workers first in, first out (the oldest events hold the commit
 point back), wakes a waiting worker for each ready lane only while handlers wait on I/O,
 and lets a patrol wake one when ready lanes stay untaken. Figures behind these rules:
-bench/RESULTS.md, "Moved from code comments (issue 23)".
+bench/RESULTS.md, "P2 slow handlers" and "P1 pipeline throughput".
 """
 
 from __future__ import annotations

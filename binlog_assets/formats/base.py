@@ -32,8 +32,8 @@ from binlog_assets.formats.event import (
 
 Headers = list[tuple[str, bytes]]
 # One Kafka record as a decoder reads it: (value, topic, partition, offset, key, headers).
-# A plain tuple, not a NamedTuple: `decode` builds one per record on the hot path, where
-# a NamedTuple's Python-level constructor showed in the decode rate (bench/RESULTS.md).
+# A plain tuple: `decode` builds one per record, where a NamedTuple's constructor showed in
+# the decode rate (bench/RESULTS.md, "P1 pipeline throughput").
 KafkaRecord = tuple[bytes, str, int, int, bytes | None, Headers | None]
 
 # Binlog files rotate, so the name cache only grows slowly; the bound guards a

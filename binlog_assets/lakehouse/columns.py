@@ -119,7 +119,7 @@ def first_per_group(frame: DataFrame, group: list[Column], order: list[Column]
     group before the shuffle and moves the rows as they are, where `max_by` over a struct
     takes the sort-based aggregate and copies every row into a generic buffer (for the
     replica rewrite's 1.5M rows: a quarter less CPU in the map stage, 15% less time
-    without the write; bench/RESULTS.md, session 6).
+    without the write; bench/RESULTS.md, "Replica apply against a plain Delta write").
     """
     rank = free_name("_rank", frame.columns)
     window = Window.partitionBy(*group).orderBy(*order)

@@ -12,8 +12,8 @@ reached through Spark Connect, with no JVM call.
 `added_rows` reads what a range of commits added. In a classic session it goes through
 the JVM to Delta's `CDCReader.changesToBatchDF`, the change feed's own planner, because
 the public reader (`readChangeFeed`) wraps that plan in a `BaseRelation` whose scan goes
-through `.rdd` (bench/RESULTS.md, session 8: half the time for 1M rows). Over Spark
-Connect there is no JVM at hand, and the public reader it is.
+through `.rdd` (half the time for 1M rows: bench/RESULTS.md, "Replica apply against a
+plain Delta write"). Over Spark Connect there is no JVM at hand, and the public reader it is.
 """
 
 from __future__ import annotations
@@ -343,7 +343,7 @@ def create_with_rows(spark: SparkSession, new: NewTable, rows: DataFrame, app_id
 
     Rather than CREATE TABLE and then an append: Delta answers an append's transaction
     id from the table's state, which it computes in a Spark job of its own, and a table
-    being created has no state to compute (bench/RESULTS.md, session 19).
+    being created has no state to compute (bench/RESULTS.md, "Where a Spark apply's time went").
     """
     from pyspark.errors import AnalysisException
 

@@ -27,7 +27,7 @@ if TYPE_CHECKING:
 
 
 # A driver's builds are short: C2's compiling took more CPU than it saved (RESULTS.md,
-# session 20), and on few cores it competes with the build itself. C1 alone gets a
+# "The driver's JIT"), and on few cores it competes with the build itself. C1 alone gets a
 # 48 MB code cache by default, which 50 applies filled (the JIT then stops for good):
 # the tiered default's size instead.
 C1_ONLY = "-XX:TieredStopAtLevel=1 -XX:ReservedCodeCacheSize=240m"

@@ -311,7 +311,7 @@ def test_skip_to_passes_never_delivered_offsets_but_not_pending_ones() -> None:
 
 
 def test_a_prior_done_offset_equal_to_the_commit_base_is_still_skipped() -> None:
-    """Issue 41: a commit point taken when the base is a previous run's done offset,
+    """A commit point taken when the base is a previous run's done offset,
     not yet polled, must not forget it (the run would hand it to the handlers again)."""
     t = OffsetTracker(100, {102})
     t.received_many([100, 101])
