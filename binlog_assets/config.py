@@ -341,6 +341,15 @@ class DagsterConfig(_Model):
         200_000, ge=1,
         description="records to read across a run's partitions from which it uses "
                     "worker processes")
+    changelog_follow_seconds: float = Field(
+        0, ge=0, le=86_400,
+        description="0: `kafka_lag_sensor` launches bounded consumer runs where lag builds "
+                    "up; above 0, a changelog follower run (`follow_changelog_job`, kept "
+                    "going by `changelog_follower_sensor`) consumes each partition's new "
+                    "records as they arrive, for this many seconds per run")
+    changelog_poll_seconds: float = Field(
+        0.5, gt=0, le=60, description="how often an idle changelog follower run measures "
+                                      "the partitions' lag")
     replica_follow_seconds: float = Field(
         0, ge=0, le=86_400,
         description="0: automation builds the replicas after each consumer run; above 0, a "

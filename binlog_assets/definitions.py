@@ -8,6 +8,10 @@ import dagster as dg
 
 from binlog_assets.config import load_config
 from binlog_assets.orchestration.changelog_asset import changelog
+from binlog_assets.orchestration.changelog_follower import (
+    changelog_follower_sensor,
+    follow_changelog_job,
+)
 from binlog_assets.orchestration.checks import changelog_lag_check, checkpoint_agreement_check
 from binlog_assets.orchestration.kafka_sources import kafka_source_key, kafka_source_specs
 from binlog_assets.orchestration.maintenance import (
@@ -56,11 +60,11 @@ with warnings.catch_warnings():
 defs = dg.Definitions(
     assets=ASSETS,
     asset_checks=[changelog_lag_check, checkpoint_agreement_check],
-    jobs=[consume_changelog_job, build_replicas_job, follow_replicas_job,
-          lakehouse_maintenance_job],
+    jobs=[consume_changelog_job, follow_changelog_job, build_replicas_job,
+          follow_replicas_job, lakehouse_maintenance_job],
     schedules=[lakehouse_maintenance_schedule],
-    sensors=[kafka_partition_discovery_sensor, kafka_lag_sensor, binlake_automation_sensor,
-             replica_follower_sensor],
+    sensors=[kafka_partition_discovery_sensor, kafka_lag_sensor, changelog_follower_sensor,
+             binlake_automation_sensor, replica_follower_sensor],
     resources={"binlake": BinlakeResource()},
     # Also for the runs automation and the UI make of an asset selection (`__ASSET_JOB`):
     # a subprocess per step would load the code location again, 3-7 s of each run. With

@@ -15,7 +15,8 @@ def test_definitions_load_and_jobs_resolve(binlake_env: Path) -> None:
     from binlog_assets.definitions import defs
 
     jobs = {j.name for j in defs.resolve_all_job_defs()}
-    assert {"consume_changelog_job", "build_replicas_job", "follow_replicas_job"} <= jobs
+    assert {"consume_changelog_job", "follow_changelog_job", "build_replicas_job",
+            "follow_replicas_job"} <= jobs
     for name in jobs:
         assert defs.resolve_job_def(name) is not None
     # The consume job takes its partitions (topic-partitions) from the changelog asset.
@@ -26,8 +27,8 @@ def test_definitions_load_and_jobs_resolve(binlake_env: Path) -> None:
     keys = {k.to_user_string() for k in defs.resolve_asset_graph().get_all_asset_keys()}
     assert {"changelog", "replica/products"} <= keys
     assert {s.name for s in defs.sensors} == {
-        "kafka_partition_discovery_sensor", "kafka_lag_sensor", "binlake_automation_sensor",
-        "replica_follower_sensor"}
+        "kafka_partition_discovery_sensor", "kafka_lag_sensor", "changelog_follower_sensor",
+        "binlake_automation_sensor", "replica_follower_sensor"}
 
 
 def _imported_with_definitions() -> list[str]:

@@ -66,14 +66,22 @@ def topic_partitions(consumer: Consumer, topics: Iterable[str]) -> list[tuple[st
     return out
 
 
+def lag_consumer(kafka_conf: dict, group_id: str) -> Consumer:
+    """A consumer that only asks the cluster for offsets (never subscribes nor commits)."""
+    return Consumer({**kafka_conf, "group.id": group_id, "enable.auto.commit": False})
+
+
 def measure_lag(kafka_conf: dict, group_id: str, topics: Iterable[str], *,
-                check: bool = True) -> list[PartitionLag]:
+                check: bool = True, consumer: Consumer | None = None) -> list[PartitionLag]:
     """Lag of every partition of `topics`; `check=False` when the caller has just checked
-    the cluster (`check_cluster`) itself."""
+    the cluster (`check_cluster`) itself. A caller that measures again and again passes
+    its own `consumer` (`lag_consumer`), which stays open."""
     # Wrong credentials fail here within a second, not as a 30 s metadata timeout.
     if check:
         check_cluster(kafka_conf)
-    consumer = Consumer({**kafka_conf, "group.id": group_id, "enable.auto.commit": False})
+    own = consumer is None
+    if own:
+        consumer = lag_consumer(kafka_conf, group_id)
     try:
         tps = topic_partitions(consumer, topics)
         if not tps:
@@ -88,7 +96,8 @@ def measure_lag(kafka_conf: dict, group_id: str, topics: Iterable[str], *,
                 for (topic, partition), c, low, high in zip(tps, committed, lows, highs,
                                                              strict=True)]
     finally:
-        consumer.close()
+        if own:
+            consumer.close()
 
 
 def _log_ends(consumer: Consumer, tps: list[tuple[str, int]], end: int) -> list[int]:

@@ -141,7 +141,7 @@ def changelog(
     kafka_conf = binlake.kafka_conf()
 
     def report(outcomes: list[PartitionOutcome], *, final: bool) -> bool:
-        return _report(context, cfg, kafka_conf, group, keys, outcomes, final=final)
+        return report_outcomes(context, cfg, kafka_conf, group, keys, outcomes, final=final)
 
     outcomes = consume_partitions(
         cfg, kafka_conf, keys, config, group=group,
@@ -160,7 +160,7 @@ def changelog(
         yield dg.MaterializeResult()
 
 
-def _report(context: dg.AssetExecutionContext, cfg, kafka_conf: dict, group: str,  # noqa: ANN001
+def report_outcomes(context: dg.OpExecutionContext, cfg, kafka_conf: dict, group: str,  # noqa: ANN001
             keys: list[str], outcomes: list[PartitionOutcome], *, final: bool) -> bool:
     """Each partition's log line and metadata, and the sources' observations; whether
     any record was read. `final`: the run's output will carry the metadata (else it

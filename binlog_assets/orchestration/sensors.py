@@ -207,6 +207,9 @@ def kafka_lag_sensor(
     context: dg.SensorEvaluationContext, binlake: BinlakeResource
 ) -> dg.SensorResult | dg.SkipReason:
     cfg = binlake.pipeline
+    if cfg.dagster.changelog_follow_seconds:
+        return dg.SkipReason("dagster.changelog_follow_seconds > 0: a changelog follower "
+                             "run consumes the partitions as records arrive")
     state = json.loads(context.cursor) if context.cursor else {}
     lagging_since = {k: lagging_since_seconds(v)
                      for k, v in state.get("lagging_since", {}).items()}

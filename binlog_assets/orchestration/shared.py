@@ -9,6 +9,7 @@ from __future__ import annotations
 import dagster as dg
 
 CONSUME_JOB_NAME = "consume_changelog_job"
+CHANGELOG_FOLLOW_JOB_NAME = "follow_changelog_job"
 DBT_JOB_NAME = "dbt_build_job"
 DBT_FOLLOW_INTERVAL_SECONDS = 300
 # The tags by which Dagster runs a partitioned asset over a range of its partitions.

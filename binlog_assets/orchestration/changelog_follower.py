@@ -1,0 +1,185 @@
+"""Kafka partitions followed as records arrive: one changelog follower run at a time.
+
+With `dagster.changelog_follow_seconds` above 0, the lag sensor launches no runs. One
+`follow_changelog_job` run instead measures the lag of every known partition each
+`changelog_poll_seconds` and gives each due partition a bounded run up to the end offset
+it saw: the checkpoints, commit points, fence and metadata of any consumer run, without a
+run launch and a code-location load per batch. Each partition that read records is that
+changelog partition's materialization at once. `changelog_follower_sensor` starts the
+next run when one ends. Partitions that another consumer run holds (a launch from the
+launchpad) are left to it, and a changelog backfill gets every partition: the follower
+ends, and the sensor waits until the backfill is done.
+"""
+
+import time
+from collections.abc import Callable, Iterator, Sequence
+
+import dagster as dg
+from pydantic import Field
+
+from binlog_assets.orchestration.changelog_asset import report_outcomes
+from binlog_assets.orchestration.consume_runs import (
+    ChangelogRunConfig,
+    PartitionOutcome,
+    consume_partitions,
+)
+from binlog_assets.orchestration.metadata_checkpoint import latest_metadata_checkpoint
+from binlog_assets.orchestration.partitions import KAFKA_PARTITIONS_NAME, partition_key
+from binlog_assets.orchestration.resources import BinlakeResource
+from binlog_assets.orchestration.sensors import (
+    changelog_backfill_in_progress,
+    held_partitions,
+)
+from binlog_assets.orchestration.shared import (
+    CHANGELOG_FOLLOW_JOB_NAME,
+    EVERY_DAEMON_PASS,
+    UNFINISHED,
+)
+
+# A partition whose bounded run failed (a broker away, a stopped partition) is tried
+# again after this long, not at every poll: each attempt logs its error.
+RETRY_SECONDS = 30.0
+
+
+class ChangelogFollowConfig(dg.Config):
+    seconds: float | None = Field(None, gt=0, description="how long this run follows the "
+                                  "partitions (default: dagster.changelog_follow_seconds)")
+
+
+class DueRule:
+    """The lag sensor's rule for a partition's turn: its lag reached `threshold`
+    records, or it has lagged for `staleness` seconds."""
+
+    def __init__(self, threshold: int, staleness: float) -> None:
+        self.threshold, self.staleness = max(1, threshold), staleness
+        self.lagging_since: dict[str, float] = {}
+
+    def due(self, lags: dict[str, int], now: float) -> list[str]:
+        self.lagging_since = {k: self.lagging_since.get(k, now)
+                              for k, lag in lags.items() if lag > 0}
+        return [k for k, lag in lags.items() if lag > 0 and (
+            lag >= self.threshold or now - self.lagging_since[k] >= self.staleness)]
+
+
+def follow_partitions(due: Callable[[], Sequence[str]],
+                      consume: Callable[[list[str]], list[PartitionOutcome]], *,
+                      poll: float, stop: Callable[[], bool],
+                      retry: float = RETRY_SECONDS,
+                      clock: Callable[[], float] = time.monotonic
+                      ) -> Iterator[list[PartitionOutcome]]:
+    """Bounded runs of the partitions `due()` names, until `stop()` says so; yields each
+    round's outcomes. A round that consumed goes straight on to the next (a backlog is
+    read without pauses); an idle one waits `poll` seconds. A failed partition rests
+    `retry` seconds before its next attempt."""
+    resting: dict[str, float] = {}  # partition -> when it may be tried again
+    while not stop():
+        now = clock()
+        keys = [k for k in due() if resting.get(k, 0.0) <= now]
+        if keys:
+            outcomes = consume(keys)
+            for outcome in outcomes:
+                if outcome.error is not None:
+                    resting[outcome.key] = clock() + retry
+                else:
+                    resting.pop(outcome.key, None)
+            yield outcomes
+        else:
+            time.sleep(poll)
+
+
+@dg.op(name="follow_changelog",
+       description="Consume every partition's new records into the changelog as they arrive.")
+def follow_changelog(context: dg.OpExecutionContext, config: ChangelogFollowConfig,
+                     binlake: BinlakeResource) -> None:
+    from binlog_assets.consume.lag import lag_consumer, measure_lag
+    from binlog_assets.consume.preflight import check_cluster
+
+    pipeline = binlake.pipeline
+    seconds = config.seconds or pipeline.dagster.changelog_follow_seconds or 300.0
+    deadline = time.monotonic() + seconds
+    kafka_conf, group = binlake.kafka_conf(), binlake.group_id()
+    topics = [t for s in pipeline.sources for t in s.topics]
+    rule = DueRule(pipeline.dagster.lag_threshold, pipeline.dagster.max_staleness_seconds)
+    instance = context.instance
+
+    def stop() -> bool:
+        if time.monotonic() >= deadline:
+            return True
+        backfill = changelog_backfill_in_progress(instance)
+        if backfill is not None:
+            context.log.info(f"backfill {backfill} of the changelog runs: handing the "
+                             f"partitions over to it")
+            return True
+        return False
+
+    def due() -> list[str]:
+        known = instance.get_dynamic_partitions(KAFKA_PARTITIONS_NAME)
+        held = held_partitions(instance, known)
+        lags = {partition_key(pl.topic, pl.partition): pl.lag
+                for pl in measure_lag(kafka_conf, group, topics, check=False,
+                                      consumer=offsets)}
+        return [k for k in rule.due({k: lags[k] for k in known if k in lags}, time.time())
+                if k not in held]
+
+    def consume(keys: list[str]) -> list[PartitionOutcome]:
+        outcomes = consume_partitions(
+            pipeline, kafka_conf, keys, ChangelogRunConfig(), group=group,
+            metadata_checkpoint=lambda key: latest_metadata_checkpoint(instance, key),
+            # Terminated mid-round: what its partitions committed is still recorded.
+            on_interrupt=lambda stopped: report_outcomes(context, pipeline, kafka_conf,
+                                                         group, keys, stopped, final=False))
+        report_outcomes(context, pipeline, kafka_conf, group, keys, outcomes, final=False)
+        return outcomes
+
+    failing: dict[str, BaseException] = {}
+    check_cluster(kafka_conf)
+    # One consumer asks for the offsets of every round: a new one each poll would cost
+    # a connection and its threads.
+    offsets = lag_consumer(kafka_conf, group)
+    try:
+        for outcomes in follow_partitions(due, consume, stop=stop,
+                                          poll=pipeline.dagster.changelog_poll_seconds):
+            for outcome in outcomes:
+                if outcome.error is None:
+                    failing.pop(outcome.key, None)
+                else:
+                    failing[outcome.key] = outcome.error
+                    context.log.warning(f"{outcome.key}: tried again in "
+                                        f"{RETRY_SECONDS:.0f} s; the other partitions go on")
+    finally:
+        offsets.close()
+    if failing:
+        first = next(iter(failing.values()))
+        raise RuntimeError(
+            f"{len(failing)} partitions failed their last attempt: "
+            + "; ".join(f"{key}: {error}" for key, error in sorted(failing.items()))
+        ) from first
+
+
+@dg.job(name=CHANGELOG_FOLLOW_JOB_NAME, executor_def=dg.in_process_executor,
+        description="Consume Kafka's new records into the changelog as they arrive, for a "
+                    "while (dagster.changelog_follow_seconds).")
+def follow_changelog_job() -> None:
+    follow_changelog()
+
+
+@dg.sensor(
+    name="changelog_follower_sensor",
+    job=follow_changelog_job,
+    minimum_interval_seconds=EVERY_DAEMON_PASS,
+    default_status=dg.DefaultSensorStatus.RUNNING,
+    description="Keeps one changelog follower run going when "
+                "dagster.changelog_follow_seconds > 0.",
+)
+def changelog_follower_sensor(context: dg.SensorEvaluationContext, binlake: BinlakeResource
+                              ) -> dg.RunRequest | dg.SkipReason:
+    if not binlake.pipeline.dagster.changelog_follow_seconds:
+        return dg.SkipReason("dagster.changelog_follow_seconds is 0: kafka_lag_sensor "
+                             "launches bounded consumer runs")
+    backfill = changelog_backfill_in_progress(context.instance)
+    if backfill is not None:
+        return dg.SkipReason(f"backfill {backfill} of the changelog holds the partitions")
+    if context.instance.get_runs(filters=dg.RunsFilter(job_name=CHANGELOG_FOLLOW_JOB_NAME,
+                                                       statuses=UNFINISHED), limit=1):
+        return dg.SkipReason("a changelog follower run is queued or running")
+    return dg.RunRequest()

@@ -1,0 +1,142 @@
+"""The changelog follower: one run that keeps consuming partitions as records arrive.
+
+The loop and its due rule on fakes; then a real follower run (in process, on the real
+broker and the changelog's Delta table) while records keep arriving: every record lands
+in the changelog once, each round that read records is its partition's materialization
+as it ends, a partition another consumer run holds is left to it, and the lag sensor
+stands aside while the follower is configured.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+
+import dagster as dg
+import pytest
+from run_inputs import changelog_coordinates, produce_inserts, run_config_file
+
+from binlog_assets.config import PipelineConfig, load_config
+from binlog_assets.consume.lag import measure_lag
+from binlog_assets.dev.kafka import create_topic
+from binlog_assets.lakehouse.changelog import ChangelogWriter
+from binlog_assets.orchestration.changelog_follower import (
+    DueRule,
+    changelog_follower_sensor,
+    follow_changelog_job,
+    follow_partitions,
+)
+from binlog_assets.orchestration.consume_runs import PartitionOutcome
+from binlog_assets.orchestration.partitions import (
+    CHANGELOG_ASSET_KEY,
+    KAFKA_PARTITIONS_NAME,
+    partition_key,
+)
+from binlog_assets.orchestration.resources import BinlakeResource
+from binlog_assets.orchestration.sensors import kafka_lag_sensor
+from binlog_assets.orchestration.shared import CONSUME_JOB_NAME, PARTITION_TAG
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_rounds_follow_each_other_and_a_failed_partition_rests(monkeypatch) -> None:
+    clock = Clock()
+    sleeps: list[float] = []
+    monkeypatch.setattr(time, "sleep", lambda s: (sleeps.append(s),
+                                                  setattr(clock, "now", clock.now + s)))
+    rounds = [["a:0", "b:0"], ["a:0", "b:0"], ["a:0", "b:0"], [], ["a:0", "b:0"]]
+    consumed: list[list[str]] = []
+
+    def consume(keys: list[str]) -> list[PartitionOutcome]:
+        consumed.append(keys)
+        clock.now += 1.0
+        return [PartitionOutcome(k, error=RuntimeError("down") if k == "b:0" else None)
+                for k in keys]
+
+    outcomes = list(follow_partitions(lambda: rounds.pop(0), consume, poll=0.5,
+                                      stop=lambda: not rounds, retry=2.5, clock=clock))
+    # b:0 failed at t=1: it rests until t=3.5, so rounds at t=1 and t=2 leave it out; an
+    # idle round waits one poll (t=3 -> 3.5), and then b:0 is tried again.
+    assert consumed == [["a:0", "b:0"], ["a:0"], ["a:0"], ["a:0", "b:0"]]
+    assert sleeps == [0.5]  # only the idle round waited
+    assert len(outcomes) == 4
+
+
+def test_due_rule_is_the_lag_sensors() -> None:
+    rule = DueRule(threshold=10, staleness=30)
+    assert rule.due({"a:0": 10, "b:0": 3, "c:0": 0}, now=100) == ["a:0"]
+    assert rule.due({"a:0": 0, "b:0": 4}, now=120) == []
+    # b:0 has lagged since t=100: stale at 130; a:0 starts lagging anew.
+    assert rule.due({"a:0": 2, "b:0": 4}, now=130) == ["b:0"]
+    assert rule.due({"a:0": 2, "b:0": 0}, now=140) == []
+    assert DueRule(threshold=0, staleness=300).due({"a:0": 1, "b:0": 0}, now=0) == ["a:0"]
+
+
+def _materializations(instance: dg.DagsterInstance, key: str) -> list[dg.EventLogRecord]:
+    return list(instance.fetch_materializations(
+        dg.AssetRecordsFilter(asset_key=CHANGELOG_ASSET_KEY, asset_partitions=[key]),
+        limit=100, ascending=True).records)
+
+
+@pytest.mark.integration
+def test_a_follower_run_consumes_records_as_they_arrive(
+        pipeline_config: PipelineConfig, tmp_path: Path) -> None:
+    bootstrap = pipeline_config.bootstrap_servers
+    topic = create_topic(bootstrap, "follow", partitions=3)
+    config_path = run_config_file(pipeline_config, tmp_path,
+                                  {"name": "follow", "topics": [topic]},
+                                  dagster={"changelog_follow_seconds": 600,
+                                           "changelog_poll_seconds": 0.2})
+    cfg = load_config(config_path)
+    group = cfg.kafka["group.id"]
+    keys = [partition_key(topic, p) for p in range(3)]
+    resource = BinlakeResource(config_path=str(config_path))
+    produce_inserts(bootstrap, topic, {0: 5, 1: 4, 2: 3})
+
+    with dg.instance_for_test() as instance:
+        instance.add_dynamic_partitions(KAFKA_PARTITIONS_NAME, keys)
+        # Partition 2 belongs to a consumer run launched by hand: the follower leaves it.
+        instance.add_run(dg.DagsterRun(job_name=CONSUME_JOB_NAME, run_id="held" * 8,
+                                       tags={PARTITION_TAG: keys[2]},
+                                       status=dg.DagsterRunStatus.STARTED))
+        with dg.build_sensor_context(instance=instance,
+                                     resources={"binlake": resource}) as context:
+            assert isinstance(kafka_lag_sensor(context), dg.SkipReason)
+            assert isinstance(changelog_follower_sensor(context), dg.RunRequest)
+
+        def more() -> None:
+            # Records arrive while the run follows: a later round reads them.
+            deadline = time.monotonic() + 60
+            while not _materializations(instance, keys[0]) and time.monotonic() < deadline:
+                time.sleep(0.2)
+            produce_inserts(bootstrap, topic, {0: 6, 1: 2}, id_base=1000)
+
+        producer = threading.Thread(target=more)
+        producer.start()
+        result = follow_changelog_job.execute_in_process(
+            instance=instance, resources={"binlake": resource},
+            run_config={"ops": {"follow_changelog": {"config": {"seconds": 12}}}})
+        producer.join()
+        assert result.success
+
+        writer = ChangelogWriter(cfg)
+        assert [writer.checkpoint(group, topic, p) for p in range(3)] == [11, 6, None]
+        committed = {pl.partition: pl.committed for pl in measure_lag(dict(cfg.kafka), group,
+                                                                       [topic])}
+        assert committed == {0: 11, 1: 6, 2: None}
+        for key, ends in ((keys[0], [5, 11]), (keys[1], [4, 6])):
+            offsets = [r.asset_materialization.metadata["committed_offset"].value
+                       for r in _materializations(instance, key)]
+            assert offsets == ends, key  # one materialization per round that read records
+        assert _materializations(instance, keys[2]) == []
+        # Every record in the changelog once, none of the held partition's.
+        assert changelog_coordinates(cfg) == Counter(
+            [(0, o) for o in range(11)] + [(1, o) for o in range(6)])
