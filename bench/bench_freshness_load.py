@@ -1,0 +1,270 @@
+"""E6: freshness under load: a busy schema, and a probe row timed to a reader outside Spark.
+
+Starts its own stack in a temporary directory (the Kafka broker, MariaDB with a ROW binlog,
+Debezium's MariaDB connector in Kafka Connect, the Spark Connect server that replica
+builds share), a Dagster instance with the project's `setup/dagster.yaml`, and the Dagster
+daemon over `workspace.yaml`, with the shipped `dagster:` settings (both followers on):
+nothing drives the pipeline but the daemon, as under `make dev`. MariaDB holds `--tables`
+tables of 100 rows, each its own topic and replica. Once every replica is built, a
+steady writer commits `--rate` single-row updates a second spread over all tables; after
+a warm-up, a probe row is inserted into one table at a time (each probe the next table),
+and timed from its commit to the moment its replica, read with delta-rs by the README's
+reader contract (rows whose `_op` is not `d`), holds it.
+
+Prints each probe, p50/p95 against the targets (p50 <= 15 s, p95 <= 30 s) as ratios, the
+writer's achieved rate, the replica follower's cycle (the time between the starts of two
+rounds of applies, and a round's span), and the host's CPU use and load while probing.
+
+    .venv/bin/python bench/bench_freshness_load.py --tables 50 --rate 200 [--probes 15]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import dagster as dg
+import yaml
+from bench_freshness import percentile, wait_for_topic
+from deltalake import DeltaTable
+
+from binlog_assets.config import parse_config
+from binlog_assets.dev.connect import DebeziumConnector, KafkaConnect
+from binlog_assets.dev.kafka import KafkaBroker
+from binlog_assets.dev.mariadb import MariaDBServer
+from binlog_assets.dev.process import free_port
+from binlog_assets.dev.spark_connect import SparkConnectServer
+from binlog_assets.environment import REPO_ROOT
+from binlog_assets.orchestration.partitions import KAFKA_PARTITIONS_NAME, partition_key
+from binlog_assets.orchestration.table_metadata import table_uri
+
+TARGET_P50, TARGET_P95 = 15.0, 30.0
+DB = "busy"
+ROWS = 100
+POLL = 0.2
+PROBE_BASE = 1_000_000
+
+
+def topic(i: int) -> str:
+    return f"{DB}.{DB}.t{i}"
+
+
+def create_tables(conn, tables: int) -> None:  # noqa: ANN001 - a pymysql connection
+    with conn.cursor() as cur:
+        cur.execute(f"CREATE DATABASE {DB}")
+        for i in range(tables):
+            cur.execute(f"CREATE TABLE {DB}.t{i} (id INT PRIMARY KEY, v INT NOT NULL, "
+                        f"note VARCHAR(40))")
+            cur.execute(f"INSERT INTO {DB}.t{i} VALUES "
+                        + ",".join(f"({r}, 0, 'row {r}')" for r in range(ROWS)))
+
+
+class Writer(threading.Thread):
+    """`rate` single-row updates a second, each on a random row of a random table."""
+
+    def __init__(self, mariadb: MariaDBServer, tables: int, rate: float) -> None:
+        super().__init__(daemon=True)
+        self.conn = mariadb.connect()
+        self.tables, self.rate = tables, rate
+        self.stop = threading.Event()
+        self.done = 0
+        self.began = 0.0
+
+    def run(self) -> None:
+        rng = random.Random(7)
+        self.began = time.monotonic()
+        with self.conn.cursor() as cur:
+            while not self.stop.is_set():
+                due = int((time.monotonic() - self.began) * self.rate)
+                while self.done < due:
+                    cur.execute(f"UPDATE {DB}.t{rng.randrange(self.tables)} SET v = v + 1 "
+                                f"WHERE id = {rng.randrange(ROWS)}")
+                    self.done += 1
+                time.sleep(0.01)
+
+    def achieved(self) -> float:
+        return self.done / max(1e-9, time.monotonic() - self.began)
+
+
+def visible(uri: str, ident: int) -> bool:
+    """The reader contract outside Spark: the key is live in the replica table."""
+    if not DeltaTable.is_deltatable(uri):
+        return False
+    rows = DeltaTable(uri).to_pyarrow_table(columns=["_op"], filters=[("id", "=", ident)])
+    return any(op != "d" for op in rows.column("_op").to_pylist())
+
+
+def cpu_times() -> tuple[float, float]:
+    """(busy, total) jiffies of the host since boot."""
+    fields = [float(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    idle = fields[3] + fields[4]
+    return sum(fields) - idle, sum(fields)
+
+
+def follower_cycles(instance: dg.DagsterInstance, names: list[str], since: float
+                    ) -> tuple[list[float], list[float]]:
+    """Periods between the starts of consecutive rounds of replica applies, and each
+    round's span, from the replicas' materializations after `since` (one changelog
+    version per round)."""
+    rounds: dict[int, list[float]] = {}
+    for name in names:
+        for record in instance.fetch_materializations(
+                dg.AssetRecordsFilter(asset_key=dg.AssetKey(["replica", name]),
+                                      after_timestamp=since), limit=1000).records:
+            version = record.asset_materialization.metadata["applied_changelog_version"].value
+            rounds.setdefault(version, []).append(record.timestamp)
+    starts = sorted((min(ts), max(ts) - min(ts)) for ts in rounds.values())
+    periods = [b[0] - a[0] for a, b in zip(starts, starts[1:], strict=False)]
+    return periods, [span for _start, span in starts]
+
+
+def wait_built(instance: dg.DagsterInstance, names: list[str], timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    missing = list(names)
+    while missing:
+        missing = [n for n in missing if not instance.fetch_materializations(
+            dg.AssetKey(["replica", n]), limit=1).records]
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{len(missing)} replicas not built in {timeout:.0f}s: "
+                               f"{missing[:5]}")
+        time.sleep(1)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--tables", type=int, default=50)
+    parser.add_argument("--rate", type=float, default=200.0, help="changes a second, in all")
+    parser.add_argument("--probes", type=int, default=15)
+    parser.add_argument("--warmup", type=float, default=30.0,
+                        help="seconds of load before the first probe")
+    parser.add_argument("--pause", type=float, default=2.0,
+                        help="seconds between one probe's visibility and the next")
+    parser.add_argument("--timeout", type=float, default=600.0)
+    parser.add_argument("--changelog-follow-seconds", type=float, default=600.0,
+                        help="dagster.changelog_follow_seconds (0: the lag sensor launches "
+                             "a consumer run per batch)")
+    parser.add_argument("--follow-seconds", type=float, default=600.0,
+                        help="dagster.replica_follow_seconds")
+    args = parser.parse_args()
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    work = Path(tempfile.mkdtemp(prefix="binlake-busy-"))
+    broker = KafkaBroker(work / "kafka")
+    mariadb = MariaDBServer(work / "mariadb")
+    connect: KafkaConnect | None = None
+    spark: SparkConnectServer | None = None
+    daemon: subprocess.Popen | None = None
+    writer: Writer | None = None
+    names = [f"t{i}" for i in range(args.tables)]
+    seconds: list[float] = []
+    try:
+        broker.start()
+        mariadb.start()
+        conn = mariadb.connect()
+        create_tables(conn, args.tables)
+        connect = KafkaConnect(work / "connect", broker.bootstrap_servers,
+                               DebeziumConnector.for_server(mariadb, topic_prefix=DB))
+        connect.start()
+        for i in range(args.tables):
+            wait_for_topic(broker.bootstrap_servers, topic(i))
+        config = {
+            "kafka": {"bootstrap.servers": broker.bootstrap_servers, "group.id": "busy",
+                      "auto.offset.reset": "earliest", "isolation.level": "read_committed"},
+            "lakehouse": {"path": str(work / "lakehouse"), "database": DB},
+            "spark": {"remote": f"sc://127.0.0.1:{free_port()}"},
+            "dagster": {"replica_follow_seconds": args.follow_seconds,
+                        "changelog_follow_seconds": args.changelog_follow_seconds},
+            "sources": [{"name": DB, "topics": [topic(i) for i in range(args.tables)],
+                         "format": "debezium",
+                         "tables": [{"source": f"{DB}.{n}", "replica": n} for n in names]}],
+        }
+        pipeline = parse_config(config)
+        spark = SparkConnectServer.for_config(pipeline, work / "spark-connect")
+        print(f"spark connect server ready in {spark.start():.1f}s", flush=True)
+        config_path = work / "binlake.yaml"
+        config_path.write_text(yaml.safe_dump(config))
+        home = work / "dagster"
+        home.mkdir()
+        shutil.copy(REPO_ROOT / "setup" / "dagster.yaml", home / "dagster.yaml")
+        env = {**os.environ, "BINLAKE_CONFIG": str(config_path), "DAGSTER_HOME": str(home)}
+        with dg.DagsterInstance.from_config(str(home)) as instance:
+            instance.add_dynamic_partitions(KAFKA_PARTITIONS_NAME,
+                                            [partition_key(topic(i), 0)
+                                             for i in range(args.tables)])
+            began = time.monotonic()
+            with open(work / "daemon.log", "w") as log:
+                daemon = subprocess.Popen(
+                    [str(Path(sys.executable).with_name("dagster-daemon")), "run", "-w",
+                     str(REPO_ROOT / "workspace.yaml")],
+                    cwd=REPO_ROOT, env=env, start_new_session=True, stdout=log,
+                    stderr=subprocess.STDOUT)
+            wait_built(instance, names, args.timeout)
+            print(f"{args.tables} replicas built {time.monotonic() - began:.0f}s after the "
+                  f"daemon started", flush=True)
+            writer = Writer(mariadb, args.tables, args.rate)
+            writer.start()
+            time.sleep(args.warmup)
+            probing = time.time()
+            cpu0 = cpu_times()
+            for i in range(args.probes):
+                name = names[i % args.tables]
+                ident = PROBE_BASE + i
+                with conn.cursor() as cur:
+                    cur.execute(f"INSERT INTO {DB}.{name} VALUES ({ident}, 0, 'probe')")
+                committed = time.time()
+                uri = table_uri(pipeline, name)
+                while not visible(uri, ident):
+                    if time.time() - committed > args.timeout:
+                        raise TimeoutError(f"probe {i} in {name} not visible after "
+                                           f"{args.timeout:.0f}s")
+                    time.sleep(POLL)
+                seconds.append(time.time() - committed)
+                print(f"probe {i + 1:2d} ({name}): {seconds[-1]:5.1f}s; load "
+                      f"{os.getloadavg()[0]:.2f}", flush=True)
+                time.sleep(args.pause)
+            cpu1 = cpu_times()
+            rate = writer.achieved()
+            periods, spans = follower_cycles(instance, names, probing)
+    finally:
+        if writer is not None:
+            writer.stop.set()
+        if daemon is not None:
+            with_children = os.getpgid(daemon.pid)
+            os.killpg(with_children, signal.SIGTERM)
+            try:
+                daemon.wait(30)
+            except subprocess.TimeoutExpired:
+                os.killpg(with_children, signal.SIGKILL)
+        if connect is not None:
+            connect.stop()
+        if spark is not None:
+            spark.stop()
+        mariadb.stop()
+        broker.stop()
+        print(f"(daemon log and lakehouse in {work})")
+    p50, p95 = statistics.median(seconds), percentile(seconds, 0.95)
+    met = p50 <= TARGET_P50 and p95 <= TARGET_P95
+    busy = (cpu1[0] - cpu0[0]) / max(1.0, cpu1[1] - cpu0[1])
+    print(f"\n{args.tables} tables, {rate:.0f} changes/s written (asked {args.rate:g}); "
+          f"{len(seconds)} probes, commit -> replica read by delta-rs: p50 {p50:.1f}s "
+          f"(target {TARGET_P50:.0f}s, ratio {p50 / TARGET_P50:.2f}), p95 {p95:.1f}s "
+          f"(target {TARGET_P95:.0f}s, ratio {p95 / TARGET_P95:.2f}): "
+          f"{'met' if met else 'MISSED'}")
+    if periods:
+        print(f"replica follower: a round every {statistics.median(periods):.1f}s (median "
+              f"of {len(periods)}), a round's applies span {statistics.median(spans):.1f}s")
+    print(f"host CPU busy {busy:.0%} of 2 cores while probing; load {os.getloadavg()[0]:.2f}")
+    return 0 if met else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
