@@ -14,6 +14,8 @@ command -v mariadb >/dev/null 2>&1 || need+=(mariadb-client)
 command -v redis-server >/dev/null 2>&1 || need+=(redis-server)
 # pt-online-schema-change, whose table swap the schema-change drill replicates.
 command -v pt-online-schema-change >/dev/null 2>&1 || need+=(percona-toolkit)
+# PostgreSQL: the Dagster instance's production storage, for the soak and its test.
+ls /usr/lib/postgresql/*/bin/postgres >/dev/null 2>&1 || need+=(postgresql)
 python3 -c 'import venv, ensurepip' >/dev/null 2>&1 || need+=(python3-venv)
 if [ ${#need[@]} -gt 0 ]; then
   SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
