@@ -10,10 +10,10 @@ export DAGSTER_HOME := $(CURDIR)/var/dagster
 
 setup: .cache/apt.stamp $(VENV)/.installed $(JARS)/kafka/.stamp $(JARS)/delta/.stamp $(JARS)/connect/.stamp $(JARS)/s3/.stamp $(DAGSTER_HOME)/dagster.yaml class-archive
 
-# The Spark driver's class archive (binlog_assets/lakehouse/class_archive.py): built once
+# The Spark driver's class archive (binlog_assets/dev/class_archive.py): built once
 # per JDK, PySpark and Delta (about a minute), a no-op when present.
 class-archive: $(VENV)/.installed $(JARS)/delta/.stamp
-	$(PY) -m binlog_assets.lakehouse.class_archive
+	$(PY) -m binlog_assets.dev.class_archive
 
 .cache/apt.stamp: setup/apt.sh
 	@mkdir -p .cache

@@ -104,7 +104,7 @@ from pyspark.sql import functions as F
 from binlog_assets.config import PipelineConfig, parse_config
 from binlog_assets.dev.kafka import create_topics
 from binlog_assets.environment import cache_dir
-from binlog_assets.lakehouse.replica import ReplicaBuilder
+from binlog_assets.lakehouse.replica.builder import ReplicaBuilder
 from binlog_assets.lakehouse.spark import get_spark, spark_conf
 from binlog_assets.orchestration.consume_runs import (
     PARTITIONS_IN_PARALLEL,

@@ -28,7 +28,7 @@ from pydantic import (
 )
 
 from binlog_assets.consume import defaults
-from binlog_assets.consume.routing import ORDERING_KEY, ORDERING_MODES
+from binlog_assets.consume.lane_routing import ORDERING_KEY, ORDERING_MODES
 from binlog_assets.environment import REPO_ROOT
 
 CONFIG_ENV = "BINLAKE_CONFIG"
@@ -290,7 +290,7 @@ class SparkConfig(_Model):
     parallel_replicas: int = Field(
         2, ge=1, le=64, description="replicas one build applies at once, each in a Spark "
                                     "session of its own")
-    # Map the driver class archive `make setup` builds (lakehouse/class_archive.py) into
+    # Map the driver class archive `make setup` builds (dev/class_archive.py) into
     # each driver JVM this process starts; off: every driver loads its classes anew.
     class_archive: bool = True
     # The JIT of the driver JVMs binlake starts: `c1` stops at the quick compiler

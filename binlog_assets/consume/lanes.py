@@ -39,7 +39,7 @@ from binlog_assets.consume.invoke import (
     WorkerState,
     merge_metrics,
 )
-from binlog_assets.consume.routing import (
+from binlog_assets.consume.lane_routing import (
     KEY_LANE_CACHE,
     ORDERING_KEY,
     ORDERING_MODES,

@@ -49,9 +49,9 @@ from binlog_assets.consume.errors import (
 )
 from binlog_assets.consume.handlers import HandlerRegistry
 from binlog_assets.consume.invoke import HandlerMetrics
+from binlog_assets.consume.lane_routing import ORDERING_KEY
 from binlog_assets.consume.lanes import MAX_DEFAULT_WORKERS, LaneDispatcher
 from binlog_assets.consume.offsets import OffsetTracker
-from binlog_assets.consume.routing import ORDERING_KEY
 from binlog_assets.consume.runtime import (
     CONSUMER_KEYS,
     Started,

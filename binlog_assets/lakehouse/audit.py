@@ -19,7 +19,7 @@ from binlog_assets.config import PipelineConfig
 from binlog_assets.formats.event import OP_CREATE, OP_DELETE, OP_READ, OP_TRUNCATE, OP_UPDATE
 from binlog_assets.lakehouse.changelog_reader import read_changelog, read_survey
 from binlog_assets.lakehouse.columns import change_identity, changelog_position
-from binlog_assets.lakehouse.routing import replica_route
+from binlog_assets.lakehouse.replica.routes import replica_route
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession

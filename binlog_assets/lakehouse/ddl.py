@@ -10,7 +10,7 @@ widen columns; renames and drops are only in the text, so they are read from it 
   `plan_drops`, once no source table of the replica still has it).
 - `RENAME TABLE a TO b` / `ALTER TABLE a RENAME [TO|AS] b`: the rows of `a` become rows
   of `b` when both feed the replica; a replica that takes only `a` loses it as if
-  dropped, one that takes only `b` takes `a`'s rows (`replica_cutover.py`).
+  dropped, one that takes only `b` takes `a`'s rows (`replica/cutover.py`).
 - `DROP TABLE a`, `DROP DATABASE d`: the replica does what its `on_drop` says.
 - `DROP PARTITION`, `TRUNCATE PARTITION`, `EXCHANGE PARTITION`: the source's rows of the
   partition go (or change places with another table's) with no row event in the binlog;

@@ -42,15 +42,15 @@ from binlog_assets.lakehouse.changelog import (
 from binlog_assets.lakehouse.delta_log import delta_rs_uri, table_detail, table_exists, txn_version
 from binlog_assets.lakehouse.identifiers import qualified
 from binlog_assets.lakehouse.maintenance import live_files
-from binlog_assets.lakehouse.replica_plan import APPEND_ONLY, recorded_rule
-from binlog_assets.lakehouse.routing import replica_routes
+from binlog_assets.lakehouse.replica.plan import APPEND_ONLY, recorded_rule
+from binlog_assets.lakehouse.replica.routes import replica_routes
 from binlog_assets.lakehouse.transactions import APP_ID
 
 if TYPE_CHECKING:
     from deltalake import DeltaTable
     from deltalake.transaction import AddAction
 
-    from binlog_assets.lakehouse.replica import ReplicaBuilder
+    from binlog_assets.lakehouse.replica.builder import ReplicaBuilder
 
 # A retention commit writes the younger rows of the files it replaces into a folder of
 # its own in the table's, staged as a Delta table there (delta-rs writes the files and

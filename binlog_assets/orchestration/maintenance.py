@@ -63,7 +63,7 @@ def lakehouse_maintenance(context: dg.OpExecutionContext, binlake: BinlakeResour
     from binlog_assets.lakehouse.changelog_reader import changelog_version
     from binlog_assets.lakehouse.delta_log import table_exists
     from binlog_assets.lakehouse.maintenance import compact_changelog, compact_table
-    from binlog_assets.lakehouse.replica import ReplicaBuilder
+    from binlog_assets.lakehouse.replica.builder import ReplicaBuilder
     from binlog_assets.lakehouse.retention import applied_by_every_replica, retain_changelog
 
     cfg = binlake.pipeline

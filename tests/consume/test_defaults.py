@@ -7,8 +7,8 @@ from binlog_assets.config import parse_config
 from binlog_assets.consume import defaults
 from binlog_assets.consume.errors import ErrorPolicy
 from binlog_assets.consume.handlers import HandlerRegistry
+from binlog_assets.consume.lane_routing import ORDERING_KEY
 from binlog_assets.consume.lanes import LaneDispatcher
-from binlog_assets.consume.routing import ORDERING_KEY
 from binlog_assets.consume.run import RunSettings
 
 

@@ -30,7 +30,7 @@ from binlog_assets.consume.run import RunSummary
 from binlog_assets.dev import drills
 from binlog_assets.dev.kafka import KafkaBroker, create_topic
 from binlog_assets.lakehouse.changelog_reader import changelog_frame
-from binlog_assets.lakehouse.replica import ReplicaBuilder
+from binlog_assets.lakehouse.replica.builder import ReplicaBuilder
 from binlog_assets.orchestration.consume_runs import ChangelogRunConfig, consume_partition
 
 RECORDS = 3000

@@ -93,7 +93,7 @@ ALWAYS_MERGE = 1e12
 ALWAYS_REWRITE = 0.0
 
 # `lakehouse` settings that force each way a batch reaches a replica that has rows:
-# delta-rs's MERGE from the driver (`replica_commit.py`), Spark's MERGE, Spark's rewrite.
+# delta-rs's MERGE from the driver (`replica/commit.py`), Spark's MERGE, Spark's rewrite.
 APPLY_PATHS = {
     "driver": {"rewrite_ratio": ALWAYS_MERGE},
     "spark_merge": {"rewrite_ratio": ALWAYS_MERGE, "driver_commit_rows": 0},

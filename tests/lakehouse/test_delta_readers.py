@@ -11,8 +11,8 @@ from lake_events import MakeConfig, Partition, Source, row
 from binlog_assets.lakehouse.changelog import ChangelogWriter, changelog_uri
 from binlog_assets.lakehouse.delta_log import delta_rs_uri, table_detail, table_location
 from binlog_assets.lakehouse.identifiers import UnsafeIdentifierError
-from binlog_assets.lakehouse.replica import ReplicaBuilder
-from binlog_assets.lakehouse.replica_plan import FEATURE_PROPERTIES
+from binlog_assets.lakehouse.replica.builder import ReplicaBuilder
+from binlog_assets.lakehouse.replica.plan import FEATURE_PROPERTIES
 
 
 def _spark_rows(spark, name: str) -> list[tuple]:

@@ -49,8 +49,8 @@ from binlog_assets.lakehouse.delta_log import (
     table_detail,
 )
 from binlog_assets.lakehouse.identifiers import qualified, quote
-from binlog_assets.lakehouse.replica_plan import Survey
-from binlog_assets.lakehouse.routing import SOURCE_KEY_COLUMNS, ReplicaRoute
+from binlog_assets.lakehouse.replica.plan import Survey
+from binlog_assets.lakehouse.replica.routes import SOURCE_KEY_COLUMNS, ReplicaRoute
 from binlog_assets.lakehouse.schema import SchemaEvolutionError
 
 if TYPE_CHECKING:

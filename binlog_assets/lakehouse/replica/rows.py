@@ -19,8 +19,8 @@ from binlog_assets.lakehouse.columns import (
     working_column,
 )
 from binlog_assets.lakehouse.identifiers import col
-from binlog_assets.lakehouse.replica_plan import MERGED_OPS, Survey
-from binlog_assets.lakehouse.routing import SOURCE_KEY_COLUMNS, ReplicaRoute
+from binlog_assets.lakehouse.replica.plan import MERGED_OPS, Survey
+from binlog_assets.lakehouse.replica.routes import SOURCE_KEY_COLUMNS, ReplicaRoute
 
 # Working columns of an apply, named so that no source column can clash with them: a
 # change's image as JSON text, and a truncate's watermark (source table and position).

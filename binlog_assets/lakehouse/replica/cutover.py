@@ -33,9 +33,9 @@ from binlog_assets.lakehouse.columns import changelog_position, first_per_group,
 from binlog_assets.lakehouse.ddl import starts_table
 from binlog_assets.lakehouse.delta_log import NewTable, set_properties
 from binlog_assets.lakehouse.identifiers import col
-from binlog_assets.lakehouse.replica_ddl import truncate_markers
-from binlog_assets.lakehouse.replica_plan import ROW_OPS, Survey, add_groups
-from binlog_assets.lakehouse.replica_rows import keyed_rows
+from binlog_assets.lakehouse.replica.ddl_apply import truncate_markers
+from binlog_assets.lakehouse.replica.plan import ROW_OPS, Survey, add_groups
+from binlog_assets.lakehouse.replica.rows import keyed_rows
 from binlog_assets.lakehouse.schema import widen_all
 
 if TYPE_CHECKING:
@@ -44,7 +44,7 @@ if TYPE_CHECKING:
 
     from binlog_assets.config import PipelineConfig
     from binlog_assets.lakehouse.ddl import DdlPlan
-    from binlog_assets.lakehouse.routing import ReplicaRoute
+    from binlog_assets.lakehouse.replica.routes import ReplicaRoute
 
 # The brought rows' `row_index`: above every event of the rename's own record, and the
 # rename's binlog position is below any later change of the table.
