@@ -146,7 +146,10 @@ class SourceConfig(_Model):
     format: Format = "debezium"
     ordering: Ordering = ORDERING_KEY
     lanes: int = Field(defaults.LANES, ge=1, le=4096, description="events handled at once, at most")
-    workers: int | None = Field(None, ge=1, le=256, description="threads serving the lanes")
+    workers: int | None = Field(
+        None, ge=1, le=256,
+        description="threads serving the lanes; unset: min(lanes, "
+                    f"{defaults.MAX_DEFAULT_WORKERS})")
     key_slots_per_lane: int = Field(
         defaults.KEY_SLOTS_PER_LANE, ge=1, le=64,
         description="serial key slots per lane: ordering keys hash into lanes * this many "

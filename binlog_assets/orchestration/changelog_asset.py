@@ -44,6 +44,7 @@ from binlog_assets.orchestration.partitions import (
     partition_key,
 )
 from binlog_assets.orchestration.resources import BinlakeResource
+from binlog_assets.orchestration.shared import ASSET_GROUP
 from binlog_assets.orchestration.table_metadata import delta_row_count
 
 # Change events by op, as the metadata names them.
@@ -116,7 +117,7 @@ def _source_lags(kafka_conf: dict, group: str, cfg, keys: Sequence[str]
 @dg.asset(
     key=CHANGELOG_ASSET_KEY,
     partitions_def=kafka_partitions_def,
-    group_name="binlake",
+    group_name=ASSET_GROUP,
     kinds={"kafka", "delta"},
     # A run that consumed nothing records an observation, not a materialization that
     # would start replica and dbt builds.

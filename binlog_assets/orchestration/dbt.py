@@ -36,10 +36,9 @@ from binlog_assets.config import PipelineConfig
 from binlog_assets.environment import REPO_ROOT, var_dir
 from binlog_assets.lakehouse.spark import hold_catalog_lock, spark_conf
 from binlog_assets.orchestration.resources import BinlakeResource
-from binlog_assets.orchestration.shared import SPARK_POOL
+from binlog_assets.orchestration.shared import ASSET_GROUP, SPARK_POOL
 
 DBT_PROJECT_DIR = REPO_ROOT / "dbt"
-DBT_GROUP = "binlake"  # one group with the changelog and replicas: one graph on one page
 
 
 class BinlakeDbtTranslator(DagsterDbtTranslator):
@@ -50,7 +49,7 @@ class BinlakeDbtTranslator(DagsterDbtTranslator):
         return None
 
     def get_group_name(self, dbt_resource_props) -> str:
-        return DBT_GROUP
+        return ASSET_GROUP
 
     def get_asset_check_spec(self, asset_spec: dg.AssetSpec, manifest: Mapping[str, Any],
                              unique_id: str, project: DbtProject | None
