@@ -231,3 +231,19 @@ def test_registry_credentials_come_from_the_environment(
         "sources": [{"name": "s", "topics": ["t"], "format": "debezium-avro"}]})
     assert cfg.schema_registry["basic.auth.user.info"] == "binlake:r3g-Secret"
     assert cfg.sources[0].format == "debezium-avro"
+
+
+def test_every_config_field_is_described_in_its_field() -> None:
+    # One way to document a setting: `Field(description=...)`, which the config's schema
+    # (and so any tool that shows it) carries.
+    from pydantic import BaseModel
+
+    import binlog_assets.config as config_module
+
+    models = [m for m in vars(config_module).values()
+              if isinstance(m, type) and issubclass(m, BaseModel)
+              and m.__module__ == config_module.__name__ and m.model_fields]
+    assert {m.__name__ for m in models} >= {"PipelineConfig", "SourceConfig", "TableConfig"}
+    undescribed = [f"{m.__name__}.{name}" for m in models
+                   for name, field in m.model_fields.items() if not field.description]
+    assert undescribed == []
