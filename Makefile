@@ -51,11 +51,13 @@ $(DAGSTER_HOME)/dagster.yaml: setup/dagster.yaml
 demo: setup
 	$(PY) -m binlog_assets.dev.demo
 
-## The test suite: unit + integration on the real broker, Spark/Delta, MariaDB and Debezium.
+## The test suite: ruff first, then unit + integration on the real broker, Spark/Delta,
+## MariaDB and Debezium.
 ## Two workers (TEST_WORKERS), each with its own stack: while one waits on a broker, a
 ## child process or a Spark job, the other runs.
 TEST_WORKERS ?= 2
 test: setup registry
+	$(VENV)/bin/ruff check .
 	$(PY) -m pytest -q -m "not long" -n $(TEST_WORKERS) --dist load --durations=20
 
 ## The long variants: the daemon-driven end-to-end pipeline (backfill + automation), the

@@ -212,7 +212,7 @@ def _image(ident: int, row: Row) -> bytes:
     return _ROW % (ident, customer, _STATUSES[status], cents // 100, cents % 100, qty, ts)
 
 
-def _updated(current: Row, randrange, ts: int) -> Row:  # noqa: ANN001 - Random.randrange
+def _updated(current: Row, randrange, ts: int) -> Row:  # Random.randrange
     customer, status, cents, qty, _ts = current
     return (customer, (status + 1) % len(_STATUSES), max(1, cents + randrange(-99, 100)),
             1 + randrange(9), ts)

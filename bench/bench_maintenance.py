@@ -105,7 +105,7 @@ def timed(step: Callable[[], object]) -> float:
     return time.perf_counter() - began
 
 
-def files(spark, config: PipelineConfig) -> str:  # noqa: ANN001 - a SparkSession
+def files(spark, config: PipelineConfig) -> str:  # a SparkSession
     """The changelog's and the replica's live files (and MiB)."""
     out = []
     for name, location in (("changelog", changelog_uri(config)),

@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 import re
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 import yaml
 from pydantic import (
@@ -30,6 +30,9 @@ from pydantic import (
 from binlog_assets.consume import defaults
 from binlog_assets.consume.lane_routing import ORDERING_KEY, ORDERING_MODES
 from binlog_assets.environment import REPO_ROOT
+
+if TYPE_CHECKING:
+    from binlog_assets.consume.handlers import HandlerRegistry
 
 CONFIG_ENV = "BINLAKE_CONFIG"
 DEFAULT_CONFIG_PATH = REPO_ROOT / "binlake.yaml"
@@ -221,7 +224,7 @@ class SourceConfig(_Model):
                     f"table's source regex)")
         return v
 
-    def handler_registry(self):  # noqa: ANN201 - a HandlerRegistry, imported lazily
+    def handler_registry(self) -> HandlerRegistry:
         """The registry `handlers` names (empty when unset); Python caches the import."""
         from binlog_assets.consume.handlers import load_registry
 

@@ -32,7 +32,7 @@ from base64 import b64encode
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from decimal import Decimal
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 
@@ -41,6 +41,10 @@ from binlog_assets.formats.event import ChangeEvent
 from binlog_assets.formats.mysql_types import infer_types
 from binlog_assets.lakehouse.delta_log import delta_rs_uri
 from binlog_assets.lakehouse.transactions import changelog_app_id
+
+if TYPE_CHECKING:
+    from arro3.core import Schema, Table
+    from deltalake import DeltaTable
 
 CHANGELOG_TABLE = "changelog"
 
@@ -239,7 +243,7 @@ def changelog_uri(config: PipelineConfig) -> str:
     return config.lakehouse.uri("warehouse", f"{database}.db", table)
 
 
-def changelog_arrow_schema():  # noqa: ANN201 - arro3's Schema, imported lazily
+def changelog_arrow_schema() -> Schema:
     from arro3.core import DataType, Field, Schema
 
     types = {
@@ -250,7 +254,7 @@ def changelog_arrow_schema():  # noqa: ANN201 - arro3's Schema, imported lazily
     return Schema([Field(name, types[t], nullable=True) for name, t in CHANGELOG_COLUMNS])
 
 
-def _arrow_table(rows: Sequence[tuple], ingested_at: datetime):  # noqa: ANN202
+def _arrow_table(rows: Sequence[tuple], ingested_at: datetime) -> Table:
     """`event_row` tuples as one Arrow table in the changelog's schema."""
     from arro3.core import Array, DataType, Table, list_array
 
@@ -289,7 +293,7 @@ class ChangelogWriter:
         self._table = None
         self._lock = threading.Lock()
 
-    def _open(self):  # noqa: ANN202 - deltalake's DeltaTable, imported lazily
+    def _open(self) -> DeltaTable:
         """The table at its newest version, created when missing."""
         from deltalake import DeltaTable
 

@@ -32,8 +32,12 @@ import json
 import re
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from typing import TYPE_CHECKING
 
 from binlog_assets.formats.event import DATABASE_WIDE, dropped_database
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
 
 _NAME = r"(?:`(?:[^`]|``)+`|[A-Za-z0-9_$]+)"
 _QUALIFIED = rf"{_NAME}(?:\s*\.\s*{_NAME})?"
@@ -270,7 +274,7 @@ def table_renames(ddl: str, database: str) -> list[tuple[str, str]]:
     return []
 
 
-def plan_ddl(events: list[DdlEvent], routed) -> DdlPlan:  # noqa: ANN001 - routed: str -> bool
+def plan_ddl(events: list[DdlEvent], routed: Callable[[str], bool]) -> DdlPlan:
     """The plan for a replica whose source tables are those `routed(db.table)` accepts.
 
     A rename of a routed table is kept whichever way it goes (into or out of the

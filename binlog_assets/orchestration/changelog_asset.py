@@ -17,6 +17,7 @@ from collections.abc import Iterator, Sequence
 
 import dagster as dg
 
+from binlog_assets.config import PipelineConfig
 from binlog_assets.consume.checkpoint import disagreements
 from binlog_assets.consume.lag import PartitionLag, measure_lag
 from binlog_assets.consume.run import STOP_INTERRUPTED, RunSummary
@@ -102,7 +103,7 @@ def summary_metadata(summary: RunSummary, lag_at_end: int | None,
     return md
 
 
-def _source_lags(kafka_conf: dict, group: str, cfg, keys: Sequence[str]
+def _source_lags(kafka_conf: dict, group: str, cfg: PipelineConfig, keys: Sequence[str]
                  ) -> dict[str, list[PartitionLag]]:
     """Every partition of the sources the run's partitions belong to, by source name."""
     topics = {parse_partition_key(k)[0] for k in keys}
@@ -161,8 +162,9 @@ def changelog(
         yield dg.MaterializeResult()
 
 
-def _report(context: dg.AssetExecutionContext, cfg, kafka_conf: dict, group: str,  # noqa: ANN001
-            keys: list[str], outcomes: list[PartitionOutcome], *, final: bool) -> bool:
+def _report(context: dg.AssetExecutionContext, cfg: PipelineConfig, kafka_conf: dict,
+            group: str, keys: list[str], outcomes: list[PartitionOutcome], *,
+            final: bool) -> bool:
     """Each partition's log line and metadata, and the sources' observations; whether
     any record was read. `final`: the run's output will carry the metadata (else it
     fails or was interrupted, and each materialization is recorded here)."""
@@ -209,7 +211,7 @@ def _report(context: dg.AssetExecutionContext, cfg, kafka_conf: dict, group: str
     return consumed
 
 
-def _table_metadata(cfg) -> dict[str, dg.MetadataValue]:
+def _table_metadata(cfg: PipelineConfig) -> dict[str, dg.MetadataValue]:
     """The changelog's row count, as Dagster's table metadata names it."""
     rows = delta_row_count(changelog_uri(cfg))
     return {} if rows is None else {"dagster/row_count": dg.MetadataValue.int(rows)}

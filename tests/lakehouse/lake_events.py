@@ -153,7 +153,7 @@ class Partition:
                                  end_offset=self.end if end_offset is None else end_offset)
 
 
-def execute_job(job, config: PipelineConfig, tmp_path: Path):  # noqa: ANN001, ANN201
+def execute_job(job, config: PipelineConfig, tmp_path: Path):
     """Run `job` in process with `config` (written as YAML under `tmp_path`) as its
     `binlake` resource, on an ephemeral instance; its result, which must be a success."""
     import dagster as dg

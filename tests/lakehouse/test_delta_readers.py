@@ -37,7 +37,7 @@ def _rs_rows(uri: str) -> list[tuple]:
     return sorted((_plain(r) for r in table.to_pylist()), key=repr)
 
 
-def _plain(value):  # noqa: ANN001, ANN202 - rows of either reader, in one shape
+def _plain(value):  # rows of either reader, in one shape
     if isinstance(value, dict):
         return tuple(sorted((k, _plain(v)) for k, v in value.items()))
     if isinstance(value, list | tuple):

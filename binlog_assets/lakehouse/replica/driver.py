@@ -42,7 +42,7 @@ if TYPE_CHECKING:
     from binlog_assets.lakehouse.replica.routes import ReplicaRoute
 
 
-class NotInDriver(Exception):  # noqa: N818 - a decision, not an error
+class NotInDriver(Exception):  # a decision, not an error
     """The batch holds something only Spark's apply reproduces; says what."""
 
 
