@@ -13,9 +13,6 @@ dead-lettered after its retries. Done offsets go to `on_done_many` in batches; a
 record decoded into several events is reported once, when its last event is done.
 `max_in_flight` bounds what the poll thread should submit: it checks `is_full()` and
 pauses the partition, and resumes at `below_low_water()`. `submit_many` never blocks.
-
-Over 400 lines on purpose: the submit path, the worker loop and the done reports share the
-dispatcher's lock, halted flag and in-flight count, and keep their per-event loops inline.
 """
 
 from __future__ import annotations

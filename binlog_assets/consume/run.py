@@ -9,9 +9,6 @@ commits the contiguous done offset synchronously, with done-beyond offsets in th
 metadata so a rerun skips them. Nothing is committed past an event that is not done.
 Asked to stop (its `stop` set), it lets the handlers finish only the events they are
 running, and commits what is then contiguous.
-
-One module over 400 lines on purpose: the poll loop, its commit points and its failure
-paths share one run's state and order (`consume/runtime.py` holds the process tuning).
 """
 
 from __future__ import annotations

@@ -1,24 +1,8 @@
-"""Silver replicas: each replica table equals its source tables as of the last applied position.
+"""Silver replicas: `ReplicaBuilder.apply` makes each replica table equal its source
+tables as of the last applied position, one Delta commit per apply.
 
-`ReplicaBuilder.apply` reads the changelog rows committed since the replica's applied
-changelog version (planned from its commits' surveys: `plan.py`), keeps the
-source tables routed to the replica (`routes.py`), reduces every key to its last change
-by binlog position (`_position`, one struct compared field by field), types its JSON
-images by the declared column types (`schema.py`) and writes the result with a position
-guard, so batch boundaries, duplicates, restarts and late events cannot change the
-outcome (docs/architecture.md states the rules). A small batch of row changes is reduced
-and typed in the driver (`driver.py`) and committed by delta-rs
-(`commit.py`); otherwise Spark shapes the rows (`rows.py`) and writes
-them: by delta-rs for a small batch, else Spark's MERGE, a new replica's CTAS or a
-one-pass rewrite (`rewrite.py`). Deletes leave tombstones (`_op = 'd'`), purged
-after `lakehouse.tombstone_retention_hours`; a truncate leaves a marker row (`_op = 't'`,
-null key) whose position is its table's watermark. Every write commits Delta's
-transaction id (`binlake.replica`, the changelog version applied) with the data.
-
-Replica table `<database>.<replica>`: `_source_db`, `_source_table`, the key and source
-columns, then `_position`, `_op`, `_source_ts` and `_applied_at`. Live rows are the view
-`<database>.<replica>_current` (`_op` not in d, t). DDL is `ddl_apply.py`'s, cut-overs
-`cutover.py`'s, `history: true` tables `history.py`'s.
+How an apply reads, reduces, types and writes a batch, and the replica table's columns:
+docs/architecture.md, "A replica apply".
 """
 
 from __future__ import annotations
