@@ -43,3 +43,16 @@ def test_one_executor_rule(tmp_path: Path) -> None:
     defs = location_definitions(remote, resources={"other": "x"})
     assert set(defs.resources) == {"binlake", "other"}
     assert isinstance(defs, dg.Definitions)
+
+
+def test_the_dbt_sources_fall_back_to_the_configs_database() -> None:
+    # dbt reads lakehouse.database from BINLAKE_DATABASE (`dbt_env`); run by hand, its
+    # fallback must be the config's default.
+    from binlog_assets.config import LakehouseConfig
+    from binlog_assets.environment import REPO_ROOT
+    from binlog_assets.orchestration.dbt import dbt_env
+
+    default = LakehouseConfig.model_fields["database"].default
+    sources = (REPO_ROOT / "dbt" / "models" / "sources.yml").read_text()
+    assert f"env_var('BINLAKE_DATABASE', '{default}')" in sources
+    assert dbt_env(parse_config({}))["BINLAKE_DATABASE"] == default
