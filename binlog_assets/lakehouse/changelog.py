@@ -1,27 +1,8 @@
-"""The bronze changelog: every change event, appended once, with its Kafka coordinates.
+"""The bronze changelog: every change event, appended once, with its Kafka coordinates, in
+one Delta table written by delta-rs (no JVM); each write is one commit carrying the
+transaction `group/topic/partition` -> end offset and a survey of its rows.
 
-One Delta table, `<lakehouse.database>.changelog`, holds the events of every source, one
-row per event: Kafka coordinates (`topic`, `partition`, `offset`, `row_index`), the
-source table (`db.table`), `op`, the key (`key`: a JSON object of the key columns'
-values), `before`/`after` as JSON text (their shape varies per table; the replica build
-types them), the binlog position as numbers (`pos_phase`, `pos_file`, `pos_pos`,
-`pos_row`), `source_ts` (ms), `ddl`, the declared `column_types` (JSON, as the event
-carried them), `value_types` (JSON: the types of decoded values for columns the event
-declares no type for, since JSON text alone would lose a date or a decimal), the raw
-Kafka value and `ingested_at`.
-
-Writes are idempotent and need no JVM: each `ChangelogWriter.write` is one Delta commit
-made with delta-rs (`deltalake`), carrying the application transaction
-`group/topic/partition` with version = the end offset written, atomically with the rows.
-delta-rs does not refuse a version it has already recorded (delta-rs #2580), so the
-writer reads `transaction_version` first and skips a range at or below it; one writer per
-partition at a time is the fence's job (`lakehouse/fence.py`).
-`changelog_checkpoint` reads the version back, and it is the first checkpoint source a
-consumer run consults. The table is append-only with Change Data Feed on, which is how
-replica builds (Spark, `changelog_reader.py`) read just the versions they have not
-applied. Each commit's metadata also carries a survey of its rows (tables, ops, types,
-key columns, counts, last positions), so a replica build plans from the Delta log and
-reads the rows once.
+Its columns and write rules: docs/architecture.md, "The changelog".
 """
 
 from __future__ import annotations
