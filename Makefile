@@ -10,10 +10,10 @@ export DAGSTER_HOME := $(CURDIR)/var/dagster
 
 setup: .cache/apt.stamp $(VENV)/.installed $(JARS)/kafka/.stamp $(JARS)/delta/.stamp $(JARS)/connect/.stamp $(JARS)/s3/.stamp $(DAGSTER_HOME)/dagster.yaml class-archive
 
-# The Spark driver's class archive (binlog_assets/lakehouse/class_archive.py): built once
+# The Spark driver's class archive (binlog_assets/dev/class_archive.py): built once
 # per JDK, PySpark and Delta (about a minute), a no-op when present.
 class-archive: $(VENV)/.installed $(JARS)/delta/.stamp
-	$(PY) -m binlog_assets.lakehouse.class_archive
+	$(PY) -m binlog_assets.dev.class_archive
 
 .cache/apt.stamp: setup/apt.sh
 	@mkdir -p .cache
@@ -51,11 +51,13 @@ $(DAGSTER_HOME)/dagster.yaml: setup/dagster.yaml
 demo: setup
 	$(PY) -m binlog_assets.dev.demo
 
-## The test suite: unit + integration on the real broker, Spark/Delta, MariaDB and Debezium.
+## The test suite: ruff first, then unit + integration on the real broker, Spark/Delta,
+## MariaDB and Debezium.
 ## Two workers (TEST_WORKERS), each with its own stack: while one waits on a broker, a
 ## child process or a Spark job, the other runs.
 TEST_WORKERS ?= 2
 test: setup registry
+	$(VENV)/bin/ruff check .
 	$(PY) -m pytest -q -m "not long" -n $(TEST_WORKERS) --dist load --durations=20
 
 ## The long variants: the daemon-driven end-to-end pipeline (backfill + automation), the

@@ -108,7 +108,7 @@ class Anchor:
                 "write_median": statistics.median(writes)}
 
 
-def merge(spark, path: str, changes) -> None:  # noqa: ANN001 - SparkSession, DataFrame
+def merge(spark, path: str, changes) -> None:  # SparkSession, DataFrame
     """MERGE the last change per key into the Delta table at `path`."""
     from delta.tables import DeltaTable
 

@@ -104,7 +104,7 @@ from pyspark.sql import functions as F
 from binlog_assets.config import PipelineConfig, parse_config
 from binlog_assets.dev.kafka import create_topics
 from binlog_assets.environment import cache_dir
-from binlog_assets.lakehouse.replica import ReplicaBuilder
+from binlog_assets.lakehouse.replica.builder import ReplicaBuilder
 from binlog_assets.lakehouse.spark import get_spark, spark_conf
 from binlog_assets.orchestration.consume_runs import (
     PARTITIONS_IN_PARALLEL,
@@ -212,7 +212,7 @@ def _image(ident: int, row: Row) -> bytes:
     return _ROW % (ident, customer, _STATUSES[status], cents // 100, cents % 100, qty, ts)
 
 
-def _updated(current: Row, randrange, ts: int) -> Row:  # noqa: ANN001 - Random.randrange
+def _updated(current: Row, randrange, ts: int) -> Row:  # Random.randrange
     customer, status, cents, qty, _ts = current
     return (customer, (status + 1) % len(_STATUSES), max(1, cents + randrange(-99, 100)),
             1 + randrange(9), ts)

@@ -45,7 +45,7 @@ from binlog_assets.lakehouse.audit import expected_live_rows
 from binlog_assets.lakehouse.changelog import ChangelogWriter, changelog_uri
 from binlog_assets.lakehouse.delta_log import table_location
 from binlog_assets.lakehouse.maintenance import compact_changelog, compact_table, live_files
-from binlog_assets.lakehouse.replica import ReplicaBuilder
+from binlog_assets.lakehouse.replica.builder import ReplicaBuilder
 from binlog_assets.lakehouse.spark import get_spark
 
 TABLE = "shop.orders"
@@ -105,7 +105,7 @@ def timed(step: Callable[[], object]) -> float:
     return time.perf_counter() - began
 
 
-def files(spark, config: PipelineConfig) -> str:  # noqa: ANN001 - a SparkSession
+def files(spark, config: PipelineConfig) -> str:  # a SparkSession
     """The changelog's and the replica's live files (and MiB)."""
     out = []
     for name, location in (("changelog", changelog_uri(config)),

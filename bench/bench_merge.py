@@ -50,7 +50,7 @@ from binlog_assets.lakehouse.changelog_reader import (
     register_changelog,
     survey_of_frame,
 )
-from binlog_assets.lakehouse.replica import ReplicaBuilder, ReplicaResult
+from binlog_assets.lakehouse.replica.builder import ReplicaBuilder, ReplicaResult
 from binlog_assets.lakehouse.spark import get_spark
 
 TARGET_APPLY_VS_WRITE = 3.0

@@ -47,9 +47,9 @@ from harness import (
     serial_batches,
 )
 
+from binlog_assets.consume.defaults import MAX_DEFAULT_WORKERS, default_workers
 from binlog_assets.consume.handlers import HandlerRegistry
-from binlog_assets.consume.lanes import MAX_DEFAULT_WORKERS
-from binlog_assets.consume.routing import ORDERING_KEY, ordering_key_bytes
+from binlog_assets.consume.lane_routing import ORDERING_KEY, ordering_key_bytes
 from binlog_assets.consume.run import BoundedRun, RunSettings
 from binlog_assets.formats import make_decoder
 from binlog_assets.formats.event import ChangeEvent
@@ -148,7 +148,7 @@ def binlake(bootstrap: str, topic: str, end: int, handler: OrderCheckingHandler,
 
 def threads(lanes: int, workers: int | None) -> int:
     """Worker threads of a run with `lanes`, as `BoundedRun` starts them."""
-    return workers or min(lanes, MAX_DEFAULT_WORKERS)
+    return workers or default_workers(lanes)
 
 
 def ceiling(events: list[ChangeEvent], lanes: int, workers: int | None, slots: int) -> float:
@@ -167,8 +167,8 @@ def main() -> None:
     parser.add_argument("--sleep-ms", type=float, default=5.0, help="handler sleep")
     parser.add_argument("--lanes", type=int, nargs="+", default=[1, 8, 32, 64])
     parser.add_argument("--workers", type=int, default=None,
-                        help="worker threads serving the lanes (default min(lanes, 64), "
-                             "as in the product)")
+                        help="worker threads serving the lanes (default min(lanes, "
+                             f"{MAX_DEFAULT_WORKERS}), as in the product)")
     parser.add_argument("--key-slots-per-lane", type=int,
                         default=RunSettings.key_slots_per_lane,
                         help="serial key slots per lane (product default %(default)s; 1 is "

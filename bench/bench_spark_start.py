@@ -32,7 +32,7 @@ def child(side: str, lake: str, events: int, tables: int) -> dict:
     from binlog_assets.config import parse_config
     from binlog_assets.formats.event import PHASE_STREAM, ChangeEvent, Position
     from binlog_assets.lakehouse.changelog import ChangelogWriter
-    from binlog_assets.lakehouse.replica import ReplicaBuilder
+    from binlog_assets.lakehouse.replica.builder import ReplicaBuilder
     from binlog_assets.lakehouse.spark import get_spark
 
     config = parse_config({
@@ -94,7 +94,7 @@ def main() -> None:
         print(json.dumps(child(args.child, args.lake, args.events, args.tables)))
         return
 
-    from binlog_assets.lakehouse.class_archive import archive_file
+    from binlog_assets.lakehouse.spark import archive_file
 
     archive = archive_file()
     if not archive.is_file():

@@ -266,7 +266,7 @@ def serial_batches(consumer: Consumer, partitions: list[TopicPartition], total: 
         yield batch
 
 
-def decode_message(decoder, msg) -> list:  # noqa: ANN001 - a ChangeDecoder, a Message
+def decode_message(decoder, msg) -> list:  # a ChangeDecoder, a Message
     """The events of one consumed record, as a BoundedRun decodes them."""
     return decoder.decode(msg.value(), topic=msg.topic(), partition=msg.partition(),
                           offset=msg.offset(), key=msg.key(), headers=msg.headers())

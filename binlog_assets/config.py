@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 import re
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 import yaml
 from pydantic import (
@@ -28,8 +28,11 @@ from pydantic import (
 )
 
 from binlog_assets.consume import defaults
-from binlog_assets.consume.routing import ORDERING_KEY, ORDERING_MODES
+from binlog_assets.consume.lane_routing import ORDERING_KEY, ORDERING_MODES
 from binlog_assets.environment import REPO_ROOT
+
+if TYPE_CHECKING:
+    from binlog_assets.consume.handlers import HandlerRegistry
 
 CONFIG_ENV = "BINLAKE_CONFIG"
 DEFAULT_CONFIG_PATH = REPO_ROOT / "binlake.yaml"
@@ -86,7 +89,9 @@ class TableConfig(_Model):
         "merge", description="`merge`: a row per key; `append`: a row per change. A table "
                              "whose changes carry no key and that sets no key_columns is "
                              "replicated as `append` either way, with a warning")
-    schema_evolution: SchemaEvolution = "evolve"
+    schema_evolution: SchemaEvolution = Field(
+        "evolve", description="`evolve`, `exception` or `ignore`: what a column change of "
+                              "the source does to the replica (README: Schema changes)")
     history: bool = Field(False, description="also keep an SCD type 2 history table")
     on_drop: OnDrop = Field(
         "truncate", description="when the source table or its database is dropped: "
@@ -138,30 +143,42 @@ class TableConfig(_Model):
 class SourceConfig(_Model):
     """A set of Kafka topics in one change-event format."""
 
-    name: Identifier
+    name: Identifier = Field(description="identifier of the source")
     topics: tuple[str, ...] = Field(
         min_length=1, description="topic names; one starting with `^` is a regex (as in "
                                   "Kafka's subscriptions) over the cluster's topics, so a "
                                   "new table's topic joins without a config change")
-    format: Format = "debezium"
-    ordering: Ordering = ORDERING_KEY
+    format: Format = Field("debezium", description="`debezium`, `debezium-avro`, `maxwell`, "
+                                                   "`canal` or `dts`")
+    ordering: Ordering = Field(ORDERING_KEY, description="what stays in order: `partition`, "
+                                                         "`table` or `key`")
     lanes: int = Field(defaults.LANES, ge=1, le=4096, description="events handled at once, at most")
-    workers: int | None = Field(None, ge=1, le=256, description="threads serving the lanes")
+    workers: int | None = Field(
+        None, ge=1, le=256,
+        description="threads serving the lanes; unset: min(lanes, "
+                    f"{defaults.MAX_DEFAULT_WORKERS})")
     key_slots_per_lane: int = Field(
         defaults.KEY_SLOTS_PER_LANE, ge=1, le=64,
         description="serial key slots per lane: ordering keys hash into lanes * this many "
                     "slots, and a free lane takes any slot with work (1: a key's lane is "
                     "crc32(key) % lanes, and hash skew can leave lanes idle)",
     )
-    max_in_flight: int = Field(defaults.MAX_IN_FLIGHT, ge=1)
-    max_retries: int = Field(defaults.MAX_RETRIES, ge=0)
+    max_in_flight: int = Field(
+        defaults.MAX_IN_FLIGHT, ge=1,
+        description="records in flight before the partition is paused (librdkafka's "
+                    "prefetch is derived from it unless `kafka` sets it)")
+    max_retries: int = Field(defaults.MAX_RETRIES, ge=0,
+                             description="retries of a failing handler before dead-lettering")
     handler_timeout_seconds: float | None = Field(
         defaults.HANDLER_TIMEOUT_SECONDS, gt=0,
         description="a handler call running longer is named in the run's log and counted "
                     "in its metadata (`timeouts`); null: never")
     strict: bool = Field(False, description="fail the run on a bad message instead of DLQ")
-    dead_letter_topic: str | None = None
-    tables: tuple[TableConfig, ...] = ()
+    dead_letter_topic: str | None = Field(
+        None, description="where bad messages go, with their coordinates; unset: "
+                          f"`{defaults.dead_letter_topic('<name>')}`")
+    tables: tuple[TableConfig, ...] = Field(
+        (), description="the source tables this source replicates, and their replicas")
     # After `tables`: its check reads them.
     handlers: str | None = Field(
         None, description="`package.module:attribute` naming the HandlerRegistry whose "
@@ -207,7 +224,7 @@ class SourceConfig(_Model):
                     f"table's source regex)")
         return v
 
-    def handler_registry(self):  # noqa: ANN201 - a HandlerRegistry, imported lazily
+    def handler_registry(self) -> HandlerRegistry:
         """The registry `handlers` names (empty when unset); Python caches the import."""
         from binlog_assets.consume.handlers import load_registry
 
@@ -223,24 +240,27 @@ TableFeature = Literal["deletion_vectors", "column_mapping", "type_widening"]
 
 class LakehouseConfig(_Model):
     path: str = Field("var/lakehouse", description="root of the warehouse and the catalog")
-    database: Identifier = "binlake"
-    tombstone_retention_hours: float = Field(168.0, gt=0)
-    # A batch with at least this many changes per row already in the replica rewrites
-    # the replica in one pass (one aggregate over its rows and the batch, one overwrite)
-    # instead of MERGEing: a catch-up touches every file anyway. 0 always rewrites.
-    rewrite_ratio: float = Field(0.5, ge=0)
+    database: Identifier = Field(
+        "binlake", description="catalog database of the changelog and replica tables")
+    tombstone_retention_hours: float = Field(
+        168.0, gt=0, description="how long a delete's tombstone keeps late older changes out")
+    rewrite_ratio: float = Field(
+        0.5, ge=0,
+        description="a batch with at least this many changes per row already in the "
+                    "replica rewrites it in one pass (one ranking per key, one overwrite) "
+                    "instead of MERGEing: a catch-up touches every file anyway; 0: always")
     driver_commit_rows: int = Field(
         200_000, ge=0,
         description="a batch of at most this many changelog rows for a replica is "
                     "committed from the driver by delta-rs (MERGE with the same guard, or "
                     "an append), and one of row changes only is also reduced and typed "
                     "there, without a Spark job; 0: Spark does every batch")
-    # Delta table features of the replicas (and their history tables) beyond what every
-    # mainstream reader opens (delta-rs, polars, DuckDB, Trino): opt in to each.
     table_features: list[TableFeature] = Field(
         default_factory=list,
-        description="opt-in Delta features of new replica tables: deletion_vectors, "
-                    "column_mapping, type_widening (README: Table features)")
+        description="opt-in Delta features of new replica tables (and their history "
+                    "tables) beyond what every mainstream reader opens (delta-rs, polars, "
+                    "DuckDB, Trino): deletion_vectors, column_mapping, type_widening "
+                    "(README: Table features)")
 
     vacuum_retention_hours: float = Field(
         168.0, ge=168,
@@ -280,23 +300,29 @@ class LakehouseConfig(_Model):
 
 
 class SparkConfig(_Model):
-    # `local[N]`, or a cluster (`spark://host:port`, `yarn`, `k8s://...`); a standalone
-    # master on this machine is started by the local stack.
-    master: str = Field("local[2]", pattern=r"^\S+$")
-    # A Spark Connect server (`sc://host:port`) that runs every Spark step: one warm JVM
-    # for all runs instead of one started per run. Unset: Spark in each run's process.
-    remote: str | None = Field(None, pattern=r"^sc://[^\s/:]+:[0-9]+(/[^\s]*)?$")
-    conf: dict[str, str | int | float | bool] = Field(default_factory=dict)
+    master: str = Field(
+        "local[2]", pattern=r"^\S+$",
+        description="`local[N]`, or a cluster (`spark://host:port`, `yarn`, `k8s://...`); a "
+                    "standalone master on this machine is started by the local stack")
+    remote: str | None = Field(
+        None, pattern=r"^sc://[^\s/:]+:[0-9]+(/[^\s]*)?$",
+        description="a Spark Connect server (`sc://host:port`) that runs every Spark step: "
+                    "one warm JVM for all runs instead of one per run; unset: Spark in "
+                    "each run's process")
+    conf: dict[str, str | int | float | bool] = Field(
+        default_factory=dict, description="any Spark setting; overrides binlake's own")
     parallel_replicas: int = Field(
         2, ge=1, le=64, description="replicas one build applies at once, each in a Spark "
                                     "session of its own")
-    # Map the driver class archive `make setup` builds (lakehouse/class_archive.py) into
-    # each driver JVM this process starts; off: every driver loads its classes anew.
-    class_archive: bool = True
-    # The JIT of the driver JVMs binlake starts: `c1` stops at the quick compiler
-    # (-XX:TieredStopAtLevel=1); `tiered` is the JVM's default, C2 as well, whose compiling
-    # only pays off in long jobs with cores to spare (bench/RESULTS.md, "The driver's JIT").
-    driver_jit: Literal["c1", "tiered"] = "c1"
+    class_archive: bool = Field(
+        True, description="map the driver class archive `make setup` builds "
+                          "(dev/class_archive.py) into each driver JVM this process starts; "
+                          "off: every driver loads its classes anew")
+    driver_jit: Literal["c1", "tiered"] = Field(
+        "c1", description="the JIT of the driver JVMs binlake starts: `c1` stops at the quick "
+                          "compiler (-XX:TieredStopAtLevel=1); `tiered` is the JVM's "
+                          "default, whose C2 only pays off in long jobs with cores to spare "
+                          "(bench/RESULTS.md, \"The driver's JIT\")")
 
     @property
     def master_port(self) -> int | None:
@@ -321,10 +347,13 @@ _TEAM = re.compile(r"team:[A-Za-z0-9_-]+")
 
 class DagsterConfig(_Model):
     lag_threshold: int = Field(1, ge=0, description="records of lag that trigger a run")
-    max_staleness_seconds: int = Field(300, ge=0)
+    max_staleness_seconds: int = Field(
+        300, ge=0, description="request a run for any lag older than this")
     max_lag_records: int = Field(10_000, ge=0, description="the lag check fails above this")
-    max_records_per_run: int | None = Field(None, ge=1)
-    max_seconds_per_run: float | None = Field(None, gt=0)
+    max_records_per_run: int | None = Field(
+        None, ge=1, description="cap on records per bounded run; unset: none")
+    max_seconds_per_run: float | None = Field(
+        None, gt=0, description="cap on seconds per bounded run; unset: none")
     commit_timeout_seconds: float = Field(
         defaults.COMMIT_TIMEOUT_SECONDS, gt=0, le=3600,
         description="a Kafka offset commit with no answer within this fails the run")
@@ -381,15 +410,23 @@ class DagsterConfig(_Model):
 class PipelineConfig(_Model):
     """The whole pipeline: Kafka client settings, the lakehouse, Spark and the sources."""
 
-    kafka: dict[str, str | int | float | bool] = Field(default_factory=dict)
-    lakehouse: LakehouseConfig = LakehouseConfig()
-    spark: SparkConfig = SparkConfig()
-    dagster: DagsterConfig = DagsterConfig()
-    # The schema registry client's settings (confluent-kafka's SchemaRegistryClient keys:
-    # url, basic.auth.user.info, ssl.ca.location, ...), for `debezium-avro` sources, and
-    # binlake's `binlake.unknown.schema.id` (`stop`, the default, or `dead-letter`).
-    schema_registry: dict[str, str | int | float | bool] = Field(default_factory=dict)
-    sources: tuple[SourceConfig, ...] = ()
+    kafka: dict[str, str | int | float | bool] = Field(
+        default_factory=dict,
+        description="librdkafka properties, passed through; `bootstrap.servers` unset means "
+                    "the embedded broker")
+    lakehouse: LakehouseConfig = Field(
+        LakehouseConfig(), description="where the changelog and the replicas are kept")
+    spark: SparkConfig = Field(SparkConfig(), description="the Spark that builds the replicas")
+    dagster: DagsterConfig = Field(
+        DagsterConfig(), description="runs, sensors and checks of the code location")
+    schema_registry: dict[str, str | int | float | bool] = Field(
+        default_factory=dict,
+        description="the schema registry client's settings (confluent-kafka's "
+                    "SchemaRegistryClient keys: url, basic.auth.user.info, "
+                    "ssl.ca.location, ...), for `debezium-avro` sources, and binlake's "
+                    "`binlake.unknown.schema.id` (`stop`, the default, or `dead-letter`)")
+    sources: tuple[SourceConfig, ...] = Field(
+        (), description="the change streams: Kafka topics in one format, and their tables")
 
     @field_validator("kafka")
     @classmethod

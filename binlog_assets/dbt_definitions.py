@@ -5,23 +5,19 @@ and replica runs (and the daemon's ticks) never pay it. The models' dbt sources 
 the replica assets of the `binlake` location, so the asset graph stays one piece.
 """
 
-import dagster as dg
-
-from binlog_assets.config import load_config
 from binlog_assets.orchestration.dbt import build_dbt_assets
-from binlog_assets.orchestration.resources import BinlakeResource
+from binlog_assets.orchestration.location import location_config, location_definitions
 from binlog_assets.orchestration.sensors import dbt_follow_sensor
-from jobs import ONE_PROCESS, dbt_build_job, dbt_hourly_schedule
+from jobs import dbt_build_job, dbt_hourly_schedule
 
-# Validated at load: a bad config fails the code location with the field named.
-PIPELINE_CONFIG = load_config()
+PIPELINE_CONFIG = location_config()
 dbt_models, dbt_resource = build_dbt_assets(PIPELINE_CONFIG)
 
-defs = dg.Definitions(
+defs = location_definitions(
+    PIPELINE_CONFIG,
     assets=[dbt_models],
     jobs=[dbt_build_job],
     schedules=[dbt_hourly_schedule],
     sensors=[dbt_follow_sensor],
-    resources={"binlake": BinlakeResource(), "dbt": dbt_resource},
-    executor=ONE_PROCESS if PIPELINE_CONFIG.spark.remote else None,
+    resources={"dbt": dbt_resource},
 )

@@ -6,7 +6,6 @@ import warnings
 
 import dagster as dg
 
-from binlog_assets.config import load_config
 from binlog_assets.orchestration.changelog_asset import changelog
 from binlog_assets.orchestration.changelog_follower import (
     changelog_follower_sensor,
@@ -14,6 +13,7 @@ from binlog_assets.orchestration.changelog_follower import (
 )
 from binlog_assets.orchestration.checks import changelog_lag_check, checkpoint_agreement_check
 from binlog_assets.orchestration.kafka_sources import kafka_source_key, kafka_source_specs
+from binlog_assets.orchestration.location import location_config, location_definitions
 from binlog_assets.orchestration.maintenance import (
     lakehouse_maintenance_job,
     lakehouse_maintenance_schedule,
@@ -23,17 +23,15 @@ from binlog_assets.orchestration.replica_follower import (
     follow_replicas_job,
     replica_follower_sensor,
 )
-from binlog_assets.orchestration.resources import BinlakeResource
 from binlog_assets.orchestration.sensors import (
     binlake_automation_sensor,
     kafka_lag_sensor,
     kafka_partition_discovery_sensor,
 )
 from binlog_assets.orchestration.table_metadata import changelog_definition_metadata
-from jobs import ONE_PROCESS, build_replicas_job, consume_changelog_job
+from jobs import build_replicas_job, consume_changelog_job
 
-# Validated at load: a bad config fails the code location with the field named.
-PIPELINE_CONFIG = load_config()
+PIPELINE_CONFIG = location_config()
 
 # A backfill over many topic-partitions runs in batches, as the lag sensor groups them.
 # The changelog reads its sources' topics, and names its table for the UI.
@@ -57,7 +55,8 @@ with warnings.catch_warnings():
                   *kafka_source_specs(PIPELINE_CONFIG), changelog_batched,
                   build_replica_assets(PIPELINE_CONFIG)])]
 
-defs = dg.Definitions(
+defs = location_definitions(
+    PIPELINE_CONFIG,
     assets=ASSETS,
     asset_checks=[changelog_lag_check, checkpoint_agreement_check],
     jobs=[consume_changelog_job, follow_changelog_job, build_replicas_job,
@@ -65,9 +64,4 @@ defs = dg.Definitions(
     schedules=[lakehouse_maintenance_schedule],
     sensors=[kafka_partition_discovery_sensor, kafka_lag_sensor, changelog_follower_sensor,
              binlake_automation_sensor, replica_follower_sensor],
-    resources={"binlake": BinlakeResource()},
-    # Also for the runs automation and the UI make of an asset selection (`__ASSET_JOB`):
-    # a subprocess per step would load the code location again, 3-7 s of each run. With
-    # Spark in the run's process, a selection of replicas keeps a step per process.
-    executor=ONE_PROCESS if PIPELINE_CONFIG.spark.remote else None,
 )

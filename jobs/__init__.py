@@ -13,13 +13,9 @@
 import dagster as dg
 
 from binlog_assets.orchestration.consume_runs import CHANGELOG_RUN_CONFIG_SCAFFOLD
-from binlog_assets.orchestration.shared import CONSUME_JOB_NAME, DBT_JOB_NAME
+from binlog_assets.orchestration.shared import CONSUME_JOB_NAME, DBT_JOB_NAME, ONE_PROCESS
 
 REPLICAS = dg.AssetSelection.key_prefixes("replica")
-# Every job runs its steps in the run's own process: a subprocess per step would load
-# the code location again (3-7 s). The replica steps share one Spark session; dbt's step
-# only waits on the dbt CLI (whose Spark is its own, or the Spark Connect server's).
-ONE_PROCESS = dg.in_process_executor
 # The dbt models (their own code location: the replicas they read are another's).
 DBT_MODELS = dg.AssetSelection.kind("dbt")
 

@@ -231,3 +231,58 @@ def test_registry_credentials_come_from_the_environment(
         "sources": [{"name": "s", "topics": ["t"], "format": "debezium-avro"}]})
     assert cfg.schema_registry["basic.auth.user.info"] == "binlake:r3g-Secret"
     assert cfg.sources[0].format == "debezium-avro"
+
+
+def test_every_config_field_is_described_in_its_field() -> None:
+    # One way to document a setting: `Field(description=...)`, which the config's schema
+    # (and so any tool that shows it) carries.
+    from pydantic import BaseModel
+
+    import binlog_assets.config as config_module
+
+    models = [m for m in vars(config_module).values()
+              if isinstance(m, type) and issubclass(m, BaseModel)
+              and m.__module__ == config_module.__name__ and m.model_fields]
+    assert {m.__name__ for m in models} >= {"PipelineConfig", "SourceConfig", "TableConfig"}
+    undescribed = [f"{m.__name__}.{name}" for m in models
+                   for name, field in m.model_fields.items() if not field.description]
+    assert undescribed == []
+
+
+def test_the_readme_shows_each_settings_default() -> None:
+    # The README's settings table repeats the defaults; they must be the config's own.
+    import re
+
+    from pydantic_core import PydanticUndefined
+
+    from binlog_assets.config import PipelineConfig, SourceConfig, TableConfig
+    from binlog_assets.environment import REPO_ROOT
+
+    models = {"": PipelineConfig, "sources[].": SourceConfig, "sources[].tables[].": TableConfig}
+    models |= {f"{name}.": field.annotation for name, field in PipelineConfig.model_fields.items()
+               if hasattr(field.annotation, "model_fields")}
+    cells = dict(re.findall(r"^\| `([a-z_.\[\]]+)` \| (.*?) \|",
+                            (REPO_ROOT / "README.md").read_text(), re.MULTILINE))
+    checked = 0
+    for prefix, model in models.items():
+        for name, field in model.model_fields.items():
+            cell = cells.get(prefix + name)
+            default = field.default
+            if default is PydanticUndefined:
+                default = field.default_factory() if field.default_factory else None
+            if cell is None or (cell.startswith("unset") and default is None):
+                continue
+            literal = re.fullmatch(r"`([^`]*)`", cell)
+            if literal is None or default is None:  # prose, or a default computed elsewhere
+                continue
+            shown = literal.group(1)
+            if isinstance(default, bool):
+                assert shown == str(default).lower(), prefix + name
+            elif isinstance(default, int | float):
+                assert float(shown) == float(default), prefix + name
+            elif isinstance(default, str):
+                assert shown == default, prefix + name
+            else:
+                assert not default and shown in ("{}", "[]"), prefix + name
+            checked += 1
+    assert checked >= 30  # the table covers every scalar setting

@@ -18,7 +18,7 @@ from binlog_assets.consume.scheduling import IDLE, PARKED, SCHEDULED
 from binlog_assets.formats.event import OP_DDL, OP_TRUNCATE, ChangeEvent
 
 if TYPE_CHECKING:
-    from binlog_assets.consume.routing import Route
+    from binlog_assets.consume.lane_routing import Route
     from binlog_assets.consume.scheduling import Lane, ReadyQueue
 
 # A DDL and a truncate carry no key: each runs on its table's lane, after every earlier

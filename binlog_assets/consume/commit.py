@@ -47,7 +47,7 @@ class Committer:
                 retry_retriable(
                     lambda: self.consumer.commit(offsets=list(offsets), asynchronous=False),
                     what, self.timeout_seconds)
-            except BaseException as e:  # noqa: BLE001 - handed to the waiting thread
+            except BaseException as e:  # handed to the waiting thread
                 outcome.append(e)
             with self._lock:
                 finished.set()

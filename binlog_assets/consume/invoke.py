@@ -14,6 +14,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from time import perf_counter
+from typing import TYPE_CHECKING
 
 from binlog_assets.consume.errors import (
     BreakerOpenError,
@@ -24,6 +25,9 @@ from binlog_assets.consume.errors import (
 )
 from binlog_assets.consume.handlers import Handler
 from binlog_assets.formats.event import ChangeEvent
+
+if TYPE_CHECKING:
+    from binlog_assets.consume.scheduling import Lane
 
 log = logging.getLogger(__name__)
 
@@ -128,7 +132,7 @@ class Invoker:
         if self._pool is not None:
             self._pool.shutdown(wait=False, cancel_futures=True)
 
-    def handle(self, lane, event: ChangeEvent, handlers: tuple[Handler, ...],  # noqa: ANN001
+    def handle(self, lane: Lane, event: ChangeEvent, handlers: tuple[Handler, ...],
                first_error: BaseException | None, worker: WorkerState) -> bool:
         """One event through all its handlers; `lane.breaker` is its lane's key breaker
         (created here on the first dead letter). False when the dispatcher stopped and
@@ -182,7 +186,7 @@ class Invoker:
                             "dead-lettered without retries", event.table, event.key)
         return True
 
-    def handle_run(self, lane, batch: list[ChangeEvent], start: int,  # noqa: ANN001
+    def handle_run(self, lane: Lane, batch: list[ChangeEvent], start: int,
                    handlers: tuple[Handler, ...], worker: WorkerState, done: list[int]) -> int:
         """The run of `batch[start]`'s table from `start` on (BATCH_MAX_EVENTS at most) through
         handlers of which some take batches; appends its offsets to `done`. Returns where
@@ -226,7 +230,7 @@ class Invoker:
             else:
                 for event in events:
                     self._timed(handler, event, tally, worker)
-        except Exception:  # noqa: BLE001 - replayed event by event, errors counted there
+        except Exception:  # replayed event by event, errors counted there
             tally.errors += 1
             return False
         return True
@@ -240,7 +244,8 @@ class Invoker:
             return self._retry(handler, event, exc, worker)
         return None, 1
 
-    def _timed(self, handler: Handler, arg, tally: HandlerTally, worker: WorkerState) -> None:
+    def _timed(self, handler: Handler, arg: ChangeEvent | list[ChangeEvent],
+               tally: HandlerTally, worker: WorkerState) -> None:
         current = worker.current
         current[0], current[1] = handler.name, arg
         began = current[2] = perf_counter()

@@ -1,21 +1,18 @@
 """Parallel, per-key ordered dispatch of change events to their handlers: `LaneDispatcher`.
 
-The front over the roles of the consume lanes: `routing` picks an event's lane,
+The front over the roles of the consume lanes: `lane_routing` picks an event's lane,
 `scheduling` hands ready lanes to worker threads, `barriers` keeps DDL and truncates in
 order with their table, and `invoke` calls the handlers. A lane is serial, so per
 ordering key handlers observe events in position order (invariant 1) under any lane
 count; a bounded run gives the dispatcher `lanes × key_slots_per_lane` lanes over
-`min(lanes, 64)` workers, and a lane keeps its worker for a time slice at most while
-others wait.
+`defaults.default_workers(lanes)` workers, and a lane keeps its worker for a time slice
+at most while others wait.
 
 An event is done when all of its table's handlers finished, or when it was
 dead-lettered after its retries. Done offsets go to `on_done_many` in batches; a Kafka
 record decoded into several events is reported once, when its last event is done.
 `max_in_flight` bounds what the poll thread should submit: it checks `is_full()` and
 pauses the partition, and resumes at `below_low_water()`. `submit_many` never blocks.
-
-Over 400 lines on purpose: the submit path, the worker loop and the done reports share the
-dispatcher's lock, halted flag and in-flight count, and keep their per-event loops inline.
 """
 
 from __future__ import annotations
@@ -39,7 +36,7 @@ from binlog_assets.consume.invoke import (
     WorkerState,
     merge_metrics,
 )
-from binlog_assets.consume.routing import (
+from binlog_assets.consume.lane_routing import (
     KEY_LANE_CACHE,
     ORDERING_KEY,
     ORDERING_MODES,
@@ -50,8 +47,6 @@ from binlog_assets.consume.scheduling import IDLE, PATROL_SECONDS, Lane, ReadyQu
 from binlog_assets.formats.event import ChangeEvent
 
 log = logging.getLogger(__name__)
-
-MAX_DEFAULT_WORKERS = 64
 
 # A worker reports finished events when it has nothing else to run, or after this many
 # events or seconds, whichever comes first: the in-flight count and the commit point lag
@@ -88,7 +83,7 @@ class LaneDispatcher:
         handler_timeout_seconds: float | None = None,
     ) -> None:
         _require_count("lanes", lanes)
-        workers = min(lanes, MAX_DEFAULT_WORKERS) if workers is None else workers
+        workers = defaults.default_workers(lanes) if workers is None else workers
         _require_count("workers", workers)
         _require_count("max_in_flight", max_in_flight)
         low_water = max_in_flight // 2 if low_water is None else low_water

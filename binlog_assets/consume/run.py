@@ -9,9 +9,6 @@ commits the contiguous done offset synchronously, with done-beyond offsets in th
 metadata so a rerun skips them. Nothing is committed past an event that is not done.
 Asked to stop (its `stop` set), it lets the handlers finish only the events they are
 running, and commits what is then contiguous.
-
-One module over 400 lines on purpose: the poll loop, its commit points and its failure
-paths share one run's state and order (`consume/runtime.py` holds the process tuning).
 """
 
 from __future__ import annotations
@@ -49,9 +46,9 @@ from binlog_assets.consume.errors import (
 )
 from binlog_assets.consume.handlers import HandlerRegistry
 from binlog_assets.consume.invoke import HandlerMetrics
-from binlog_assets.consume.lanes import MAX_DEFAULT_WORKERS, LaneDispatcher
+from binlog_assets.consume.lane_routing import ORDERING_KEY
+from binlog_assets.consume.lanes import LaneDispatcher
 from binlog_assets.consume.offsets import OffsetTracker
-from binlog_assets.consume.routing import ORDERING_KEY
 from binlog_assets.consume.runtime import (
     CONSUMER_KEYS,
     Started,
@@ -106,7 +103,7 @@ class RunSettings:
     # once. Ordering keys hash into lanes * key_slots_per_lane serial key slots, and a
     # lane takes whichever slot has work, so uneven hashing does not leave lanes idle.
     lanes: int = defaults.LANES
-    workers: int | None = None  # threads serving the lanes; default min(lanes, 64)
+    workers: int | None = None  # threads serving the lanes; default `default_workers`
     key_slots_per_lane: int = defaults.KEY_SLOTS_PER_LANE
     max_in_flight: int = defaults.MAX_IN_FLIGHT
     error_policy: ErrorPolicy = field(default_factory=ErrorPolicy)
@@ -117,10 +114,10 @@ class RunSettings:
     max_seconds: float | None = None
     start_offset: int | None = None  # explicit override, first in the precedence
     extra_checkpoint_sources: tuple[CheckpointSource, ...] = ()
-    commit_interval_seconds: float = 5.0
+    commit_interval_seconds: float = defaults.COMMIT_INTERVAL_SECONDS
     # librdkafka's synchronous commit never times out by itself (Java's is 60 s).
     commit_timeout_seconds: float = defaults.COMMIT_TIMEOUT_SECONDS
-    batch_size: int = 1000
+    batch_size: int = defaults.BATCH_SIZE
     key_columns: dict[str, list[str]] | None = None
     # The schema registry client's settings, for formats that need one (secrets inside).
     schema_registry: dict[str, Any] | None = field(default=None, repr=False)
@@ -265,7 +262,7 @@ class BoundedRun:
             starting = Started(lambda: LaneDispatcher(
                 self.registry,
                 lanes=s.lanes * s.key_slots_per_lane,
-                workers=s.workers or min(s.lanes, MAX_DEFAULT_WORKERS),
+                workers=s.workers or defaults.default_workers(s.lanes),
                 ordering=s.ordering,
                 table_ordering=s.table_ordering or None,
                 max_in_flight=s.max_in_flight,

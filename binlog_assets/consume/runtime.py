@@ -10,6 +10,7 @@ import gc
 import threading
 import time
 from collections.abc import Callable
+from typing import Generic, TypeVar
 
 # The collector's first threshold during a run (see `raise_gc_threshold`).
 _GC_THRESHOLD = 20_000
@@ -70,13 +71,16 @@ def yield_gil() -> None:
     time.sleep(0)
 
 
-class Started(threading.Thread):
+T = TypeVar("T")
+
+
+class Started(threading.Thread, Generic[T]):
     """`call()` running in a thread of its own from now on; `result()` waits for it."""
 
-    def __init__(self, call: Callable[[], object]) -> None:
+    def __init__(self, call: Callable[[], T]) -> None:
         super().__init__(name="binlake-run-start", daemon=True)
         self._call = call
-        self._value: object = None
+        self._value: T | None = None
         self._error: BaseException | None = None
         self.start()
 
@@ -86,7 +90,7 @@ class Started(threading.Thread):
         except BaseException as exc:  # handed to whoever asks for the result
             self._error = exc
 
-    def result(self, raise_error: bool = True):  # noqa: ANN201 - the call's own type
+    def result(self, raise_error: bool = True) -> T | None:
         self.join()
         if self._error is not None and raise_error:
             raise self._error

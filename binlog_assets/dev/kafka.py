@@ -171,7 +171,7 @@ class KafkaBroker(LocalDaemon):
                         timeout=2
                     )
                     return
-                except Exception:  # noqa: BLE001 - not ready yet; retried until timeout
+                except Exception:  # not ready yet; retried until timeout
                     pass
             time.sleep(0.2)
         raise TimeoutError(f"kafka broker on {self.bootstrap_servers} not ready in {timeout}s")

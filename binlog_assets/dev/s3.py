@@ -12,9 +12,12 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 from binlog_assets.dev.process import LocalDaemon, free_port, port_open
+
+if TYPE_CHECKING:
+    import subprocess
 
 
 @dataclass
@@ -61,7 +64,7 @@ class S3Server(LocalDaemon):
             return None
         return pid if b"moto_server" in cmdline else None
 
-    def _wait(self, proc, began: float, timeout: float) -> None:  # noqa: ANN001 - Popen
+    def _wait(self, proc: subprocess.Popen, began: float, timeout: float) -> None:
         while not port_open(self.port):
             if proc.poll() is not None:
                 raise RuntimeError(f"moto_server exited with {proc.returncode}")

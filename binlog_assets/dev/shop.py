@@ -14,7 +14,13 @@ import random
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from decimal import Decimal
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+    
+    from pymysql.connections import Connection
+    from pyspark.sql import DataFrame, SparkSession
 
 SHARDS = ("shop_1", "shop_2")
 
@@ -46,19 +52,19 @@ REPLICAS: dict[str, Spec] = {
 T0 = datetime(2026, 11, 1, 9, 0, 0)
 
 
-def create_schema(conn) -> None:
+def create_schema(conn: Connection) -> None:
     with conn.cursor() as cur:
         for stmt in SCHEMA:
             cur.execute(stmt)
 
 
-def _run(conn, statements: list[tuple[str, tuple]]) -> None:
+def _run(conn: Connection, statements: list[tuple[str, tuple]]) -> None:
     with conn.cursor() as cur:
         for sql, args in statements:
             cur.execute(sql, args)
 
 
-def demo_workload(conn) -> int:
+def demo_workload(conn: Connection) -> int:
     """The fixed demo story; returns the number of statements run."""
     stmts: list[tuple[str, tuple]] = []
     for i, name in enumerate(["Ada", "Grace", "Edsger", "Barbara", "Ken"], start=1):
@@ -103,7 +109,7 @@ def demo_workload(conn) -> int:
     return len(stmts)
 
 
-def random_workload(conn, seed: int, statements: int) -> int:
+def random_workload(conn: Connection, seed: int, statements: int) -> int:
     """A seeded random mix of inserts, updates, deletes, re-inserts, key changes and
     (rarely) truncates over every demo table; returns the statements run."""
     rng = random.Random(seed)
@@ -190,7 +196,7 @@ def _norm(value: Any) -> Any:
     return value
 
 
-def source_rows(conn, replica: str, spec: Spec | None = None) -> set[tuple]:
+def source_rows(conn: Connection, replica: str, spec: Spec | None = None) -> set[tuple]:
     """The replica's source tables as (shard db or None, compared columns...) rows; a
     column the table does not have (yet) reads as NULL, as in the replica. `spec` (source
     tables, compared columns) describes a replica that is not one of the shop's."""
@@ -209,7 +215,8 @@ def source_rows(conn, replica: str, spec: Spec | None = None) -> set[tuple]:
     return out
 
 
-def replica_rows(spark, database: str, replica: str, frame=None, spec: Spec | None = None
+def replica_rows(spark: SparkSession, database: str, replica: str,
+                 frame: DataFrame | None = None, spec: Spec | None = None
                  ) -> set[tuple]:
     """The replica's live rows; `frame` instead of the catalog's `<replica>_current` view
     when given (say, the live rows of a replica read by path from another lakehouse);
@@ -226,7 +233,8 @@ def replica_rows(spark, database: str, replica: str, frame=None, spec: Spec | No
     return out
 
 
-def compare(conn, spark, database: str, read=None) -> list[TableComparison]:
+def compare(conn: Connection, spark: SparkSession, database: str,
+            read: Callable[[str], DataFrame] | None = None) -> list[TableComparison]:
     """Per replica, its source tables against its live rows; `read(replica)` returns the
     live rows as a DataFrame when the replica is not in `spark`'s catalog."""
     results = []
@@ -237,7 +245,7 @@ def compare(conn, spark, database: str, read=None) -> list[TableComparison]:
     return results
 
 
-def compare_cache(conn, cached: dict[str, dict[str, str]]) -> TableComparison:
+def compare_cache(conn: Connection, cached: dict[str, dict[str, str]]) -> TableComparison:
     """`shop.customers` against the handler example's Redis rows (key -> column -> text,
     NULL columns absent), value for value."""
     from binlog_assets.examples.customer_cache import cell_text

@@ -79,7 +79,7 @@ def s3_env(config: PipelineConfig) -> str:
     that runs Dagster), starting it and the lakehouse's bucket when needed."""
     if (s3 := local_s3(config)) is None:
         return "# no local S3: the lakehouse is not on s3a://, or AWS_ENDPOINT_URL names a store"
-    if not s3._reuse_port():  # noqa: SLF001 - a running server keeps its port
+    if not s3._reuse_port():  # a running server keeps its port
         s3.start()
         s3.create_bucket(config.lakehouse.path[len("s3a://"):].split("/", 1)[0])
     return "\n".join(f"export {k}={v}" for k, v in s3.env().items())

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from binlog_assets.consume.handlers import HandlerRegistry
 from binlog_assets.formats.event import (
@@ -26,6 +27,9 @@ from binlog_assets.formats.event import (
     OP_UPDATE,
     ChangeEvent,
 )
+
+if TYPE_CHECKING:
+    import redis
 
 URL_ENV = "REDIS_URL"
 TABLE = "shop.customers"
@@ -144,7 +148,7 @@ class RedisTableCache:
             return _rows(client, self.prefix)
 
 
-def _rows(client, prefix: str) -> dict[str, dict[str, str]]:  # noqa: ANN001 - redis.Redis
+def _rows(client: redis.Redis, prefix: str) -> dict[str, dict[str, str]]:
     ids = sorted(client.smembers(f"{prefix}:ids"))
     pipe = client.pipeline(transaction=False)
     for key in ids:

@@ -39,7 +39,7 @@ KafkaRecord = tuple[bytes, str, int, int, bytes | None, Headers | None]
 # Binlog files rotate, so the name cache only grows slowly; the bound guards a
 # pathological stream of distinct names.
 _MAX_CACHED_FILES = 10_000
-# A table config's `source` that is a plain `db.table` (as `lakehouse.routing` reads it).
+# A table config's `source` that is a plain `db.table` (as `lakehouse/replica/routes.py` reads it).
 _EXACT_NAME = re.compile(r"[\w$]+\.[\w$]+")
 
 # orjson parses a JSON number with a fraction or an exponent, or an integer outside the

@@ -10,9 +10,6 @@ and TIME the text every format gives it (`mysql_types.time_text`), with one conv
 built and cached per distinct row schema; a schema block seen before is recognised by its
 raw bytes and not parsed again. Records of the schema-change topic (`ddl`,
 `databaseName`, `tableChanges`) become `ddl` events, one per changed table.
-
-One module near 500 lines on purpose: the envelope, its schema plans and the schema-change
-records are one format, read on the hot path.
 """
 
 from __future__ import annotations

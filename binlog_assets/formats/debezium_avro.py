@@ -1,30 +1,8 @@
-"""Debezium change events in Avro through a schema registry -> the same ChangeEvents.
+"""Debezium change events in Avro through a schema registry -> the same ChangeEvents as the
+JSON path, typed by the same plans; an unknown schema id stops the partition unless
+`binlake.unknown.schema.id` is `dead-letter`.
 
-A record is the schema registry's wire format: magic byte 0, the writer schema's id (4
-bytes, big-endian), then Avro binary. confluent-kafka's `SchemaRegistryClient` fetches a
-schema once per id (with the registry's auth and TLS settings), and fastavro reads the
-record with it into the same envelope dict the JSON converter's payload holds: what
-confluent-kafka's `AvroDeserializer` does, without its per-record subject, rule and
-schema-resolution steps, which binlake does not use and which cost most of a record's
-time (bench/RESULTS.md, "Avro decode"). The Avro schema carries the Connect schema it
-was made from (`connect.name`, `connect.parameters`, `connect.type`), so each writer
-schema is turned back into the Connect row schema and typed by the JSON path's plan;
-values fastavro already converted (decimals, bytes, Connect's date and time logical
-types, float32) get converters that land on exactly the JSON path's values. A new schema
-id (an ADD COLUMN) gets its own plan. Keys in Avro give their record's field names as the
-key columns; a key in JSON is read as the JSON path reads it.
-
-Both per-schema-id caches are bounded (`SCHEMA_CACHE_SIZE` ids each, the oldest dropped
-first, fetched again if it comes back): a long run over many tables and many schema
-changes keeps its memory flat.
-
-A record that is not in the wire format is a `DecodeError` (dead-lettered like any
-undecodable record). One that names a schema id the registry does not know is an
-`UnknownSchemaError`: a wrong registry or a lost store far more often than one bad record,
-so the run stops its partition there, unless `schema_registry`'s own binlake key
-`binlake.unknown.schema.id` is `dead-letter`. A registry that cannot be reached, or
-refuses the client, is `SourceUnavailableError`: the partition stops at the record,
-naming the registry, instead of dead-lettering every record behind it.
+The wire format, the caches and the errors: docs/architecture.md, "Debezium in Avro".
 """
 
 from __future__ import annotations

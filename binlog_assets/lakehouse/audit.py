@@ -19,10 +19,12 @@ from binlog_assets.config import PipelineConfig
 from binlog_assets.formats.event import OP_CREATE, OP_DELETE, OP_READ, OP_TRUNCATE, OP_UPDATE
 from binlog_assets.lakehouse.changelog_reader import read_changelog, read_survey
 from binlog_assets.lakehouse.columns import change_identity, changelog_position
-from binlog_assets.lakehouse.routing import replica_route
+from binlog_assets.lakehouse.replica.routes import replica_route
 
 if TYPE_CHECKING:
-    from pyspark.sql import SparkSession
+    from pyspark.sql import DataFrame, SparkSession
+
+    from binlog_assets.lakehouse.replica.routes import ReplicaRoute
 
 _LIVE = (OP_CREATE, OP_UPDATE, OP_READ)
 _ROW = (*_LIVE, OP_DELETE)
@@ -68,7 +70,8 @@ def expected_log_rows(spark: SparkSession, config: PipelineConfig, replica: str,
     return changes.select("table", change_identity(changelog_position())).distinct().count()
 
 
-def _routed_rows(spark: SparkSession, config: PipelineConfig, route, applied_version: int):
+def _routed_rows(spark: SparkSession, config: PipelineConfig, route: ReplicaRoute,
+                 applied_version: int) -> DataFrame | None:
     """The changelog's rows of the replica's source tables up to `applied_version`; None
     when there are none. The tables come from the commits' surveys in the log while the
     changelog is short, else from a scan of the rows (a Spark job)."""

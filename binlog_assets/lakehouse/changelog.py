@@ -1,27 +1,8 @@
-"""The bronze changelog: every change event, appended once, with its Kafka coordinates.
+"""The bronze changelog: every change event, appended once, with its Kafka coordinates, in
+one Delta table written by delta-rs (no JVM); each write is one commit carrying the
+transaction `group/topic/partition` -> end offset and a survey of its rows.
 
-One Delta table, `<lakehouse.database>.changelog`, holds the events of every source, one
-row per event: Kafka coordinates (`topic`, `partition`, `offset`, `row_index`), the
-source table (`db.table`), `op`, the key (`key`: a JSON object of the key columns'
-values), `before`/`after` as JSON text (their shape varies per table; the replica build
-types them), the binlog position as numbers (`pos_phase`, `pos_file`, `pos_pos`,
-`pos_row`), `source_ts` (ms), `ddl`, the declared `column_types` (JSON, as the event
-carried them), `value_types` (JSON: the types of decoded values for columns the event
-declares no type for, since JSON text alone would lose a date or a decimal), the raw
-Kafka value and `ingested_at`.
-
-Writes are idempotent and need no JVM: each `ChangelogWriter.write` is one Delta commit
-made with delta-rs (`deltalake`), carrying the application transaction
-`group/topic/partition` with version = the end offset written, atomically with the rows.
-delta-rs does not refuse a version it has already recorded (delta-rs #2580), so the
-writer reads `transaction_version` first and skips a range at or below it; one writer per
-partition at a time is the fence's job (`lakehouse/fence.py`).
-`changelog_checkpoint` reads the version back, and it is the first checkpoint source a
-consumer run consults. The table is append-only with Change Data Feed on, which is how
-replica builds (Spark, `changelog_reader.py`) read just the versions they have not
-applied. Each commit's metadata also carries a survey of its rows (tables, ops, types,
-key columns, counts, last positions), so a replica build plans from the Delta log and
-reads the rows once.
+Its columns and write rules: docs/architecture.md, "The changelog".
 """
 
 from __future__ import annotations
@@ -32,7 +13,7 @@ from base64 import b64encode
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from decimal import Decimal
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 
@@ -41,6 +22,10 @@ from binlog_assets.formats.event import ChangeEvent
 from binlog_assets.formats.mysql_types import infer_types
 from binlog_assets.lakehouse.delta_log import delta_rs_uri
 from binlog_assets.lakehouse.transactions import changelog_app_id
+
+if TYPE_CHECKING:
+    from arro3.core import Schema, Table
+    from deltalake import DeltaTable
 
 CHANGELOG_TABLE = "changelog"
 
@@ -239,7 +224,7 @@ def changelog_uri(config: PipelineConfig) -> str:
     return config.lakehouse.uri("warehouse", f"{database}.db", table)
 
 
-def changelog_arrow_schema():  # noqa: ANN201 - arro3's Schema, imported lazily
+def changelog_arrow_schema() -> Schema:
     from arro3.core import DataType, Field, Schema
 
     types = {
@@ -250,7 +235,7 @@ def changelog_arrow_schema():  # noqa: ANN201 - arro3's Schema, imported lazily
     return Schema([Field(name, types[t], nullable=True) for name, t in CHANGELOG_COLUMNS])
 
 
-def _arrow_table(rows: Sequence[tuple], ingested_at: datetime):  # noqa: ANN202
+def _arrow_table(rows: Sequence[tuple], ingested_at: datetime) -> Table:
     """`event_row` tuples as one Arrow table in the changelog's schema."""
     from arro3.core import Array, DataType, Table, list_array
 
@@ -289,7 +274,7 @@ class ChangelogWriter:
         self._table = None
         self._lock = threading.Lock()
 
-    def _open(self):  # noqa: ANN202 - deltalake's DeltaTable, imported lazily
+    def _open(self) -> DeltaTable:
         """The table at its newest version, created when missing."""
         from deltalake import DeltaTable
 

@@ -16,6 +16,7 @@ from binlog_assets.lakehouse.delta_log import delta_rs_uri, open_log
 
 if TYPE_CHECKING:
     import pyarrow as pa
+    from deltalake import DeltaTable
 
     from binlog_assets.config import PipelineConfig
 
@@ -73,7 +74,7 @@ def changes_of(config: PipelineConfig, after_version: int | None, up_to: int,
     return rows.filter(keep)
 
 
-def _kept_rows(log, uri: str, table_id: str, first: int, last: int  # noqa: ANN001
+def _kept_rows(log: DeltaTable, uri: str, table_id: str, first: int, last: int
                ) -> pa.Table | None:
     """The kept rows when they cover versions `first`..`last`, extended by the versions
     after them when `last` is newer (a follower's next cycle) and trimmed below `first`;
@@ -98,7 +99,7 @@ def _kept_rows(log, uri: str, table_id: str, first: int, last: int  # noqa: ANN0
     return rows
 
 
-def _read(log, first: int, last: int, tables: list[str] | None  # noqa: ANN001
+def _read(log: DeltaTable, first: int, last: int, tables: list[str] | None
           ) -> pa.Table:
     """Versions `first`..`last` of the append-only changelog `log`: the rows they added."""
     import pyarrow as pa

@@ -34,6 +34,7 @@ from binlog_assets.lakehouse.identifiers import qualified
 if TYPE_CHECKING:
     from collections.abc import Callable
 
+    from deltalake import DeltaTable
     from pyspark.sql import DataFrame, SparkSession
     from pyspark.sql import types as T
 
@@ -79,7 +80,7 @@ def changelog_version(spark: SparkSession, config: PipelineConfig) -> int:
     return -1 if log is None else int(log.version())
 
 
-def _changelog_log(config: PipelineConfig):  # noqa: ANN202 - deltalake's DeltaTable
+def _changelog_log(config: PipelineConfig) -> DeltaTable | None:
     from deltalake.exceptions import TableNotFoundError
 
     try:

@@ -1,29 +1,9 @@
-"""What a batch's DDL events say a replica must do, beyond the columns they declare.
+"""What a batch's DDL events say a replica must do, beyond the columns they declare: the
+renames, drops, partition changes and added columns' defaults read from the statement
+text (`plan_ddl`).
 
-A DDL event carries the table's definition after the statement (its columns and their
-types, `column_types`) and the statement's text. The definition is enough to add and
-widen columns; renames and drops are only in the text, so they are read from it here:
-
-- `RENAME COLUMN a TO b`, `CHANGE [COLUMN] a b <type>`: the values of `a` move to `b`
-  (a drop of `a` and an add of `b` would lose every row not changed since).
-- A definition without a column the replica has: the column is dropped (by
-  `plan_drops`, once no source table of the replica still has it).
-- `RENAME TABLE a TO b` / `ALTER TABLE a RENAME [TO|AS] b`: the rows of `a` become rows
-  of `b` when both feed the replica; a replica that takes only `a` loses it as if
-  dropped, one that takes only `b` takes `a`'s rows (`replica_cutover.py`).
-- `DROP TABLE a`, `DROP DATABASE d`: the replica does what its `on_drop` says.
-- `DROP PARTITION`, `TRUNCATE PARTITION`, `EXCHANGE PARTITION`: the source's rows of the
-  partition go (or change places with another table's) with no row event in the binlog;
-  which rows, only the partitioning knows, so the replica keeps them and says so.
-- `ADD [COLUMN] c <definition>` (or `ADD (c <definition>, ...)`): the source's rows
-  older than the statement hold the column's default (its `DEFAULT` literal, NULL, a
-  NOT NULL column's implicit zero or empty string, or for a TIMESTAMP defaulting to the
-  current time the statement's time), whatever an older image held (a column dropped
-  and added again).
-
-Only these statement shapes are read; anything else a statement does is described by
-the definition it produced (MariaDB and MySQL print DDL back as the user wrote it, so
-the forms above are matched case-insensitively with optional quoting).
+The statement shapes read and what each means: docs/architecture.md, "What DDL
+statements say".
 """
 
 from __future__ import annotations
@@ -32,8 +12,12 @@ import json
 import re
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from typing import TYPE_CHECKING
 
 from binlog_assets.formats.event import DATABASE_WIDE, dropped_database
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
 
 _NAME = r"(?:`(?:[^`]|``)+`|[A-Za-z0-9_$]+)"
 _QUALIFIED = rf"{_NAME}(?:\s*\.\s*{_NAME})?"
@@ -270,7 +254,7 @@ def table_renames(ddl: str, database: str) -> list[tuple[str, str]]:
     return []
 
 
-def plan_ddl(events: list[DdlEvent], routed) -> DdlPlan:  # noqa: ANN001 - routed: str -> bool
+def plan_ddl(events: list[DdlEvent], routed: Callable[[str], bool]) -> DdlPlan:
     """The plan for a replica whose source tables are those `routed(db.table)` accepts.
 
     A rename of a routed table is kept whichever way it goes (into or out of the

@@ -31,6 +31,7 @@ from binlog_assets.lakehouse.identifiers import col, qualified, quote
 if TYPE_CHECKING:
     from collections.abc import Iterator
 
+    from deltalake import DeltaTable
     from pyspark.sql import DataFrame, SparkSession
     from pyspark.sql import types as T
 
@@ -115,7 +116,7 @@ def forget(spark: SparkSession, database: str, table: str) -> None:
     _known(spark).pop((database, table), None)
 
 
-def _log(spark: SparkSession, database: str, table: str):  # noqa: ANN202 - deltalake's
+def _log(spark: SparkSession, database: str, table: str) -> DeltaTable:
     from deltalake.exceptions import TableNotFoundError
 
     try:
@@ -125,7 +126,7 @@ def _log(spark: SparkSession, database: str, table: str):  # noqa: ANN202 - delt
         raise
 
 
-def open_log(location: str):  # noqa: ANN201 - deltalake's DeltaTable, imported lazily
+def open_log(location: str) -> DeltaTable:
     """The table's log at its newest version. Within a `log_scope` each location is
     opened once per thread and brought up to date at each later use: an open reads the
     log from its last checkpoint, an update only the commits since."""
@@ -230,7 +231,7 @@ def stored_rows(spark: SparkSession, database: str, table: str) -> int | None:
     return file_rows(_log(spark, database, table))
 
 
-def file_rows(log) -> int | None:  # noqa: ANN001 - deltalake's DeltaTable
+def file_rows(log: DeltaTable) -> int | None:
     """Rows in the data files of `log`'s current version, by their statistics."""
     # Read as delta-rs returns it (arro3): converting to pyarrow first cost a consumer
     # run 0.35 s, most of it pyarrow's import.

@@ -19,9 +19,15 @@ import fcntl
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from binlog_assets.formats.event import ChangeEvent
 from binlog_assets.lakehouse.changelog import ConcurrentPartitionWrite
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+    
+    from binlog_assets.lakehouse.changelog import ChangelogWriter
 
 
 class FencedRunError(RuntimeError):
@@ -50,7 +56,8 @@ def partition_lock(lakehouse: str, group: str, topic: str, partition: int) -> It
 class FencedChangelogSink:
     """Writes each contiguous range to the changelog, after checking nobody else did."""
 
-    def __init__(self, writer, checkpoint_of, *, group: str, topic: str, partition: int,
+    def __init__(self, writer: ChangelogWriter, checkpoint_of: Callable[[], int | None], *,
+                 group: str, topic: str, partition: int,
                  expected: int | None, lakehouse: str) -> None:
         self.writer = writer
         self.lakehouse = lakehouse

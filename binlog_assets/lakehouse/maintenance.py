@@ -33,7 +33,7 @@ from binlog_assets.lakehouse.delta_log import (
     table_version,
 )
 from binlog_assets.lakehouse.identifiers import qualified, quote
-from binlog_assets.lakehouse.replica_plan import KEY_PROPERTY
+from binlog_assets.lakehouse.replica.plan import KEY_PROPERTY
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession

@@ -1,27 +1,9 @@
 """Changelog retention: rows ingested more than `lakehouse.changelog_retention_days` ago
-that every replica has applied leave the changelog; everything else stays.
+that every replica has applied leave the changelog, in one delta-rs commit the replicas'
+change data feed skips; everything else stays.
 
-A row's age is its `ingested_at` (one value per consumer commit), which the log's file
-statistics carry, so files entirely below the cutoff are found without reading them; a
-commit's time belongs to a version, and compaction's files no longer map to versions.
-Whether every replica applied a row is decided by its file: a file that was already in
-the table at the lowest changelog version every replica and history table has applied
-(their `binlake.replica` transaction) holds rows of that version or older only, and no
-replica reads those again. Files added since (compaction's too) wait until the replicas
-move past them, and a replica that has applied nothing yet, which would read the whole
-table, holds back retention altogether.
-
-The deletion is one delta-rs commit that removes the files entirely below the cutoff
-and replaces each file partly below it by a file of its younger rows, every action with
-`dataChange=false`. Replica builds read the commits after their applied version through
-the change data feed, which skips such actions (as it skips compaction's), so no row
-removed or rewritten comes back as a new one to a replica whose range spans the commit;
-the table stays append-only (Delta refuses only removes that change data). The commit
-carries an empty survey, so replica planning sees no rows in it, and no `txn` action:
-the consumer checkpoints (`group/topic/partition` -> end offset) stay as they were, in
-the log and in its checkpoints. Removed files stay on disk until VACUUM's retention has
-passed, so time travel within it still reads them. A rebuild (or a new replica) after
-retention starts from the rows kept.
+How rows are chosen and why no replica sees them go: docs/architecture.md, "Changelog
+retention".
 """
 
 from __future__ import annotations
@@ -42,15 +24,15 @@ from binlog_assets.lakehouse.changelog import (
 from binlog_assets.lakehouse.delta_log import delta_rs_uri, table_detail, table_exists, txn_version
 from binlog_assets.lakehouse.identifiers import qualified
 from binlog_assets.lakehouse.maintenance import live_files
-from binlog_assets.lakehouse.replica_plan import APPEND_ONLY, recorded_rule
-from binlog_assets.lakehouse.routing import replica_routes
+from binlog_assets.lakehouse.replica.plan import APPEND_ONLY, recorded_rule
+from binlog_assets.lakehouse.replica.routes import replica_routes
 from binlog_assets.lakehouse.transactions import APP_ID
 
 if TYPE_CHECKING:
     from deltalake import DeltaTable
     from deltalake.transaction import AddAction
 
-    from binlog_assets.lakehouse.replica import ReplicaBuilder
+    from binlog_assets.lakehouse.replica.builder import ReplicaBuilder
 
 # A retention commit writes the younger rows of the files it replaces into a folder of
 # its own in the table's, staged as a Delta table there (delta-rs writes the files and

@@ -9,10 +9,11 @@ missing column, they never change a declared one.
 
 `plan_changes` compares what a batch brings with the replica and applies the table's
 mode: `evolve` adds columns and widens types (never narrows; drops and renames, which
-only DDL tells, are `replica_ddl.py`'s), `exception` refuses any change with `SchemaEvolutionError`,
-`ignore` keeps the replica as it is and drops unknown fields. Widening prefers Delta's
-type widening (a metadata-only change); a change Delta cannot widen in place (a number
-becoming text, a date becoming a timestamp) rewrites the table once.
+only DDL tells, are `replica/ddl_apply.py`'s), `exception` refuses any change with
+`SchemaEvolutionError`, `ignore` keeps the replica as it is and drops unknown fields.
+Widening prefers Delta's type widening (a metadata-only change); a change Delta cannot
+widen in place (a number becoming text, a date becoming a timestamp) rewrites the table
+once.
 """
 
 from __future__ import annotations

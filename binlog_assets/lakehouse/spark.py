@@ -14,13 +14,16 @@ gRPC to it.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
+import shutil
+from importlib.metadata import version
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from binlog_assets.config import PipelineConfig
-from binlog_assets.environment import jars_dir
-from binlog_assets.lakehouse.class_archive import java_options as java_options_of_archive
+from binlog_assets.environment import cache_dir, jars_dir
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -31,6 +34,38 @@ if TYPE_CHECKING:
 # 48 MB code cache by default, which 50 applies filled (the JIT then stops for good):
 # the tiered default's size instead.
 C1_ONLY = "-XX:TieredStopAtLevel=1 -XX:ReservedCodeCacheSize=240m"
+
+
+# The driver class-data archive (built by `binlog_assets/dev/class_archive.py`): where it
+# lives, and the JVM options that map it. Without QUIET, a driver whose class path differs
+# from the archive's (an `s3a://` lakehouse adds jars) prints a page of warnings first.
+ARCHIVE_DIR = "spark-cds"
+QUIET = "-Xlog:cds=off -Xlog:cds+dynamic=off"
+
+
+def _java() -> str:
+    """The `java` that spark-submit runs: JAVA_HOME's, else the one on PATH."""
+    home = os.environ.get("JAVA_HOME")
+    found = str(Path(home) / "bin" / "java") if home else shutil.which("java")
+    return os.path.realpath(found) if found else "java"
+
+
+def archive_file() -> Path:
+    """Where the class archive for this JDK, PySpark and Delta is (or would be): its name
+    is a key of the three, so an upgrade looks for a new one."""
+    try:
+        delta = sorted(p.name for p in jars_dir("delta").glob("*.jar"))
+    except FileNotFoundError:
+        delta = []
+    key = json.dumps([_java(), version("pyspark"), delta])
+    digest = hashlib.sha256(key.encode()).hexdigest()[:16]
+    return cache_dir() / ARCHIVE_DIR / f"driver-{digest}.jsa"
+
+
+def archive_java_options() -> str:
+    """The driver JVM options that map the class archive; empty when there is none."""
+    path = archive_file()
+    return f"-XX:SharedArchiveFile={path} {QUIET}" if path.is_file() else ""
 
 
 def delta_jars() -> list[str]:
@@ -92,8 +127,8 @@ def spark_conf(config: PipelineConfig) -> dict[str, str]:
         "spark.python.sql.dataFrameDebugging.enabled": "false",
     }
     # The driver maps the class archive `make setup` made, when there is one: seconds
-    # off its start and its first build (`class_archive.py`).
-    java_options = [java_options_of_archive()] if config.spark.class_archive else []
+    # off its start and its first build (`binlog_assets/dev/class_archive.py`).
+    java_options = [archive_java_options()] if config.spark.class_archive else []
     if config.spark.driver_jit == "c1":
         java_options.append(C1_ONLY)
     if local:

@@ -17,6 +17,7 @@ from collections.abc import Iterator, Sequence
 
 import dagster as dg
 
+from binlog_assets.config import PipelineConfig
 from binlog_assets.consume.checkpoint import disagreements
 from binlog_assets.consume.lag import PartitionLag, measure_lag
 from binlog_assets.consume.run import STOP_INTERRUPTED, RunSummary
@@ -44,6 +45,7 @@ from binlog_assets.orchestration.partitions import (
     partition_key,
 )
 from binlog_assets.orchestration.resources import BinlakeResource
+from binlog_assets.orchestration.shared import ASSET_GROUP
 from binlog_assets.orchestration.table_metadata import delta_row_count
 
 # Change events by op, as the metadata names them.
@@ -101,7 +103,7 @@ def summary_metadata(summary: RunSummary, lag_at_end: int | None,
     return md
 
 
-def _source_lags(kafka_conf: dict, group: str, cfg, keys: Sequence[str]
+def _source_lags(kafka_conf: dict, group: str, cfg: PipelineConfig, keys: Sequence[str]
                  ) -> dict[str, list[PartitionLag]]:
     """Every partition of the sources the run's partitions belong to, by source name."""
     topics = {parse_partition_key(k)[0] for k in keys}
@@ -116,7 +118,7 @@ def _source_lags(kafka_conf: dict, group: str, cfg, keys: Sequence[str]
 @dg.asset(
     key=CHANGELOG_ASSET_KEY,
     partitions_def=kafka_partitions_def,
-    group_name="binlake",
+    group_name=ASSET_GROUP,
     kinds={"kafka", "delta"},
     # A run that consumed nothing records an observation, not a materialization that
     # would start replica and dbt builds.
@@ -160,8 +162,9 @@ def changelog(
         yield dg.MaterializeResult()
 
 
-def report_outcomes(context: dg.OpExecutionContext, cfg, kafka_conf: dict, group: str,  # noqa: ANN001
-            keys: list[str], outcomes: list[PartitionOutcome], *, final: bool) -> bool:
+def report_outcomes(context: dg.OpExecutionContext, cfg: PipelineConfig, kafka_conf: dict,
+                    group: str, keys: list[str], outcomes: list[PartitionOutcome], *,
+                    final: bool) -> bool:
     """Each partition's log line and metadata, and the sources' observations; whether
     any record was read. `final`: the run's output will carry the metadata (else it
     fails or was interrupted, and each materialization is recorded here)."""
@@ -208,7 +211,7 @@ def report_outcomes(context: dg.OpExecutionContext, cfg, kafka_conf: dict, group
     return consumed
 
 
-def _table_metadata(cfg) -> dict[str, dg.MetadataValue]:
+def _table_metadata(cfg: PipelineConfig) -> dict[str, dg.MetadataValue]:
     """The changelog's row count, as Dagster's table metadata names it."""
     rows = delta_row_count(changelog_uri(cfg))
     return {} if rows is None else {"dagster/row_count": dg.MetadataValue.int(rows)}

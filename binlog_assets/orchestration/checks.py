@@ -11,7 +11,7 @@ silently resolved: the run's precedence still decides where a run resumes).
 
 import dagster as dg
 
-from binlog_assets.consume.lag import measure_lag
+from binlog_assets.consume.lag import PartitionLag, measure_lag
 from binlog_assets.orchestration.metadata_checkpoint import latest_metadata_checkpoint
 from binlog_assets.orchestration.partitions import (
     CHANGELOG_ASSET_KEY,
@@ -21,7 +21,8 @@ from binlog_assets.orchestration.partitions import (
 from binlog_assets.orchestration.resources import BinlakeResource
 
 
-def _known_lags(context: dg.AssetCheckExecutionContext, binlake: BinlakeResource):
+def _known_lags(context: dg.AssetCheckExecutionContext, binlake: BinlakeResource
+                ) -> list[PartitionLag]:
     known = set(context.instance.get_dynamic_partitions(KAFKA_PARTITIONS_NAME))
     topics = [t for s in binlake.pipeline.sources for t in s.topics]
     return [pl for pl in measure_lag(binlake.kafka_conf(), binlake.group_id(), topics)

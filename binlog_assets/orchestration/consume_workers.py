@@ -37,6 +37,9 @@ from binlog_assets.consume.lag import measure_lag
 from binlog_assets.orchestration.partitions import parse_partition_key
 
 if TYPE_CHECKING:
+    from multiprocessing.synchronize import Event
+    
+    from binlog_assets.lakehouse.changelog import ChangelogWriter
     from binlog_assets.orchestration.consume_runs import ChangelogRunConfig, PartitionOutcome
 
 log = logging.getLogger(__name__)
@@ -77,12 +80,12 @@ def worker_processes(cfg: PipelineConfig, kafka_conf: dict, keys: Sequence[str],
     return wanted if backlog >= cfg.dagster.worker_backlog_records else 0
 
 
-def worker_stop():  # noqa: ANN201 - a multiprocessing Event of the spawn context
+def worker_stop() -> Event:
     """The run's stop signal, shared with its worker processes (`worker_pool`)."""
     return get_context("spawn").Event()
 
 
-def worker_pool(processes: int, stop) -> ProcessPoolExecutor:  # noqa: ANN001
+def worker_pool(processes: int, stop: Event) -> ProcessPoolExecutor:
     """Fresh interpreters (not forks of a process running librdkafka's threads), each
     watching that the run's process is still there, and stopping its partition when
     the run sets `stop` (from `worker_stop`)."""
@@ -93,7 +96,7 @@ def worker_pool(processes: int, stop) -> ProcessPoolExecutor:  # noqa: ANN001
 _STOP: list = []  # the run's stop signal, in a worker process
 
 
-def _start_worker(parent: int, stop) -> None:  # noqa: ANN001
+def _start_worker(parent: int, stop: Event) -> None:
     # An interrupt is the run's to handle (a Ctrl-C reaches the whole process group):
     # the run tells its workers to stop through `stop`, and they commit what is done.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -127,7 +130,7 @@ def consume_in_worker(cfg: PipelineConfig, kafka_conf: dict, key: str,
 _WRITERS: dict[str, object] = {}
 
 
-def _writer(cfg: PipelineConfig):  # noqa: ANN202 - a ChangelogWriter, imported lazily
+def _writer(cfg: PipelineConfig) -> ChangelogWriter:
     """One changelog writer per worker process and lakehouse, as the run has one."""
     from binlog_assets.lakehouse.changelog import ChangelogWriter
 
@@ -142,6 +145,6 @@ def _picklable(exc: Exception) -> Exception:
     does, its type named."""
     try:
         pickle.loads(pickle.dumps(exc))
-    except Exception:  # noqa: BLE001 - any failure to round-trip means: send the text
+    except Exception:  # any failure to round-trip means: send the text
         return RuntimeError(f"{type(exc).__name__}: {exc}")
     return exc

@@ -18,7 +18,7 @@ each model links to its .sql file (a code reference).
 import os
 import subprocess
 import sys
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -36,21 +36,21 @@ from binlog_assets.config import PipelineConfig
 from binlog_assets.environment import REPO_ROOT, var_dir
 from binlog_assets.lakehouse.spark import hold_catalog_lock, spark_conf
 from binlog_assets.orchestration.resources import BinlakeResource
-from binlog_assets.orchestration.shared import SPARK_POOL
+from binlog_assets.orchestration.shared import ASSET_GROUP, SPARK_POOL
 
 DBT_PROJECT_DIR = REPO_ROOT / "dbt"
-DBT_GROUP = "binlake"  # one group with the changelog and replicas: one graph on one page
 
 
 class BinlakeDbtTranslator(DagsterDbtTranslator):
     """dbt models in binlake's group. They carry no automation condition: one
     `dbt_build_job` run builds them all when replicas change (`dbt_follow_sensor`)."""
 
-    def get_automation_condition(self, dbt_resource_props) -> dg.AutomationCondition | None:
+    def get_automation_condition(self, dbt_resource_props: Mapping[str, Any]
+                                 ) -> dg.AutomationCondition | None:
         return None
 
-    def get_group_name(self, dbt_resource_props) -> str:
-        return DBT_GROUP
+    def get_group_name(self, dbt_resource_props: Mapping[str, Any]) -> str:
+        return ASSET_GROUP
 
     def get_asset_check_spec(self, asset_spec: dg.AssetSpec, manifest: Mapping[str, Any],
                              unique_id: str, project: DbtProject | None
@@ -135,7 +135,7 @@ def build_dbt_assets(config: PipelineConfig) -> tuple[dg.AssetsDefinition, DbtCl
                 dagster_dbt_translator=BinlakeDbtTranslator(
                     DagsterDbtTranslatorSettings(enable_code_references=True)))
     def binlake_dbt_models(context: dg.AssetExecutionContext, dbt: DbtCliResource,
-                           binlake: BinlakeResource):
+                           binlake: BinlakeResource) -> Iterator[Any]:
         """Staging models over the replicas and the marts built on them (dbt build: models
         and their tests, the tests reported as asset checks)."""
         # dbt's Spark opens the same embedded catalog: the step holds its lock meanwhile

@@ -20,6 +20,7 @@ from binlog_assets.config import PipelineConfig, SourceConfig
 from binlog_assets.consume.lag import PartitionLag
 from binlog_assets.consume.run import RunSummary
 from binlog_assets.orchestration.partitions import partition_key
+from binlog_assets.orchestration.shared import ASSET_GROUP
 
 PARTITION_COLUMNS = [
     dg.TableColumn("partition", "string", description="topic:partition"),
@@ -40,7 +41,7 @@ def kafka_source_specs(config: PipelineConfig) -> list[dg.AssetSpec]:
     return [
         dg.AssetSpec(
             kafka_source_key(s.name),
-            group_name="binlake",
+            group_name=ASSET_GROUP,
             kinds={"kafka"},
             description=(f"Kafka topics of source `{s.name}` ({s.format}): "
                          f"{', '.join(s.topics)}. Each consumer run records where every "

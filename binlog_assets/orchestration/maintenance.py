@@ -12,6 +12,7 @@ replica's files (a follower run hands the slot over when this run waits for it).
 
 from collections.abc import Iterator
 from dataclasses import replace
+from typing import TYPE_CHECKING
 
 import dagster as dg
 
@@ -20,15 +21,19 @@ from binlog_assets.orchestration.replica_reports import replica_key, replica_nam
 from binlog_assets.orchestration.resources import BinlakeResource
 from binlog_assets.orchestration.shared import SPARK_POOL
 
+if TYPE_CHECKING:  # the lakehouse modules load pyspark: imported where used
+    from binlog_assets.lakehouse.maintenance import Upkeep
+    from binlog_assets.lakehouse.retention import Retention
+
 MAINTENANCE_JOB_NAME = "lakehouse_maintenance_job"
 
 
-def upkeep_metadata(upkeep) -> dict[str, dg.MetadataValue]:  # noqa: ANN001 - an Upkeep
+def upkeep_metadata(upkeep: "Upkeep") -> dict[str, dg.MetadataValue]:
     return {**_files_metadata(upkeep),
             "files_vacuumed": dg.MetadataValue.int(upkeep.files_vacuumed)}
 
 
-def retention_metadata(kept) -> dict[str, dg.MetadataValue]:  # noqa: ANN001 - a Retention
+def retention_metadata(kept: "Retention") -> dict[str, dg.MetadataValue]:
     applied = kept.applied_version
     return {
         **_files_metadata(kept),
@@ -41,7 +46,7 @@ def retention_metadata(kept) -> dict[str, dg.MetadataValue]:  # noqa: ANN001 - a
     }
 
 
-def _files_metadata(done) -> dict[str, dg.MetadataValue]:  # noqa: ANN001 - Upkeep, Retention
+def _files_metadata(done: "Upkeep | Retention") -> dict[str, dg.MetadataValue]:
     md = {
         "table": dg.MetadataValue.text(done.table),
         "files_before": dg.MetadataValue.int(done.files_before),
@@ -63,7 +68,7 @@ def lakehouse_maintenance(context: dg.OpExecutionContext, binlake: BinlakeResour
     from binlog_assets.lakehouse.changelog_reader import changelog_version
     from binlog_assets.lakehouse.delta_log import table_exists
     from binlog_assets.lakehouse.maintenance import compact_changelog, compact_table
-    from binlog_assets.lakehouse.replica import ReplicaBuilder
+    from binlog_assets.lakehouse.replica.builder import ReplicaBuilder
     from binlog_assets.lakehouse.retention import applied_by_every_replica, retain_changelog
 
     cfg = binlake.pipeline

@@ -86,7 +86,7 @@ def build_replica_assets(config: PipelineConfig) -> dg.AssetsDefinition:
                  binlake: BinlakeResource):
         from concurrent.futures import ThreadPoolExecutor
 
-        from binlog_assets.lakehouse.replica import APPEND_ONLY, ReplicaBuilder
+        from binlog_assets.lakehouse.replica.builder import APPEND_ONLY, ReplicaBuilder
 
         spark, pipeline = binlake.spark(), binlake.pipeline
         selected = sorted(context.selected_asset_keys, key=lambda k: k.path)

@@ -134,9 +134,9 @@ def pool_wanted(instance: dg.DagsterInstance, own_run_id: str) -> bool:
 def follow_replicas(context: dg.OpExecutionContext, config: FollowConfig,
                     binlake: BinlakeResource) -> Iterator:
     from binlog_assets.lakehouse.changelog_reader import changelog_version
-    from binlog_assets.lakehouse.replica import ReplicaBuilder
-    from binlog_assets.lakehouse.replica_plan import replicas_touched
-    from binlog_assets.lakehouse.routing import replica_routes
+    from binlog_assets.lakehouse.replica.builder import ReplicaBuilder
+    from binlog_assets.lakehouse.replica.plan import replicas_touched
+    from binlog_assets.lakehouse.replica.routes import replica_routes
 
     pipeline = binlake.pipeline
     seconds = config.seconds or pipeline.dagster.replica_follow_seconds or 300.0

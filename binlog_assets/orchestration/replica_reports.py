@@ -71,7 +71,7 @@ def counted_rows(builder, name: str, key_rule: str | None) -> int:
     """The replica's live rows (`_current`); an append-only replica has no live rows to
     tell apart, so all its rows count; 0 before it has a table."""
     from binlog_assets.lakehouse.identifiers import qualified
-    from binlog_assets.lakehouse.replica_plan import APPEND_ONLY
+    from binlog_assets.lakehouse.replica.plan import APPEND_ONLY
 
     if key_rule is None:
         return 0
@@ -84,7 +84,7 @@ def row_count_check(builder, name: str, key_rule: str | None, live: int, version
                     ) -> dg.AssetCheckResult:
     """`row_count_matches_changelog` for `live` rows counted at changelog `version`."""
     from binlog_assets.lakehouse.audit import expected_live_rows, expected_log_rows
-    from binlog_assets.lakehouse.replica_plan import APPEND_ONLY
+    from binlog_assets.lakehouse.replica.plan import APPEND_ONLY
 
     expected = (expected_log_rows if key_rule == APPEND_ONLY else expected_live_rows)(
         builder.spark, builder.config, name, version)

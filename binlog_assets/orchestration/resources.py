@@ -8,11 +8,15 @@ right cluster (the user's, or the embedded broker).
 from __future__ import annotations
 
 from functools import cached_property
+from typing import TYPE_CHECKING
 
 import dagster as dg
 
 from binlog_assets.config import PipelineConfig, load_config
 from binlog_assets.environment import kafka_client_config
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
 
 
 class BinlakeResource(dg.ConfigurableResource):
@@ -31,7 +35,7 @@ class BinlakeResource(dg.ConfigurableResource):
     def kafka_conf(self) -> dict[str, str | int | float | bool]:
         return kafka_client_config(self.pipeline)
 
-    def spark(self):  # noqa: ANN201 - pyspark's SparkSession, imported only here
+    def spark(self) -> SparkSession:
         """The process's SparkSession, started on first use, once this process holds the
         local catalog lock (embedded Derby admits one Spark process at a time; see
         `hold_catalog_lock`). Only replica builds ask: a consumer run never loads pyspark."""

@@ -8,6 +8,9 @@ from __future__ import annotations
 
 import dagster as dg
 
+# The one asset group of both code locations (Kafka sources, changelog, replicas, dbt
+# models): one graph on one page.
+ASSET_GROUP = "binlake"
 CONSUME_JOB_NAME = "consume_changelog_job"
 CHANGELOG_FOLLOW_JOB_NAME = "follow_changelog_job"
 DBT_JOB_NAME = "dbt_build_job"
@@ -30,6 +33,11 @@ UNFINISHED = [dg.DagsterRunStatus.QUEUED, dg.DagsterRunStatus.NOT_STARTED,
 # equal to that loop skips every other pass whenever one starts a hair early (ticks came
 # 5 or 10 s apart): under it, these sensors tick on every pass.
 EVERY_DAEMON_PASS = 1
+
+# Every job runs its steps in the run's own process: a subprocess per step would load
+# the code location again (3-7 s). The replica steps share one Spark session; dbt's step
+# only waits on the dbt CLI (whose Spark is its own, or the Spark Connect server's).
+ONE_PROCESS = dg.in_process_executor
 
 # Every step that starts Spark takes a slot of this pool. The local catalog is embedded
 # Derby, which admits one JVM at a time, so dagster.yaml gives pools one slot; with a

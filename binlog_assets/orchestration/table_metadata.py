@@ -8,6 +8,8 @@ Everything is read from the Delta log with delta-rs: no Spark job, no catalog ca
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import dagster as dg
 
 from binlog_assets.config import PipelineConfig
@@ -17,6 +19,9 @@ from binlog_assets.lakehouse.changelog import (
     changelog_uri,
 )
 from binlog_assets.lakehouse.delta_log import file_rows, open_log
+
+if TYPE_CHECKING:
+    from deltalake.schema import ArrayType, MapType, PrimitiveType, StructType
 
 CHANGELOG_COLUMN_DOCS = {
     "topic": "Kafka topic of the record",
@@ -90,7 +95,7 @@ def replica_definition_metadata(config: PipelineConfig, name: str) -> dict[str, 
     return md
 
 
-def type_name(kind) -> str:  # noqa: ANN001 - a deltalake.schema type
+def type_name(kind: ArrayType | MapType | PrimitiveType | StructType) -> str:
     """A delta-rs schema type as Spark SQL names it (`decimal(20,0)`, `array<string>`)."""
     tag = getattr(kind, "type", None)
     if tag == "array":

@@ -30,7 +30,7 @@ class StuckConsumer:
         self.closed = threading.Event()
         self.commit_running = threading.Event()
 
-    def commit(self, offsets, asynchronous: bool) -> None:  # noqa: ANN001
+    def commit(self, offsets, asynchronous: bool) -> None:
         assert not asynchronous
         self.calls += 1
         self.commit_running.set()
@@ -96,7 +96,7 @@ def test_a_run_whose_commit_is_stuck_fails_and_does_not_close_the_consumer() -> 
     assert consumer.closed.wait(5)
 
 
-def test_a_whole_run_fails_at_the_deadline_instead_of_hanging(monkeypatch) -> None:  # noqa: ANN001
+def test_a_whole_run_fails_at_the_deadline_instead_of_hanging(monkeypatch) -> None:
     from test_run_settings import FakeConsumer
 
     from binlog_assets.consume import run as run_module
@@ -104,7 +104,7 @@ def test_a_whole_run_fails_at_the_deadline_instead_of_hanging(monkeypatch) -> No
     made: list[FakeConsumer] = []
 
     class FrozenCoordinator(FakeConsumer):
-        def commit(self, offsets=None, asynchronous=False) -> None:  # noqa: ANN001
+        def commit(self, offsets=None, asynchronous=False) -> None:
             self.commit_running.set()
             self.release.wait()
 

@@ -36,7 +36,7 @@ class FakeProducer:
         self.held = False
 
     def produce(self, topic: str, *, key: bytes | None, value: bytes | None,
-                headers: list[tuple[str, bytes]], on_delivery) -> None:  # noqa: ANN001
+                headers: list[tuple[str, bytes]], on_delivery) -> None:
         record = {"topic": topic, "key": key, "value": value, "headers": headers}
         self.produced.append(record)
         self.queued.append((record, on_delivery))

@@ -23,9 +23,9 @@ from binlog_assets.consume.errors import (
     dead_letter_reason,
 )
 from binlog_assets.consume.handlers import HandlerRegistry
+from binlog_assets.consume.lane_routing import KEY_LANE_CACHE, ORDERING_MODES, ordering_key_bytes
 from binlog_assets.consume.lanes import LaneDispatcher
 from binlog_assets.consume.offsets import OffsetTracker
-from binlog_assets.consume.routing import KEY_LANE_CACHE, ORDERING_MODES, ordering_key_bytes
 from binlog_assets.formats.event import OP_DDL, ChangeEvent, Position
 
 THREADED = settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -22,7 +22,7 @@ class RecordingConsumer:
     def __init__(self) -> None:
         self.commits: list[tuple[int, str]] = []
 
-    def commit(self, offsets, asynchronous: bool) -> None:  # noqa: ANN001
+    def commit(self, offsets, asynchronous: bool) -> None:
         assert not asynchronous
         (tp,) = offsets
         self.commits.append((tp.offset, tp.metadata))
@@ -148,7 +148,7 @@ class HoldingProducer:
         self.unacknowledged: dict[int, object] = {}
         self.during_flush = None
 
-    def produce(self, topic, key, value, headers, on_delivery) -> None:  # noqa: ANN001
+    def produce(self, topic, key, value, headers, on_delivery) -> None:
         offset = int(dict(headers)["binlake.offset"])
         self.unacknowledged[offset] = on_delivery
 
@@ -172,7 +172,7 @@ class LaneAfterCommitConsumer(RecordingConsumer):
         super().__init__()
         self.after_commit = None
 
-    def commit(self, offsets, asynchronous: bool) -> None:  # noqa: ANN001
+    def commit(self, offsets, asynchronous: bool) -> None:
         super().commit(offsets, asynchronous)
         if self.after_commit is not None:
             action, self.after_commit = self.after_commit, None

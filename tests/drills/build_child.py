@@ -20,7 +20,7 @@ def main() -> None:
     from binlog_assets.config import load_config
     from binlog_assets.dev import shop
     from binlog_assets.dev.mariadb import MariaDBServer
-    from binlog_assets.lakehouse.replica import ReplicaBuilder
+    from binlog_assets.lakehouse.replica.builder import ReplicaBuilder
     from binlog_assets.lakehouse.spark import get_spark
 
     cfg = load_config(sys.argv[1])

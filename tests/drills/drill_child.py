@@ -23,7 +23,7 @@ def main() -> None:
 
     from binlog_assets.config import load_config
     from binlog_assets.faults import fault_point
-    from binlog_assets.lakehouse.replica import ReplicaBuilder
+    from binlog_assets.lakehouse.replica.builder import ReplicaBuilder
     from binlog_assets.lakehouse.spark import get_spark
     from binlog_assets.orchestration.changelog_asset import changelog
     from binlog_assets.orchestration.partitions import KAFKA_PARTITIONS_NAME

@@ -30,7 +30,7 @@ from binlog_assets.consume.run import RunSummary
 from binlog_assets.dev import drills
 from binlog_assets.dev.kafka import KafkaBroker, create_topic
 from binlog_assets.lakehouse.changelog_reader import changelog_frame
-from binlog_assets.lakehouse.replica import ReplicaBuilder
+from binlog_assets.lakehouse.replica.builder import ReplicaBuilder
 from binlog_assets.orchestration.consume_runs import ChangelogRunConfig, consume_partition
 
 RECORDS = 3000
@@ -63,7 +63,7 @@ def _committed(bootstrap: str, group: str, topic: str) -> int:
     c = Consumer({"bootstrap.servers": bootstrap, "group.id": group})
     try:
         return c.committed([TopicPartition(topic, 0)], timeout=5)[0].offset
-    except Exception:  # noqa: BLE001 - not reachable (yet): no progress to report
+    except Exception:  # not reachable (yet): no progress to report
         return -1
     finally:
         c.close()
@@ -135,7 +135,7 @@ class _Drill:
             self.outcome["run"] = consume_partition(
                 self.cfg, dict(self.cfg.kafka), self.key, ChangelogRunConfig(max_seconds=600),
                 self.registry, group=self.group)[0]
-        except Exception as e:  # noqa: BLE001 - the outcome is what the drill reports
+        except Exception as e:  # the outcome is what the drill reports
             self.outcome["run"] = e
 
     def start_until_first_commit(self) -> int:

@@ -39,7 +39,7 @@ from binlog_assets.dev.registry import SchemaRegistryServer
 from binlog_assets.formats.debezium import DebeziumDecoder
 from binlog_assets.formats.debezium_avro import DebeziumAvroDecoder
 from binlog_assets.formats.event import OP_DDL, ChangeEvent
-from binlog_assets.lakehouse.replica import ReplicaBuilder
+from binlog_assets.lakehouse.replica.builder import ReplicaBuilder
 from binlog_assets.orchestration.consume_runs import ChangelogRunConfig, consume_partition
 from binlog_assets.orchestration.partitions import partition_key
 

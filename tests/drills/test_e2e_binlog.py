@@ -30,7 +30,7 @@ from binlog_assets.dev import drills, shop
 from binlog_assets.dev.connect import KafkaConnect
 from binlog_assets.dev.mariadb import MariaDBServer
 from binlog_assets.lakehouse.changelog_reader import changelog_frame
-from binlog_assets.lakehouse.replica import ReplicaBuilder
+from binlog_assets.lakehouse.replica.builder import ReplicaBuilder
 from binlog_assets.orchestration.consume_runs import ChangelogRunConfig, consume_partition
 
 SEED = 20261121

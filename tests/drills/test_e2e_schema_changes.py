@@ -33,7 +33,7 @@ from binlog_assets.consume.lag import topic_partitions
 from binlog_assets.dev.connect import KafkaConnect
 from binlog_assets.dev.demo import wait_for_debezium
 from binlog_assets.dev.mariadb import MariaDBServer
-from binlog_assets.lakehouse.replica import ReplicaBuilder
+from binlog_assets.lakehouse.replica.builder import ReplicaBuilder
 from binlog_assets.lakehouse.schema import SchemaEvolutionError
 from binlog_assets.orchestration.consume_runs import ChangelogRunConfig, consume_partition
 

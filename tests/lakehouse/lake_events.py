@@ -93,7 +93,7 @@ ALWAYS_MERGE = 1e12
 ALWAYS_REWRITE = 0.0
 
 # `lakehouse` settings that force each way a batch reaches a replica that has rows:
-# delta-rs's MERGE from the driver (`replica_commit.py`), Spark's MERGE, Spark's rewrite.
+# delta-rs's MERGE from the driver (`replica/commit.py`), Spark's MERGE, Spark's rewrite.
 APPLY_PATHS = {
     "driver": {"rewrite_ratio": ALWAYS_MERGE},
     "spark_merge": {"rewrite_ratio": ALWAYS_MERGE, "driver_commit_rows": 0},
@@ -153,7 +153,7 @@ class Partition:
                                  end_offset=self.end if end_offset is None else end_offset)
 
 
-def execute_job(job, config: PipelineConfig, tmp_path: Path):  # noqa: ANN001, ANN201
+def execute_job(job, config: PipelineConfig, tmp_path: Path):
     """Run `job` in process with `config` (written as YAML under `tmp_path`) as its
     `binlake` resource, on an ephemeral instance; its result, which must be a success."""
     import dagster as dg

@@ -15,7 +15,7 @@ from binlog_assets.config import parse_config
 from binlog_assets.lakehouse.audit import expected_log_rows
 from binlog_assets.lakehouse.changelog import ChangelogWriter
 from binlog_assets.lakehouse.delta_log import table_exists
-from binlog_assets.lakehouse.replica import ReplicaBuilder, ReplicaError
+from binlog_assets.lakehouse.replica.builder import ReplicaBuilder, ReplicaError
 from binlog_assets.orchestration.replica_assets import build_replica_assets
 from binlog_assets.orchestration.replica_reports import ROW_COUNT_CHECK, replica_key
 from binlog_assets.orchestration.resources import BinlakeResource

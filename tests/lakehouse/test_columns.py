@@ -60,7 +60,7 @@ def test_no_source_column_can_be_called_like_a_working_column() -> None:
 
 
 @pytest.fixture
-def positions(spark):  # noqa: ANN001, ANN201 - the session's Spark, a DataFrame
+def positions(spark):  # the session's Spark, a DataFrame
     """Changelog-shaped rows: `id`, the position columns, and where each came from."""
     rows = [
         # id, phase, file, pos, row, offset, row_index
@@ -76,7 +76,7 @@ def positions(spark):  # noqa: ANN001, ANN201 - the session's Spark, a DataFrame
     return spark.createDataFrame(rows, schema).withColumn("p", changelog_position())
 
 
-def test_positions_order_as_numbers_and_snapshots_first(positions) -> None:  # noqa: ANN001
+def test_positions_order_as_numbers_and_snapshots_first(positions) -> None:
     order = [r["id"] for r in positions.orderBy("p").collect()]
     assert order == [3, 5, 6, 1, 2, 4]
     [row] = positions.where(F.col("id") == 2).select(
@@ -87,13 +87,13 @@ def test_positions_order_as_numbers_and_snapshots_first(positions) -> None:  # n
 
 
 def test_a_change_sent_twice_is_one_change_unless_it_has_no_coordinates(
-        positions) -> None:  # noqa: ANN001
+        positions) -> None:
     identities = positions.groupBy(change_identity(F.col("p")).alias("c")).agg(
         F.sort_array(F.collect_list("id")).alias("ids"))
     assert sorted(r["ids"] for r in identities.collect()) == [[1], [2, 4], [3], [5], [6]]
 
 
-def test_key_match_is_null_safe(spark) -> None:  # noqa: ANN001
+def test_key_match_is_null_safe(spark) -> None:
     schema = "k1 int, k2 string, v int"
     target = spark.createDataFrame([(1, "a", 10), (None, None, 20), (2, None, 30)], schema)
     source = spark.createDataFrame([(1, "a", 1), (None, None, 2), (2, "b", 3)], schema)
@@ -102,7 +102,7 @@ def test_key_match_is_null_safe(spark) -> None:  # noqa: ANN001
 
 
 def test_first_per_group_keeps_the_first_row_of_each_key_nulls_together(
-        spark) -> None:  # noqa: ANN001
+        spark) -> None:
     frame = spark.createDataFrame(
         [(1, 5, "old"), (1, 7, "new"), (None, 3, "t1"), (None, 9, "t2"), (2, 1, "only")],
         "k int, at int, _rank string")  # `_rank` is a source column: not overwritten
@@ -112,7 +112,7 @@ def test_first_per_group_keeps_the_first_row_of_each_key_nulls_together(
         (2, 1, "only"), (1, 7, "new"), (None, 9, "t2")]
 
 
-def test_first_truncate_after_names_the_tables_next_truncate(spark) -> None:  # noqa: ANN001
+def test_first_truncate_after_names_the_tables_next_truncate(spark) -> None:
     truncates = [("shop.a", (1, 9, 0, 0, 0, 0)), ("shop.a", (1, 5, 0, 0, 0, 0)),
                  ("shop.b", (1, 3, 0, 0, 0, 0))]
     rows = spark.createDataFrame(

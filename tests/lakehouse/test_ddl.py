@@ -138,7 +138,7 @@ def _pos(n):
 
 def _route(mode="evolve", source=r"db\.t\d"):
     from binlog_assets.config import parse_config
-    from binlog_assets.lakehouse.routing import replica_route
+    from binlog_assets.lakehouse.replica.routes import replica_route
 
     cfg = parse_config({"sources": [{"name": "s", "topics": ["x"], "tables": [
         {"source": source, "replica": "r", "schema_evolution": mode}]}]})
@@ -148,7 +148,7 @@ def _route(mode="evolve", source=r"db\.t\d"):
 def _survey(tables, declared=(), table_columns=None):
     from pyspark.sql import types as T
 
-    from binlog_assets.lakehouse.replica_plan import Survey
+    from binlog_assets.lakehouse.replica.plan import Survey
 
     survey = Survey(list(tables), 0, None, {c: T.StringType() for c in declared}, {}, set(),
                     {})
@@ -157,7 +157,11 @@ def _survey(tables, declared=(), table_columns=None):
 
 
 def test_a_row_image_older_than_a_drop_never_brings_the_column_back():
-    from binlog_assets.lakehouse.replica_ddl import SOURCES_PROPERTY, drop_stale, track_sources
+    from binlog_assets.lakehouse.replica.ddl_apply import (
+        SOURCES_PROPERTY,
+        drop_stale,
+        track_sources,
+    )
 
     # Stored: db.t1 dropped `note` at position 20. A late batch of rows from position 15
     # (before the drop) still declares it.
@@ -173,7 +177,7 @@ def test_a_row_image_older_than_a_drop_never_brings_the_column_back():
 def test_columns_drop_only_when_no_source_table_has_them_and_all_are_known():
     from pyspark.sql import types as T
 
-    from binlog_assets.lakehouse.replica_ddl import plan_columns, track_sources
+    from binlog_assets.lakehouse.replica.ddl_apply import plan_columns, track_sources
 
     current = {"id": T.IntegerType(), "qty": T.IntegerType(), "note": T.StringType()}
     ddl = plan_ddl([_event("db.t1", 30, "ALTER TABLE t1 DROP COLUMN note",
@@ -182,7 +186,7 @@ def test_columns_drop_only_when_no_source_table_has_them_and_all_are_known():
     both = track_sources({}, _survey(["db.t1"]), ddl, _route(), ["db.t1", "db.t2"])
     assert both.columns(["db.t1"]) is None  # t2's columns are not known yet
     stored = '{"db.t2": [[1, 7, 5, 0, 0, 0], ["id", "qty", "note"]]}'
-    from binlog_assets.lakehouse.replica_ddl import SOURCES_PROPERTY
+    from binlog_assets.lakehouse.replica.ddl_apply import SOURCES_PROPERTY
 
     known = track_sources({SOURCES_PROPERTY: stored}, _survey(["db.t1"]), ddl, _route(), [])
     assert plan_columns(current, ddl, known, _survey(["db.t1"]), ["id"], _route()).drops == []
@@ -198,7 +202,7 @@ def test_columns_drop_only_when_no_source_table_has_them_and_all_are_known():
 def test_renames_chain_and_follow_the_mode():
     from pyspark.sql import types as T
 
-    from binlog_assets.lakehouse.replica_ddl import plan_columns, track_sources
+    from binlog_assets.lakehouse.replica.ddl_apply import plan_columns, track_sources
     from binlog_assets.lakehouse.schema import SchemaEvolutionError
 
     current = {"id": T.IntegerType(), "a": T.StringType(), "c": T.StringType()}
@@ -221,14 +225,14 @@ def test_renames_chain_and_follow_the_mode():
 
 
 def test_drops_and_renames_of_tables():
-    from binlog_assets.lakehouse.replica_ddl import track_sources
+    from binlog_assets.lakehouse.replica.ddl_apply import track_sources
 
     route = _route(source=r"db\.(t\d|kept)")
     stored = {"db.t1": [[], ["id"]], "db.t2": [[], ["id"]], "db.kept": [[], ["id"]],
               "other.t1": [[], ["id"]]}
     import json
 
-    from binlog_assets.lakehouse.replica_ddl import SOURCES_PROPERTY
+    from binlog_assets.lakehouse.replica.ddl_apply import SOURCES_PROPERTY
 
     ddl = plan_ddl([_event("db.t9", 10, "RENAME TABLE t1 TO t9", {"id": "int"}),
                     _event("db.gone", 20, "RENAME TABLE t2 TO gone", {"id": "int"}),
@@ -242,7 +246,7 @@ def test_drops_and_renames_of_tables():
 
 
 def test_a_table_created_again_after_its_drop_keeps_its_new_definition():
-    from binlog_assets.lakehouse.replica_ddl import track_sources
+    from binlog_assets.lakehouse.replica.ddl_apply import track_sources
 
     route = _route()
     ddl = plan_ddl([_event("db.t1", 10, "DROP TABLE t1"),
@@ -254,7 +258,7 @@ def test_a_table_created_again_after_its_drop_keeps_its_new_definition():
 
 
 def test_partition_maintenance_that_removes_rows_unlogged_is_noted():
-    from binlog_assets.lakehouse.replica_ddl import track_sources
+    from binlog_assets.lakehouse.replica.ddl_apply import track_sources
 
     route = _route()
     ddl = plan_ddl([
@@ -283,7 +287,7 @@ def test_partition_maintenance_that_removes_rows_unlogged_is_noted():
 
 
 def test_a_table_renamed_within_the_replica_and_created_again_keeps_both():
-    from binlog_assets.lakehouse.replica_ddl import track_sources
+    from binlog_assets.lakehouse.replica.ddl_apply import track_sources
 
     route = _route(source=r"db\.t\d")
     ddl = plan_ddl([_event("db.t2", 10, "RENAME TABLE t1 TO t2", {"id": "int", "a": "int"}),
@@ -295,7 +299,7 @@ def test_a_table_renamed_within_the_replica_and_created_again_keeps_both():
 
 
 def test_columns_of_a_batch_with_a_table_renamed_away_are_known():
-    from binlog_assets.lakehouse.replica_ddl import track_sources
+    from binlog_assets.lakehouse.replica.ddl_apply import track_sources
 
     # Rows of t1 in the batch, then t1 -> t2 and a column of t2 dropped: the record
     # knows every table still there, so the drop can be planned.

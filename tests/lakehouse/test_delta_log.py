@@ -53,10 +53,10 @@ class FakeSpark:
         self.statements: list[str] = []
         self.catalog = self
 
-    def tableExists(self, name: str) -> bool:  # noqa: N802 - Spark's spelling
+    def tableExists(self, name: str) -> bool:  # Spark's spelling
         return any(name == f"`{db}`.`{table}`" for db, table in self.tables)
 
-    def getDatabase(self, name: str) -> SimpleNamespace:  # noqa: N802 - Spark's spelling
+    def getDatabase(self, name: str) -> SimpleNamespace:  # Spark's spelling
         return SimpleNamespace(locationUri=f"file:/nonexistent/warehouse/{name}.db")
 
     def sql(self, statement: str) -> FakeRows:

@@ -11,8 +11,8 @@ from lake_events import MakeConfig, Partition, Source, row
 from binlog_assets.lakehouse.changelog import ChangelogWriter, changelog_uri
 from binlog_assets.lakehouse.delta_log import delta_rs_uri, table_detail, table_location
 from binlog_assets.lakehouse.identifiers import UnsafeIdentifierError
-from binlog_assets.lakehouse.replica import ReplicaBuilder
-from binlog_assets.lakehouse.replica_plan import FEATURE_PROPERTIES
+from binlog_assets.lakehouse.replica.builder import ReplicaBuilder
+from binlog_assets.lakehouse.replica.plan import FEATURE_PROPERTIES
 
 
 def _spark_rows(spark, name: str) -> list[tuple]:
@@ -37,7 +37,7 @@ def _rs_rows(uri: str) -> list[tuple]:
     return sorted((_plain(r) for r in table.to_pylist()), key=repr)
 
 
-def _plain(value):  # noqa: ANN001, ANN202 - rows of either reader, in one shape
+def _plain(value):  # rows of either reader, in one shape
     if isinstance(value, dict):
         return tuple(sorted((k, _plain(v)) for k, v in value.items()))
     if isinstance(value, list | tuple):

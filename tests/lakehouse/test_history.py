@@ -5,7 +5,7 @@ from __future__ import annotations
 from lake_events import MakeConfig, Partition, Source, row
 
 from binlog_assets.lakehouse.changelog import ChangelogWriter
-from binlog_assets.lakehouse.replica import ReplicaBuilder
+from binlog_assets.lakehouse.replica.builder import ReplicaBuilder
 from binlog_assets.orchestration.replica_reports import replica_table_metadata
 from binlog_assets.orchestration.table_metadata import replica_definition_metadata
 

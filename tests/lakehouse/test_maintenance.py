@@ -10,7 +10,7 @@ from binlog_assets.lakehouse.changelog import ChangelogWriter, changelog_uri
 from binlog_assets.lakehouse.changelog_reader import changelog_version, read_survey
 from binlog_assets.lakehouse.delta_log import table_location
 from binlog_assets.lakehouse.maintenance import compact_changelog, compact_table, live_files
-from binlog_assets.lakehouse.replica import ReplicaBuilder
+from binlog_assets.lakehouse.replica.builder import ReplicaBuilder
 from binlog_assets.orchestration.maintenance import lakehouse_maintenance_job
 
 

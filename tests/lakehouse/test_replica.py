@@ -16,7 +16,7 @@ from binlog_assets.lakehouse.changelog import ChangelogWriter
 from binlog_assets.lakehouse.changelog_reader import changelog_version, register_changelog
 from binlog_assets.lakehouse.delta_log import known_views
 from binlog_assets.lakehouse.identifiers import UnsafeIdentifierError
-from binlog_assets.lakehouse.replica import ReplicaBuilder
+from binlog_assets.lakehouse.replica.builder import ReplicaBuilder
 
 ORDERS = [{"source": "shop.orders", "replica": "orders"}]
 
@@ -282,7 +282,7 @@ def test_integer_keys_read_off_the_record_key_equal_the_json_parse(spark) -> Non
     from pyspark.sql import functions as F
     from pyspark.sql import types as T
 
-    from binlog_assets.lakehouse.replica_rows import integer_key as _integer_key
+    from binlog_assets.lakehouse.replica.rows import integer_key as _integer_key
 
     read = {'{"id":123}': 123, '{"id":-5}': -5, '{"id":0}': 0,
             '{"id":9223372036854775807}': 9223372036854775807}
@@ -336,7 +336,7 @@ def test_a_new_replica_is_created_with_its_rows_in_one_commit(
     """Spark's CTAS (a batch above lakehouse.driver_commit_rows): its first commit holds
     the table, the rows and the applied changelog version."""
     from binlog_assets.lakehouse.delta_log import open_log, table_location
-    from binlog_assets.lakehouse.replica_plan import KEY_PROPERTY, TRUNCATED_PROPERTY
+    from binlog_assets.lakehouse.replica.plan import KEY_PROPERTY, TRUNCATED_PROPERTY
     from binlog_assets.lakehouse.transactions import APP_ID
 
     config = make_config(ORDERS, driver_commit_rows=0)
@@ -361,9 +361,9 @@ def test_a_new_small_replica_is_created_by_spark_and_filled_by_delta_rs(
     """Spark's CREATE TABLE (catalog, schema, properties), then one delta-rs commit with
     the rows and the applied changelog version. A crash between the two leaves an empty
     replica that the next apply fills, exactly once."""
-    from binlog_assets.lakehouse import replica as replica_module
     from binlog_assets.lakehouse.delta_log import open_log, table_location
-    from binlog_assets.lakehouse.replica_plan import KEY_PROPERTY, TRUNCATED_PROPERTY
+    from binlog_assets.lakehouse.replica import builder as replica_module
+    from binlog_assets.lakehouse.replica.plan import KEY_PROPERTY, TRUNCATED_PROPERTY
     from binlog_assets.lakehouse.transactions import APP_ID
 
     config = make_config(ORDERS)
@@ -478,7 +478,7 @@ def test_a_replica_created_by_another_builder_meanwhile_is_applied_on_top(
     looked refuses nothing and loses nothing; it applies what the other did not. Its
     rows by delta-rs after Spark's CREATE TABLE, or (lakehouse.driver_commit_rows 0) in
     Spark's CTAS."""
-    from binlog_assets.lakehouse import replica as replica_module
+    from binlog_assets.lakehouse.replica import builder as replica_module
 
     config = make_config(ORDERS, driver_commit_rows=driver_rows)
     part, first = setup(spark, config)

@@ -14,7 +14,7 @@ from lake_events import TYPES, MakeConfig, Partition, Source, row
 
 from binlog_assets.formats.event import ChangeEvent
 from binlog_assets.lakehouse.changelog import ChangelogWriter
-from binlog_assets.lakehouse.replica import ReplicaBuilder
+from binlog_assets.lakehouse.replica.builder import ReplicaBuilder
 
 # The ALTER the tool ran on its helper: `note` dropped, `tag` added with a default.
 HELPER_TYPES = {"id": "bigint", "amount": "decimal(10,2)", "qty": "int", "tag": "string"}

@@ -17,13 +17,13 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from binlog_assets.config import PipelineConfig
-from binlog_assets.lakehouse import replica as replica_module
 from binlog_assets.lakehouse.changelog import ChangelogWriter
 from binlog_assets.lakehouse.changelog_arrow import changes_of
-from binlog_assets.lakehouse.replica import ReplicaBuilder
-from binlog_assets.lakehouse.replica_driver import NotInDriver, converter
-from binlog_assets.lakehouse.replica_plan import ROW_OPS
-from binlog_assets.lakehouse.replica_rows import cast_text, text_schema
+from binlog_assets.lakehouse.replica import builder as replica_module
+from binlog_assets.lakehouse.replica.builder import ReplicaBuilder
+from binlog_assets.lakehouse.replica.driver import NotInDriver, converter
+from binlog_assets.lakehouse.replica.plan import ROW_OPS
+from binlog_assets.lakehouse.replica.rows import cast_text, text_schema
 
 # (Spark type, JSON-decoded values the driver types); Spark's cast of each value's JSON
 # text must give the same.

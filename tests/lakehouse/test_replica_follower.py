@@ -18,8 +18,8 @@ from lake_events import Partition, Source, row
 
 from binlog_assets.lakehouse.changelog import ChangelogWriter
 from binlog_assets.lakehouse.changelog_reader import changelog_version
-from binlog_assets.lakehouse.replica_plan import replicas_touched
-from binlog_assets.lakehouse.routing import replica_routes
+from binlog_assets.lakehouse.replica.plan import replicas_touched
+from binlog_assets.lakehouse.replica.routes import replica_routes
 from binlog_assets.orchestration.replica_follower import (
     FOLLOW_JOB_NAME,
     follow,

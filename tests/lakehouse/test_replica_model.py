@@ -23,7 +23,7 @@ from lake_events import APPLY_PATHS, Partition, Source, config_for, row
 from binlog_assets.config import PipelineConfig
 from binlog_assets.lakehouse.audit import expected_live_rows
 from binlog_assets.lakehouse.changelog import ChangelogWriter
-from binlog_assets.lakehouse.replica import ReplicaBuilder
+from binlog_assets.lakehouse.replica.builder import ReplicaBuilder
 
 SHARDS = ("shop_1.orders_1", "shop_2.orders_1")
 ROUTE = {"source": r"shop_\d+\.orders_\d+", "replica": "orders"}

@@ -8,7 +8,7 @@ from lake_events import TYPES, MakeConfig, Partition, Source, row
 
 from binlog_assets.formats.event import ChangeEvent
 from binlog_assets.lakehouse.changelog import ChangelogWriter
-from binlog_assets.lakehouse.replica import ReplicaBuilder
+from binlog_assets.lakehouse.replica.builder import ReplicaBuilder
 
 
 def rename(src: Source, old: str, new: str) -> ChangeEvent:

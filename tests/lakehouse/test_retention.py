@@ -15,7 +15,7 @@ from binlog_assets.lakehouse.changelog import ChangelogWriter, changelog_uri
 from binlog_assets.lakehouse.changelog_reader import changelog_version, read_survey
 from binlog_assets.lakehouse.delta_log import added_rows
 from binlog_assets.lakehouse.maintenance import compact_changelog
-from binlog_assets.lakehouse.replica import ReplicaBuilder
+from binlog_assets.lakehouse.replica.builder import ReplicaBuilder
 from binlog_assets.lakehouse.retention import applied_by_every_replica, retain_changelog
 from binlog_assets.lakehouse.transactions import changelog_app_id
 from binlog_assets.orchestration.maintenance import lakehouse_maintenance_job

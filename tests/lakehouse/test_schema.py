@@ -13,7 +13,7 @@ from pyspark.sql import types as T
 from binlog_assets.formats.mysql_types import infer_type
 from binlog_assets.lakehouse.changelog import ChangelogWriter
 from binlog_assets.lakehouse.identifiers import UnsafeIdentifierError
-from binlog_assets.lakehouse.replica import ReplicaBuilder
+from binlog_assets.lakehouse.replica.builder import ReplicaBuilder
 from binlog_assets.lakehouse.schema import (
     SchemaEvolutionError,
     plan_changes,

@@ -31,7 +31,7 @@ from binlog_assets.dev.process import free_port
 from binlog_assets.dev.spark_connect import SparkConnectServer
 from binlog_assets.lakehouse.changelog import ChangelogWriter
 from binlog_assets.lakehouse.delta_log import open_log, table_location
-from binlog_assets.lakehouse.replica import ReplicaBuilder
+from binlog_assets.lakehouse.replica.builder import ReplicaBuilder
 
 TABLES = [{"source": "shop.orders", "replica": "orders", "history": True}]
 

@@ -17,7 +17,7 @@ _launched: list[list[str]] = []
 _popen_init = subprocess.Popen.__init__
 
 
-def _recording_init(self, args, *rest, **kwargs) -> None:  # noqa: ANN001
+def _recording_init(self, args, *rest, **kwargs) -> None:
     _launched.append([str(a) for a in args] if isinstance(args, list | tuple) else [str(args)])
     _popen_init(self, args, *rest, **kwargs)
 

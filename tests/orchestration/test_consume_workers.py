@@ -74,7 +74,7 @@ def test_worker_processes_are_used_only_for_a_large_backlog(monkeypatch) -> None
 
 def test_an_exception_that_cannot_travel_is_sent_as_its_text() -> None:
     class Unpicklable(Exception):
-        def __init__(self, lock) -> None:  # noqa: ANN001
+        def __init__(self, lock) -> None:
             super().__init__("held")
             self.lock = lock
 

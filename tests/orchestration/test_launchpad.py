@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 
-def _fields(config_type) -> dict:  # noqa: ANN001 - a Dagster config type
+def _fields(config_type) -> dict:  # a Dagster config type
     return dict(config_type.fields)
 
 

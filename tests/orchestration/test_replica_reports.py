@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dagster as dg
 
-from binlog_assets.lakehouse.replica import ReplicaResult
+from binlog_assets.lakehouse.replica.builder import ReplicaResult
 from binlog_assets.orchestration.replica_reports import (
     position_label,
     replica_metadata,

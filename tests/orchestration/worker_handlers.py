@@ -12,13 +12,13 @@ import time
 from binlog_assets.consume.handlers import HandlerRegistry
 
 
-def record(events) -> None:  # noqa: ANN001 - binlake's ChangeEvents
+def record(events) -> None:  # binlake's ChangeEvents
     time.sleep(float(os.environ.get("BINLAKE_TEST_HANDLER_MS", "0")) / 1000 * len(events))
     with open(os.environ["BINLAKE_TEST_HANDLED"], "a") as f:
         f.write("".join(f"{os.getpid()} {e.partition} {e.offset}\n" for e in events))
 
 
-def record_one(event) -> None:  # noqa: ANN001 - a binlake ChangeEvent
+def record_one(event) -> None:  # a binlake ChangeEvent
     record([event])
 
 

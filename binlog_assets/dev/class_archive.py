@@ -11,54 +11,22 @@ PySpark and Delta it was made with, so an upgrade looks for a new one. A damaged
 another matter (the JVM dies mapping a truncated one), so a new archive is put in place
 only after a driver mapped it (`check`).
 
-`make setup` builds it (`python -m binlog_assets.lakehouse.class_archive`): a training
+`make setup` builds it (`python -m binlog_assets.dev.class_archive`): a training
 driver applies a few changes to a replica in a scratch lakehouse, the way a build does.
 """
 
 from __future__ import annotations
 
 import argparse
-import hashlib
-import json
 import os
-import shutil
 import subprocess
 import sys
 import tempfile
-from importlib.metadata import version
 from pathlib import Path
 
-from binlog_assets.environment import cache_dir, jars_dir
+from binlog_assets.lakehouse.spark import QUIET, archive_file
 
-ARCHIVE_DIR = "spark-cds"
 BUILD_TIMEOUT_SECONDS = 600
-# Without these, a driver whose class path differs from the archive's (an `s3a://`
-# lakehouse adds jars to it) prints a page of warnings before running without it.
-QUIET = "-Xlog:cds=off -Xlog:cds+dynamic=off"
-
-
-def _java() -> str:
-    """The `java` that spark-submit runs: JAVA_HOME's, else the one on PATH."""
-    home = os.environ.get("JAVA_HOME")
-    found = str(Path(home) / "bin" / "java") if home else shutil.which("java")
-    return os.path.realpath(found) if found else "java"
-
-
-def archive_file() -> Path:
-    """Where the archive for this JDK, PySpark and Delta is (or would be)."""
-    try:
-        delta = sorted(p.name for p in jars_dir("delta").glob("*.jar"))
-    except FileNotFoundError:
-        delta = []
-    key = json.dumps([_java(), version("pyspark"), delta])
-    digest = hashlib.sha256(key.encode()).hexdigest()[:16]
-    return cache_dir() / ARCHIVE_DIR / f"driver-{digest}.jsa"
-
-
-def java_options() -> str:
-    """The driver JVM options that map the archive; empty when there is none."""
-    path = archive_file()
-    return f"-XX:SharedArchiveFile={path} {QUIET}" if path.is_file() else ""
 
 
 def build(*, force: bool = False) -> Path:
@@ -69,7 +37,7 @@ def build(*, force: bool = False) -> Path:
     target.parent.mkdir(parents=True, exist_ok=True)
     partial = target.with_name(f"{target.stem}.{os.getpid()}.partial")
     partial.unlink(missing_ok=True)
-    subprocess.run([sys.executable, "-m", "binlog_assets.lakehouse.class_archive", "--train",
+    subprocess.run([sys.executable, "-m", "binlog_assets.dev.class_archive", "--train",
                     str(partial)],
                    check=True, timeout=BUILD_TIMEOUT_SECONDS)
     if not partial.is_file():
@@ -122,7 +90,7 @@ def _train(archive: Path) -> None:
     from binlog_assets.config import parse_config
     from binlog_assets.formats.event import PHASE_STREAM, ChangeEvent, Position
     from binlog_assets.lakehouse.changelog import ChangelogWriter
-    from binlog_assets.lakehouse.replica import ReplicaBuilder
+    from binlog_assets.lakehouse.replica.builder import ReplicaBuilder
     from binlog_assets.lakehouse.spark import get_spark
 
     with tempfile.TemporaryDirectory(prefix="binlake-cds-") as lake:

@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from binlog_assets.config import PipelineConfig, parse_config
-from binlog_assets.lakehouse import class_archive
+from binlog_assets.dev import class_archive
+from binlog_assets.lakehouse import spark
 from binlog_assets.lakehouse.spark import C1_ONLY, spark_conf
 
 
@@ -20,7 +21,7 @@ def _options(config: PipelineConfig) -> str:
 def test_spark_conf_maps_the_archive_only_when_there_is_one(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     archive = tmp_path / "driver-x.jsa"
-    monkeypatch.setattr(class_archive, "archive_file", lambda: archive)
+    monkeypatch.setattr(spark, "archive_file", lambda: archive)
     local = parse_config({"lakehouse": {"path": str(tmp_path / "lake")}})
     assert "SharedArchiveFile" not in _options(local)
     assert f"-Dderby.system.home={tmp_path / 'lake'}" in _options(local)
@@ -33,7 +34,7 @@ def test_spark_conf_maps_the_archive_only_when_there_is_one(
     assert "SharedArchiveFile" not in _options(off)
     # A lakehouse on S3 has no Derby home: the archive is the driver's only option.
     s3 = parse_config({"lakehouse": {"path": "s3a://lake/binlake"}})
-    assert _options(s3) == f"{class_archive.java_options()} {C1_ONLY}"
+    assert _options(s3) == f"{spark.archive_java_options()} {C1_ONLY}"
     # The user's own driver options replace ours, as any `spark.conf` key does.
     own = parse_config({"lakehouse": {"path": str(tmp_path / "lake")},
                         "spark": {"conf": {"spark.driver.extraJavaOptions": "-Dmine=1"}}})
@@ -50,7 +51,7 @@ def test_a_present_archive_is_not_built_again(tmp_path: Path,
 
 
 def test_the_archive_setup_built_maps_into_a_driver(tmp_path: Path) -> None:
-    archive = class_archive.archive_file()
+    archive = spark.archive_file()
     assert archive.is_file(), f"no class archive at {archive}: `make setup` builds it"
     class_archive.check(archive)
     class_archive.check(archive, C1_ONLY)  # as drivers run by default (spark.driver_jit)

@@ -30,7 +30,7 @@ from binlog_assets.lakehouse.changelog_reader import (
     survey_of_frame,
 )
 from binlog_assets.lakehouse.identifiers import check_columns
-from binlog_assets.lakehouse.routing import SOURCE_KEY_COLUMNS, ReplicaRoute
+from binlog_assets.lakehouse.replica.routes import SOURCE_KEY_COLUMNS, ReplicaRoute
 from binlog_assets.lakehouse.schema import spark_type, widen_all
 
 if TYPE_CHECKING:

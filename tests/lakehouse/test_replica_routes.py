@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from binlog_assets.config import ConfigError, parse_config
-from binlog_assets.lakehouse.routing import replica_route, replica_routes
+from binlog_assets.lakehouse.replica.routes import replica_route, replica_routes
 
 
 def _config(*tables: dict) -> object:

@@ -3,7 +3,7 @@
 A batch with at least `lakehouse.rewrite_ratio` changes per stored row touches every
 file anyway, so MERGE's reduce, materialized source, two joins and deletion vectors buy
 nothing: the stored rows and the batch go through one ranking per key and one
-overwrite instead. `rewrites` tells which path a batch takes; the MERGE is `replica.py`'s.
+overwrite instead. `rewrites` tells which path a batch takes; the MERGE is `builder.py`'s.
 """
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ from pyspark.sql import types as T
 from binlog_assets.lakehouse.columns import first_per_group, free_name
 from binlog_assets.lakehouse.delta_log import stored_rows, table_version
 from binlog_assets.lakehouse.identifiers import col
-from binlog_assets.lakehouse.replica_plan import Survey
-from binlog_assets.lakehouse.replica_rows import IMAGE, below_truncates, typed_columns
+from binlog_assets.lakehouse.replica.plan import Survey
+from binlog_assets.lakehouse.replica.rows import IMAGE, below_truncates, typed_columns
 from binlog_assets.lakehouse.transactions import APP_ID
 
 if TYPE_CHECKING:

@@ -1,7 +1,7 @@
 """A batch's commit to a replica from the driver by delta-rs, when the batch is small.
 
 A batch of at most `lakehouse.driver_commit_rows` changes is reduced to the last change
-of each key and typed in the driver (`replica_driver.py`), or by Spark and collected as
+of each key and typed in the driver (`driver.py`), or by Spark and collected as
 Arrow where only Spark reproduces its values, and committed by delta-rs in the statement
 Spark would run: a MERGE on the key whose update is guarded by the position, or an
 append (into a replica without data files, or one just created by Spark's CREATE TABLE,

@@ -1,12 +1,12 @@
 """A small batch reduced and typed in the driver, without Spark: the rows a delta-rs
-commit (`replica_commit.py`) writes to the replica.
+commit (`commit.py`) writes to the replica.
 
 Spark's apply is a plan built in Python and a job per replica, most of a small apply's
 time whatever its size. For a batch of row changes only (no DDL, truncates, cut-overs,
 history or key override: `eligible`), the same result is computed here from the
 changelog rows as Arrow (`changelog_arrow.py`): each key keeps its change of highest
 position, and the winners' JSON images are typed by the replica's columns with Spark's
-rules (`replica_rows.cast_text` under ANSI casts, the session time zone UTC). A value
+rules (`rows.cast_text` under ANSI casts, the session time zone UTC). A value
 whose Spark cast this module does not reproduce exactly raises `NotInDriver`, and the
 apply goes the Spark way for the whole batch: the two ways never mix in one commit.
 """
@@ -25,10 +25,10 @@ from pyspark.sql import types as T
 from binlog_assets.formats.event import OP_DELETE
 from binlog_assets.lakehouse.changelog_arrow import changes_of
 from binlog_assets.lakehouse.columns import POSITION_FIELDS, split_table
-from binlog_assets.lakehouse.replica_commit import driver_commits
-from binlog_assets.lakehouse.replica_plan import ROW_OPS, TRUNCATED_PROPERTY
-from binlog_assets.lakehouse.replica_rows import column_spellings
-from binlog_assets.lakehouse.routing import SOURCE_KEY_COLUMNS
+from binlog_assets.lakehouse.replica.commit import driver_commits
+from binlog_assets.lakehouse.replica.plan import ROW_OPS, TRUNCATED_PROPERTY
+from binlog_assets.lakehouse.replica.routes import SOURCE_KEY_COLUMNS
+from binlog_assets.lakehouse.replica.rows import column_spellings
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -37,12 +37,12 @@ if TYPE_CHECKING:
 
     from binlog_assets.config import PipelineConfig
     from binlog_assets.lakehouse.delta_log import NewTable
-    from binlog_assets.lakehouse.replica_ddl import Sources
-    from binlog_assets.lakehouse.replica_plan import Rule, Survey
-    from binlog_assets.lakehouse.routing import ReplicaRoute
+    from binlog_assets.lakehouse.replica.ddl_apply import Sources
+    from binlog_assets.lakehouse.replica.plan import Rule, Survey
+    from binlog_assets.lakehouse.replica.routes import ReplicaRoute
 
 
-class NotInDriver(Exception):  # noqa: N818 - a decision, not an error
+class NotInDriver(Exception):  # a decision, not an error
     """The batch holds something only Spark's apply reproduces; says what."""
 
 

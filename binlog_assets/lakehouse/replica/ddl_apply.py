@@ -1,26 +1,8 @@
-"""Renames and drops in a replica: what a batch's DDL asks (`ddl.py`), done in Spark.
+"""Renames and drops in a replica: what a batch's DDL asks (`lakehouse/ddl.py`), done in
+Spark, from the columns the replica records per source table (`binlake.source_columns`)
+and the table's `schema_evolution` and `on_drop`.
 
-A replica records the columns of each of its source tables (`binlake.source_columns`,
-by the latest definition a DDL event or a row's declared schema gave, with its
-position). From that record and the batch's DDL, under `schema_evolution: evolve`:
-
-- a renamed column gets the old column's values for every row of its table older than
-  the rename (newer rows already hold the new name), and older images still in the
-  batch are read under the old name;
-- a column no source table has any more, after a DDL event in the batch, is dropped:
-  metadata-only with column mapping, else by rewriting the table once;
-- a renamed table whose old and new names both feed the replica has its rows moved
-  to the new name (a row the new name already holds is newer and wins);
-- a dropped table (a database drop: each of its tables the replica knows), or one
-  renamed to a name the replica does not take, follows `on_drop`: `truncate` treats
-  the drop as a TRUNCATE at its position, `keep` leaves the rows as they last were.
-
-`exception` refuses renames and drops of columns as it refuses any other column change;
-`ignore` leaves the columns as they are. History tables keep every column they ever
-had (a renamed column's new name is added). Append-only replicas, the log of the
-changes, keep theirs too. A rows image older than a drop can reach an apply after it
-(the schema-change topic and the row topics are consumed apart): the record's
-positions tell it is stale, so it never re-adds a dropped column.
+The rules: docs/architecture.md, "Renames and drops".
 """
 
 from __future__ import annotations
@@ -49,8 +31,8 @@ from binlog_assets.lakehouse.delta_log import (
     table_detail,
 )
 from binlog_assets.lakehouse.identifiers import qualified, quote
-from binlog_assets.lakehouse.replica_plan import Survey
-from binlog_assets.lakehouse.routing import SOURCE_KEY_COLUMNS, ReplicaRoute
+from binlog_assets.lakehouse.replica.plan import Survey
+from binlog_assets.lakehouse.replica.routes import SOURCE_KEY_COLUMNS, ReplicaRoute
 from binlog_assets.lakehouse.schema import SchemaEvolutionError
 
 if TYPE_CHECKING:

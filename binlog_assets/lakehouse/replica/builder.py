@@ -1,24 +1,8 @@
-"""Silver replicas: each replica table equals its source tables as of the last applied position.
+"""Silver replicas: `ReplicaBuilder.apply` makes each replica table equal its source
+tables as of the last applied position, one Delta commit per apply.
 
-`ReplicaBuilder.apply` reads the changelog rows committed since the replica's applied
-changelog version (planned from its commits' surveys: `replica_plan.py`), keeps the
-source tables routed to the replica (`routing.py`), reduces every key to its last change
-by binlog position (`_position`, one struct compared field by field), types its JSON
-images by the declared column types (`schema.py`) and writes the result with a position
-guard, so batch boundaries, duplicates, restarts and late events cannot change the
-outcome (docs/architecture.md states the rules). A small batch of row changes is reduced
-and typed in the driver (`replica_driver.py`) and committed by delta-rs
-(`replica_commit.py`); otherwise Spark shapes the rows (`replica_rows.py`) and writes
-them: by delta-rs for a small batch, else Spark's MERGE, a new replica's CTAS or a
-one-pass rewrite (`replica_rewrite.py`). Deletes leave tombstones (`_op = 'd'`), purged
-after `lakehouse.tombstone_retention_hours`; a truncate leaves a marker row (`_op = 't'`,
-null key) whose position is its table's watermark. Every write commits Delta's
-transaction id (`binlake.replica`, the changelog version applied) with the data.
-
-Replica table `<database>.<replica>`: `_source_db`, `_source_table`, the key and source
-columns, then `_position`, `_op`, `_source_ts` and `_applied_at`. Live rows are the view
-`<database>.<replica>_current` (`_op` not in d, t). DDL is `replica_ddl.py`'s, cut-overs
-`replica_cutover.py`'s, `history: true` tables `history.py`'s.
+How an apply reads, reduces, types and writes a batch, and the replica table's columns:
+docs/architecture.md, "A replica apply".
 """
 
 from __future__ import annotations
@@ -73,19 +57,19 @@ from binlog_assets.lakehouse.delta_log import (
 )
 from binlog_assets.lakehouse.identifiers import check_unmapped_names, col, qualified
 from binlog_assets.lakehouse.maintenance import PURGED_PROPERTY, purge_tombstones
-from binlog_assets.lakehouse.replica_commit import (
+from binlog_assets.lakehouse.replica.commit import (
     commit_arrow,
     commit_rows,
     commit_version,
     driver_commits,
 )
-from binlog_assets.lakehouse.replica_cutover import (
+from binlog_assets.lakehouse.replica.cutover import (
     CUTOVERS_PROPERTY,
     cutover_rows,
     plan_cutovers,
     record_cutovers,
 )
-from binlog_assets.lakehouse.replica_ddl import (
+from binlog_assets.lakehouse.replica.ddl_apply import (
     SOURCES_PROPERTY,
     Sources,
     apply_ddl,
@@ -97,8 +81,8 @@ from binlog_assets.lakehouse.replica_ddl import (
     replica_sources,
     shape_new_table,
 )
-from binlog_assets.lakehouse.replica_driver import NotInDriver, driver_rows, in_driver
-from binlog_assets.lakehouse.replica_plan import (
+from binlog_assets.lakehouse.replica.driver import NotInDriver, driver_rows, in_driver
+from binlog_assets.lakehouse.replica.plan import (
     APPEND_ONLY,
     KEY_PROPERTY,
     MERGED_OPS,
@@ -115,15 +99,15 @@ from binlog_assets.lakehouse.replica_plan import (
     recorded_rule,
     survey_batch,
 )
-from binlog_assets.lakehouse.replica_rewrite import rewrite_replica, rewrites
-from binlog_assets.lakehouse.replica_rows import (
+from binlog_assets.lakehouse.replica.rewrite import rewrite_replica, rewrites
+from binlog_assets.lakehouse.replica.routes import SOURCE_KEY_COLUMNS, ReplicaRoute, replica_route
+from binlog_assets.lakehouse.replica.rows import (
     below_truncates,
     keyed_changes,
     keyed_rows,
     row_image,
     typed_columns,
 )
-from binlog_assets.lakehouse.routing import SOURCE_KEY_COLUMNS, ReplicaRoute, replica_route
 from binlog_assets.lakehouse.schema import (
     SchemaChange,
     apply_changes,
@@ -320,7 +304,7 @@ class ReplicaBuilder:
                       columns: dict[str, T.DataType], start: int | None, up_to: int,
                       props: dict[str, str], location: str, files: int,
                       new: NewTable | None) -> ReplicaResult:
-        """The batch reduced and typed in the driver (`replica_driver.py`), committed by
+        """The batch reduced and typed in the driver (`driver.py`), committed by
         delta-rs; into a new replica after Spark's CREATE TABLE."""
         import pyarrow as pa
 
@@ -368,7 +352,7 @@ class ReplicaBuilder:
                         ddl: DdlPlan, props: dict[str, str], exists: bool
                         ) -> tuple[list[str], Sources, NewTable | None]:
         """Create or evolve the replica (and history) for the batch's columns, and do
-        what its DDL asks of the replica's columns and rows (`replica_ddl.py`).
+        what its DDL asks of the replica's columns and rows (`ddl_apply.py`).
 
         Returns a description of each change made, the replica's source tables and, for
         a new replica, the table to create with its first rows. Schema changes commit
@@ -514,7 +498,7 @@ class ReplicaBuilder:
                     .drop(_WM_DB, _WM_TABLE, _WM))
         name = ".".join(table)
         fault_point("during_replica_merge")
-        # A small batch into an existing table: delta-rs commits it (`replica_commit.py`),
+        # A small batch into an existing table: delta-rs commits it (`commit.py`),
         # whatever its size against the table's.
         limit = self.config.lakehouse.driver_commit_rows
         driver = new is None and driver_commits(props, survey.rows, limit,

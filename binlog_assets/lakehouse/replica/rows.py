@@ -5,6 +5,8 @@ keys under a `key_columns` override, and the images typed by the replica's colum
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
@@ -19,8 +21,11 @@ from binlog_assets.lakehouse.columns import (
     working_column,
 )
 from binlog_assets.lakehouse.identifiers import col
-from binlog_assets.lakehouse.replica_plan import MERGED_OPS, Survey
-from binlog_assets.lakehouse.routing import SOURCE_KEY_COLUMNS, ReplicaRoute
+from binlog_assets.lakehouse.replica.plan import MERGED_OPS, Survey
+from binlog_assets.lakehouse.replica.routes import SOURCE_KEY_COLUMNS, ReplicaRoute
+
+if TYPE_CHECKING:
+    from collections.abc import Iterable
 
 # Working columns of an apply, named so that no source column can clash with them: a
 # change's image as JSON text, and a truncate's watermark (source table and position).
@@ -126,7 +131,8 @@ def typed_columns(frame: DataFrame, survey: Survey, key: list[str],
     return parsed.select(*select)
 
 
-def added_default(value: Column, adds, data_type: T.DataType) -> Column:  # noqa: ANN001
+def added_default(value: Column, adds: Iterable[tuple[str, tuple[int, ...], str | None]],
+                  data_type: T.DataType) -> Column:
     """`value`, or the default of the column where an ADD of it is newer than the row:
     `adds` are (db.table, position, SQL literal or None) from `Survey.added`."""
     for table, position, default in adds:

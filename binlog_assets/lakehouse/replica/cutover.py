@@ -1,22 +1,8 @@
-"""Tables renamed into a replica from outside it: the cut-over of an online schema change.
+"""Tables renamed into a replica from outside it: the cut-over of an online schema change
+(pt-online-schema-change, gh-ost), each recorded in `binlake.cutovers` and done again
+when a late change of the helper arrives.
 
-pt-online-schema-change and gh-ost copy a table into a helper (`_t_new`, `_t_gho`), keep
-the helper in step, then swap it in: `RENAME TABLE t TO _t_old, _t_new TO t`. From then
-on `t` holds the helper's rows, with the helper's columns. When the changelog holds the
-helper's changes (its topic is consumed: a topic regex over the database takes it), the
-apply that reads the rename makes the replica's rows of `t` the helper's as of the
-rename: a truncate marker for `t` at the rename, and the helper's last change per key
-placed just above it, so any later change of `t` wins. The helper's latest definition
-becomes `t`'s (a column the ALTER dropped leaves the replica, one it added comes with the
-rows). The rename of `t` away in the same statement is part of the swap, not a drop: without
-the helper's changes the replica keeps the rows of `t` it has, and its notes say to
-re-snapshot `t`.
-
-The replica records each cut-over (`binlake.cutovers`). A change of the helper from
-before the rename can reach the changelog after the apply that did the swap (the
-schema-change topic and the helper's topic are consumed apart): the apply that reads it
-does the swap again from the whole changelog, its rows placed one step higher, so they
-replace the first ones and still yield to every later change of `t`.
+The rules: docs/architecture.md, "Cut-overs of online schema changes".
 """
 
 from __future__ import annotations
@@ -33,9 +19,9 @@ from binlog_assets.lakehouse.columns import changelog_position, first_per_group,
 from binlog_assets.lakehouse.ddl import starts_table
 from binlog_assets.lakehouse.delta_log import NewTable, set_properties
 from binlog_assets.lakehouse.identifiers import col
-from binlog_assets.lakehouse.replica_ddl import truncate_markers
-from binlog_assets.lakehouse.replica_plan import ROW_OPS, Survey, add_groups
-from binlog_assets.lakehouse.replica_rows import keyed_rows
+from binlog_assets.lakehouse.replica.ddl_apply import truncate_markers
+from binlog_assets.lakehouse.replica.plan import ROW_OPS, Survey, add_groups
+from binlog_assets.lakehouse.replica.rows import keyed_rows
 from binlog_assets.lakehouse.schema import widen_all
 
 if TYPE_CHECKING:
@@ -44,7 +30,7 @@ if TYPE_CHECKING:
 
     from binlog_assets.config import PipelineConfig
     from binlog_assets.lakehouse.ddl import DdlPlan
-    from binlog_assets.lakehouse.routing import ReplicaRoute
+    from binlog_assets.lakehouse.replica.routes import ReplicaRoute
 
 # The brought rows' `row_index`: above every event of the rename's own record, and the
 # rename's binlog position is below any later change of the table.
