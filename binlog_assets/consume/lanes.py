@@ -460,6 +460,9 @@ class LaneDispatcher:
                     stopped = index
                     break
                 if event.table != table:
+                    if fast:  # the previous table's handler gets its own events
+                        tally.events += fast
+                        fast = 0
                     table = event.table
                     handlers = handlers_for(table)
                     single = handlers[0] if len(handlers) == 1 and not handlers[0].batch else None
