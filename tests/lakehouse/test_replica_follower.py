@@ -3,8 +3,8 @@
 A real `follow_replicas_job` run (in process, the session's Spark) follows a changelog
 that a thread keeps writing to: every commit is applied and reported as a materialization
 of the replica it changed while the run goes on, the untouched replica is not reported,
-and each apply's row-count check reaches the instance while the run goes on. The loop, the sensor and the pool hand-over
-are tested on their own below.
+and each apply's row-count check reaches the instance while the run goes on. The loop,
+the sensor and the pool hand-over are tested on their own below.
 """
 
 from __future__ import annotations
