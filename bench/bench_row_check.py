@@ -7,7 +7,9 @@ or a build's), then `--rounds` (20) more commits of `--small` (1,000) events, ea
 counted from the state of the count before (a follower's check after each apply), and
 a count from the snapshot at the end. With `--spark`, the Spark reduction it replaces
 (`audit.expected_live_rows`, what every check ran before) over the same changelog, on a
-warm session, and the two counts must agree.
+warm session, and the two counts must agree. With `--replica`, the check's other side as
+a follower pays it: the replica built, then `--rounds` commits of `--small` events each
+applied and checked (the count of `<replica>_current`, a Spark job, and `LiveKeys`).
 
     .venv/bin/python bench/bench_row_check.py            # ~2 min
     .venv/bin/python bench/bench_row_check.py --spark    # and the Spark reference
@@ -37,6 +39,7 @@ def main() -> None:
     parser.add_argument("--small", type=int, default=1000)
     parser.add_argument("--rounds", type=int, default=20)
     parser.add_argument("--spark", action="store_true")
+    parser.add_argument("--replica", action="store_true")
     args = parser.parse_args()
 
     lake = tempfile.mkdtemp(prefix="binlake-bench-row-check-")
@@ -88,9 +91,40 @@ def main() -> None:
             assert reference == live, (reference, live)
             print(f"Spark's reduction (audit.expected_live_rows), warm: median "
                   f"{statistics.median(times):.2f} s over 3")
+        if args.replica:
+            _replica_side(config, work, counter, args)
         print(load_average())
     finally:
         shutil.rmtree(lake, ignore_errors=True)
+
+
+def _replica_side(config, work, counter, args) -> None:  # noqa: ANN001
+    """A follower's check after each apply: both counts, timed apart."""
+    from binlog_assets.lakehouse.replica import ReplicaBuilder
+    from binlog_assets.lakehouse.spark import get_spark
+    from binlog_assets.orchestration.replica_reports import counted_rows
+
+    builder = ReplicaBuilder(get_spark(config), config)
+    began = time.perf_counter()
+    rule = builder.apply("orders").key_rule
+    print(f"replica built in {time.perf_counter() - began:.1f} s")
+    spark_s, arrow_s, apply_s = [], [], []
+    for _ in range(args.rounds):
+        write(config, work.batch(args.small))
+        began = time.perf_counter()
+        version = builder.apply("orders").applied_version
+        apply_s.append(time.perf_counter() - began)
+        began = time.perf_counter()
+        live = counted_rows(builder, "orders", rule)
+        spark_s.append(time.perf_counter() - began)
+        began = time.perf_counter()
+        expected = counter.count(version)
+        arrow_s.append(time.perf_counter() - began)
+        assert live == expected, (live, expected)
+    print(f"per apply of {args.small:,} events over {args.rounds}: apply median "
+          f"{statistics.median(apply_s):.2f} s; check: _current count median "
+          f"{statistics.median(spark_s):.2f} s, changelog side median "
+          f"{statistics.median(arrow_s):.3f} s")
 
 
 if __name__ == "__main__":
