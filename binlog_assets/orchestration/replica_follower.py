@@ -217,9 +217,10 @@ def follow_replicas(context: dg.OpExecutionContext, config: FollowConfig,
                 context.log.info(f"replica {name}: {result}")
                 if result.warning:
                     context.log.warning(result.warning)
-                tags, _ = sync.applied(name, result.applied_version, time.monotonic())
-                yield dg.AssetMaterialization(asset_key=replica_key(name),
-                                              metadata=replica_metadata(result, None) | columns,
+                metadata = replica_metadata(result, None) | columns
+                tags, _ = sync.applied(name, result.applied_version, time.monotonic(),
+                                       metadata)
+                yield dg.AssetMaterialization(asset_key=replica_key(name), metadata=metadata,
                                               tags=tags)
                 # Evaluated at each apply, so the UI shows it minutes before the run ends.
                 delay = source_delay_check(replica_key(name), result,

@@ -94,14 +94,18 @@ class InSync:
     def __init__(self, instance: dg.DagsterInstance, every: float) -> None:
         self.instance, self.every = instance, every
         self.reported: dict[str, tuple[str | None, int | None, float]] = {}
+        # The metadata of each replica's last change, carried by its in-sync reports so
+        # the UI's latest materialization still shows its rows and columns.
+        self.metadata: dict[str, dict] = {}
         self._seen_changelog: int | None = None
 
-    def applied(self, name: str, applied_version: int, now: float
-                ) -> tuple[dict[str, str], int | None]:
-        """The tags of an apply's materialization, and its cursor."""
+    def applied(self, name: str, applied_version: int, now: float,
+                metadata: dict | None = None) -> tuple[dict[str, str], int | None]:
+        """The tags of an apply's materialization (with `metadata`), and its cursor."""
         version = data_version(applied_version)
         cursor = changelog_cursor(self.instance, applied_version)
         self.reported[name] = (version, cursor, now)
+        self.metadata[name] = dict(metadata or {})
         return provenance_tags(version, cursor, applied_version), cursor
 
     def due(self, names: list[str], version: int, now: float
@@ -129,7 +133,8 @@ class InSync:
             self.reported[name] = (known, cursor, now)
             out.append(dg.AssetMaterialization(
                 asset_key=replica_key(name),
-                metadata={"in_sync_with_changelog_version": dg.MetadataValue.int(version)},
+                metadata={**self.metadata.get(name, {}),
+                          "in_sync_with_changelog_version": dg.MetadataValue.int(version)},
                 tags={**provenance_tags(known, cursor, version), IN_SYNC_TAG: "true"}))
         return out
 
@@ -142,6 +147,10 @@ class InSync:
         if not records:
             return None
         tags = records[0].event_log_entry.tags or {}
+        materialization = records[0].asset_materialization
+        self.metadata[name] = {k: v for k, v in (materialization.metadata if materialization
+                                                 else {}).items()
+                               if k != "in_sync_with_changelog_version"}
         pointer = tags.get(get_input_event_pointer_tag(CHANGELOG_ASSET_KEY))
         cursor = int(pointer) if pointer and pointer.isdigit() else None
         self.reported[name] = (tags.get(DATA_VERSION_TAG), cursor, float("-inf"))

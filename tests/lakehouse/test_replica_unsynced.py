@@ -119,6 +119,10 @@ def test_only_a_replica_behind_its_tables_shows_unsynced(spark, make_config, tmp
                            instance.fetch_materializations(replica_key("orders"),
                                                            limit=10).records}
         assert len(orders_versions) == 1
+        # The in-sync report still shows the replica's columns on its latest materialization.
+        latest = instance.fetch_materializations(replica_key("orders"), limit=1).records[0]
+        assert IN_SYNC_TAG in latest.event_log_entry.tags
+        assert "dagster/column_schema" in latest.asset_materialization.metadata
 
         # A change of orders while no follower runs: orders is behind, and says so.
         _consumed(instance, on_orders, on_orders.records([[orders.insert(row(2))]]))

@@ -56,7 +56,8 @@ def test_a_replica_is_unsynced_only_while_behind_its_tables() -> None:
         assert _status(instance) == StaleStatus.STALE
 
         sync = InSync(instance, every=0)
-        tags, _ = sync.applied("orders", 3, now=0)
+        rows = {"dagster/row_count": dg.MetadataValue.int(7)}
+        tags, _ = sync.applied("orders", 3, now=0, metadata=rows)
         instance.report_runless_asset_event(dg.AssetMaterialization(ORDERS, tags=tags))
         assert _status(instance) == StaleStatus.FRESH
         # products changed again; the follower found nothing of orders in version 4.
@@ -66,6 +67,9 @@ def test_a_replica_is_unsynced_only_while_behind_its_tables() -> None:
         instance.report_runless_asset_event(in_sync)
         assert _status(instance) == StaleStatus.FRESH
         assert in_sync.tags["dagster/data_version"] == tags["dagster/data_version"]
+        # The apply's metadata still shows on the latest materialization.
+        assert in_sync.metadata["dagster/row_count"].value == 7
+        assert in_sync.metadata["in_sync_with_changelog_version"].value == 4
         assert sync.due(["orders"], 4, now=2) == []  # nothing new since
 
         # A consumer run wrote version 6 of orders; the follower is at 5: behind, and
