@@ -9,10 +9,10 @@ new changelog data on their own (eager automation, or a follower run: see
 
 Each replica carries the asset check `row_count_matches_changelog`, evaluated in the same
 step right after the apply (the Spark session is already up): the rows in
-`<replica>_current` against the live keys counted independently from the changelog
-(`lakehouse.audit.expected_live_rows`) at the applied changelog version; for an
-append-only replica, its rows against the distinct changes there
-(`lakehouse.audit.expected_log_rows`).
+`<replica>_current` against the live keys counted independently from the changelog by
+delta-rs (`lakehouse.audit_arrow`, the same reduction as Spark's `lakehouse.audit`) at
+the applied changelog version; for an append-only replica, its rows against the
+distinct changes there.
 
 The metadata says by which rule the replica is keyed (`key_rule`: `primary_key`,
 `key_columns` or `append_only`) and, for a table whose changes carry no key and whose

@@ -7,8 +7,11 @@ applies every new changelog version within `replica_poll_seconds` of its commit,
 `replica_follow_seconds`; `replica_follower_sensor` starts the next one. A new version
 is applied to the replicas whose source tables it holds rows of (the surveys its commits
 carry say which, without reading it), `spark.parallel_replicas` at a time. Each apply that
-changed a replica is reported as that replica's materialization at once, and the run
-ends with each changed replica's `row_count_matches_changelog` check.
+changed a replica is reported as that replica's materialization at once, and its
+`row_count_matches_changelog` check follows within `check_seconds` (the changelog's side
+counted by delta-rs from the versions added since the replica's last check). Its
+materializations carry data versions and provenance, so the asset graph shows a replica
+Unsynced only while its tables have changes it has not applied (`replica_versions.py`).
 
 The follower holds the `spark` pool's slot, as a replica build does, so replica builds
 never overlap; it hands the slot over early when another run waits for it (a rebuild
@@ -34,6 +37,7 @@ from binlog_assets.orchestration.replica_reports import (
     row_count_check,
     source_delay_check,
 )
+from binlog_assets.orchestration.replica_versions import InSync
 from binlog_assets.orchestration.resources import BinlakeResource
 from binlog_assets.orchestration.shared import EVERY_DAEMON_PASS, SPARK_POOL, UNFINISHED
 
@@ -44,17 +48,32 @@ FOLLOW_JOB_NAME = "follow_replicas_job"
 STALE_VERSIONS = 1000
 
 
+# A changed replica's row-count check runs at most this often per replica (a count of
+# its `_current` view is a Spark job): the UI shows it within this of each apply.
+CHECK_SECONDS = 30.0
+# How long the graph may show a current replica Unsynced after the changelog moved for
+# other tables: each "in sync" report is an event in the replica's history.
+SYNC_SECONDS = 30.0
+
+
 class FollowConfig(dg.Config):
     seconds: float | None = Field(None, gt=0, description="how long this run follows the "
                                   "changelog (default: dagster.replica_follow_seconds)")
+    check_seconds: float = Field(CHECK_SECONDS, ge=0, description="a changed replica's "
+                                 "row-count check runs at most this often")
+    sync_seconds: float = Field(SYNC_SECONDS, ge=0, description="a replica current while "
+                                "the changelog moved for other tables is reported in sync "
+                                "at most this often (replica_versions.py)")
 
 
 def follow(apply: Callable[[str, int], object], names: list[str],
            version: Callable[[], int], *, poll: float, stop: Callable[[], bool],
            touched: Callable[[int, int], set[str] | None] = lambda after, up_to: None,
-           workers: int = 1, stale: int = STALE_VERSIONS) -> Iterator[tuple[str, object]]:
+           workers: int = 1, stale: int = STALE_VERSIONS,
+           rounds: bool = False) -> Iterator[tuple[str | None, object]]:
     """Apply each new changelog version to the replicas it touches until `stop()` says
-    so; yields (replica, result) for every apply, as each ends.
+    so; yields (replica, result) for every apply, as each ends, and with `rounds`
+    (None, version) at every poll, so the caller can report between applies.
 
     The first round applies every replica (whatever is pending); later rounds apply those
     that `touched(seen, current)` names (None: all), and any not applied for `stale`
@@ -79,6 +98,8 @@ def follow(apply: Callable[[str, int], object], names: list[str],
                         brought[name] = current
                     yield name, result
                 seen = current
+            if rounds:
+                yield None, current
             if stop():
                 break
             time.sleep(poll)
@@ -148,7 +169,6 @@ def follow_replicas(context: dg.OpExecutionContext, config: FollowConfig,
     for builder in builders:
         free.put(builder)
     deadline = time.monotonic() + seconds
-    applied: dict[str, tuple[str | None, int]] = {}  # replica -> (key rule, version)
     routes = {name: route for name, route in replica_routes(pipeline).items()
               if name in names}
 
@@ -175,9 +195,17 @@ def follow_replicas(context: dg.OpExecutionContext, config: FollowConfig,
                       poll=pipeline.dagster.replica_poll_seconds, stop=stop,
                       touched=lambda after, up_to: replicas_touched(pipeline, routes, after,
                                                                     up_to),
-                      workers=len(builders))
+                      workers=len(builders), rounds=True)
+    checks = _Checks(builders[0], config.check_seconds)
+    sync = InSync(context.instance, config.sync_seconds)
     try:
         for name, outcome in followed:
+            if name is None:  # a poll, every replica applied up to `outcome` but the failed
+                yield from checks.due(time.monotonic())
+                broken = {n for n, _ in failed}
+                yield from sync.due([n for n in names if n not in broken], outcome,
+                                    time.monotonic())
+                continue
             if isinstance(outcome, Exception):
                 failed.append((name, outcome))
                 context.log.error(f"replica {name}: {type(outcome).__name__}: "
@@ -185,12 +213,15 @@ def follow_replicas(context: dg.OpExecutionContext, config: FollowConfig,
                 continue
             result, columns = outcome
             if changed(result):
-                applied[name] = (result.key_rule, result.applied_version)
+                checks.applied(name, result.key_rule, result.applied_version)
                 context.log.info(f"replica {name}: {result}")
                 if result.warning:
                     context.log.warning(result.warning)
-                yield dg.AssetMaterialization(asset_key=replica_key(name),
-                                              metadata=replica_metadata(result, None) | columns)
+                metadata = replica_metadata(result, None) | columns
+                tags, _ = sync.applied(name, result.applied_version, time.monotonic(),
+                                       metadata)
+                yield dg.AssetMaterialization(asset_key=replica_key(name), metadata=metadata,
+                                              tags=tags)
                 # Evaluated at each apply, so the UI shows it minutes before the run ends.
                 delay = source_delay_check(replica_key(name), result,
                                            pipeline.dagster.replica_delay_alert_seconds,
@@ -199,6 +230,8 @@ def follow_replicas(context: dg.OpExecutionContext, config: FollowConfig,
                     asset_key=delay.asset_key, check_name=delay.check_name,
                     passed=delay.passed, severity=delay.severity, metadata=delay.metadata,
                     description=delay.description)
+                # Only this one: another's apply of this round may be in flight.
+                yield from checks.due(time.monotonic(), only=name)
     except BaseException:
         # Terminated: the applies in progress have their Spark jobs cancelled; each is one
         # Delta commit, so a replica is applied or as it was.
@@ -206,16 +239,51 @@ def follow_replicas(context: dg.OpExecutionContext, config: FollowConfig,
         for builder in builders:
             builder.spark.interruptAll()
         raise
-    builder = builders[0]
-    # Once per run and per changed replica: a check reads the whole changelog.
-    for name, (rule, version) in sorted(applied.items()):
-        result = row_count_check(builder, name, rule, counted_rows(builder, name, rule),
-                                 version)
-        yield dg.AssetCheckEvaluation(
-            asset_key=result.asset_key, check_name=result.check_name, passed=result.passed,
-            metadata=result.metadata, description=result.description)
+    # Whatever is still due: every changed replica's last apply is checked.
+    yield from checks.due(None)
     if failed:
         raise replicas_failed(failed, len(names))
+
+
+class _Checks:
+    """The row-count checks of the replicas a follower changed: each replica's last apply
+    is checked, at most every `every` seconds per replica; the changelog's side is
+    counted by a `LiveKeys` per replica, from the versions added since its last check."""
+
+    def __init__(self, builder, every: float) -> None:  # noqa: ANN001 - a ReplicaBuilder
+        self.builder, self.every = builder, every
+        self.pending: dict[str, tuple[str | None, int]] = {}  # replica -> (rule, version)
+        self.last: dict[str, float] = {}  # replica -> when it was last checked
+        self.counters: dict[str, object] = {}
+
+    def applied(self, name: str, rule: str | None, version: int) -> None:
+        self.pending[name] = (rule, version)
+
+    def due(self, now: float | None, only: str | None = None
+            ) -> Iterator[dg.AssetCheckEvaluation]:
+        """The evaluations of the pending checks whose time came (all with `now` None),
+        of `only` when given. Called when no apply of theirs is in flight: each replica's
+        table is then at its pending version."""
+        from binlog_assets.lakehouse.audit_arrow import LiveKeys
+        from binlog_assets.lakehouse.replica.plan import APPEND_ONLY
+
+        for name, (rule, version) in sorted(self.pending.items()):
+            if only is not None and name != only:
+                continue
+            if now is not None and now - self.last.get(name, -self.every) < self.every:
+                continue
+            del self.pending[name]
+            counter = self.counters.get(name)
+            if counter is None or counter.append_only != (rule == APPEND_ONLY):
+                counter = self.counters[name] = LiveKeys(
+                    self.builder.config, name, append_only=rule == APPEND_ONLY)
+            result = row_count_check(self.builder, name, rule,
+                                     counted_rows(self.builder, name, rule), version, counter)
+            self.last[name] = time.monotonic() if now is None else now
+            yield dg.AssetCheckEvaluation(
+                asset_key=result.asset_key, check_name=result.check_name,
+                passed=result.passed, metadata=result.metadata,
+                description=result.description)
 
 
 @dg.job(name=FOLLOW_JOB_NAME, executor_def=dg.in_process_executor,

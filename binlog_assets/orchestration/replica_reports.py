@@ -80,14 +80,18 @@ def counted_rows(builder, name: str, key_rule: str | None) -> int:
     return builder.spark.table(qualified(*table)).count()
 
 
-def row_count_check(builder, name: str, key_rule: str | None, live: int, version: int
-                    ) -> dg.AssetCheckResult:
-    """`row_count_matches_changelog` for `live` rows counted at changelog `version`."""
-    from binlog_assets.lakehouse.audit import expected_live_rows, expected_log_rows
+def row_count_check(builder, name: str, key_rule: str | None, live: int, version: int,
+                    counter=None) -> dg.AssetCheckResult:  # noqa: ANN001
+    """`row_count_matches_changelog` for `live` rows counted at changelog `version`,
+    against the changelog's count by delta-rs (`audit_arrow`); `counter`, a `LiveKeys`
+    of this replica kept across checks, counts only the versions added since its last."""
+    from binlog_assets.lakehouse.audit_arrow import expected_rows
     from binlog_assets.lakehouse.replica.plan import APPEND_ONLY
 
-    expected = (expected_log_rows if key_rule == APPEND_ONLY else expected_live_rows)(
-        builder.spark, builder.config, name, version)
+    append_only = key_rule == APPEND_ONLY
+    expected = (counter.count(version) if counter is not None
+                and counter.append_only == append_only
+                else expected_rows(builder.config, name, version, append_only=append_only))
     return row_count_check_result(
         replica_key(name), live, expected, version,
         at_least=builder.config.lakehouse.changelog_retention_days is not None)

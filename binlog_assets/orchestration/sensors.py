@@ -36,6 +36,7 @@ from binlog_assets.orchestration.shared import (
     DBT_FOLLOW_INTERVAL_SECONDS,
     DBT_JOB_NAME,
     EVERY_DAEMON_PASS,
+    IN_SYNC_TAG,
     LAG_TAG,
     PARTITION_TAG,
     RANGE_END_TAG,
@@ -300,10 +301,12 @@ def dbt_follow_sensor(
     names = sorted({t.replica for s in binlake.pipeline.sources for t in s.tables})
     latest = 0
     for name in names:
+        # A follower's "in sync" report changed no data (replica_versions.py).
         records = context.instance.fetch_materializations(
-            dg.AssetKey(["replica", name]), limit=1).records
-        if records and records[0].storage_id > latest:
-            latest = records[0].storage_id
+            dg.AssetKey(["replica", name]), limit=50).records
+        changed = [r for r in records if IN_SYNC_TAG not in (r.event_log_entry.tags or {})]
+        if changed and changed[0].storage_id > latest:
+            latest = changed[0].storage_id
     seen = int(context.cursor or 0)
     if latest <= seen:
         return dg.SkipReason("no replica changed since the last dbt build")

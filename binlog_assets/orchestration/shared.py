@@ -24,6 +24,9 @@ PARTITION_TAG = "dagster/partition"
 # and the records its due partitions lagged by then.
 REASON_TAG = "binlake/reason"
 LAG_TAG = "binlake/lag"
+# On a follower's report that a replica is current at a newer changelog version with the
+# same data (replica_versions.py): dbt does not rebuild for it.
+IN_SYNC_TAG = "binlake/in_sync"
 # Runs that hold their partitions: everything not finished.
 UNFINISHED = [dg.DagsterRunStatus.QUEUED, dg.DagsterRunStatus.NOT_STARTED,
               dg.DagsterRunStatus.STARTING, dg.DagsterRunStatus.STARTED,

@@ -3,8 +3,8 @@
 A real `follow_replicas_job` run (in process, the session's Spark) follows a changelog
 that a thread keeps writing to: every commit is applied and reported as a materialization
 of the replica it changed while the run goes on, the untouched replica is not reported,
-and the run ends with the row-count check. The loop, the sensor and the pool hand-over
-are tested on their own below.
+and each apply's row-count check reaches the instance while the run goes on. The loop,
+the sensor and the pool hand-over are tested on their own below.
 """
 
 from __future__ import annotations
@@ -99,6 +99,57 @@ def test_a_follower_run_applies_each_commit_as_it_lands(spark, make_config, tmp_
     assert all(not d.passed and d.severity == dg.AssetCheckSeverity.WARN for d in delays)
     assert all(d.metadata["source_delay_seconds"].value > 900 for d in delays)
     assert all("source_delay_seconds" in md for _, md in by_replica)
+
+
+def test_a_follower_runs_check_is_seen_before_the_run_ends_and_catches_a_lost_row(
+        spark, make_config, tmp_path) -> None:
+    config = make_config([{"source": "shop.orders", "replica": "orders"}],
+                         dagster={"replica_poll_seconds": 0.2})
+    path = tmp_path / "binlake.yaml"
+    path.write_text(yaml.safe_dump(config.model_dump(mode="json", exclude_none=True)))
+    orders = Source("shop.orders")
+    part = Partition(ChangelogWriter(config))
+    part.write(part.records([[orders.insert(row(1))], [orders.insert(row(2))]]))
+    check_key = dg.AssetCheckKey(replica_key("orders"), ROW_COUNT_CHECK)
+    seen: list[tuple[bool, int, str]] = []  # (passed, replica rows, the run's status)
+
+    def watcher(instance) -> None:
+        # What a user's UI reads: the check's latest execution (one per run, which each
+        # evaluation of the run updates), while the run goes on.
+        deadline, last = time.monotonic() + 240, None
+        while len(seen) < 2 and time.monotonic() < deadline:
+            latest = instance.event_log_storage.get_latest_asset_check_execution_by_key(
+                [check_key]).get(check_key)
+            if latest is not None and latest.event is not None and \
+                    latest.event.asset_check_evaluation and latest.event.timestamp != last:
+                last = latest.event.timestamp
+                evaluation = latest.event.asset_check_evaluation
+                (run,) = instance.get_runs(limit=1)
+                seen.append((evaluation.passed, evaluation.metadata["replica_rows"].value,
+                             run.status.value))
+                if len(seen) == 1:
+                    # A row lost behind binlake's back, then a new change of the table.
+                    spark.sql(f"DELETE FROM {config.lakehouse.database}.orders WHERE id = 1")
+                    part.write(part.records([[orders.insert(row(3))]]))
+            time.sleep(0.1)
+        instance.event_log_storage.claim_concurrency_slot(SPARK_POOL, "rebuild", "replicas")
+
+    with dg.instance_for_test() as instance:
+        instance.event_log_storage.set_concurrency_slots(SPARK_POOL, 1)
+        thread = threading.Thread(target=watcher, args=(instance,))
+        thread.start()
+        result = follow_replicas_job.execute_in_process(
+            instance=instance, resources={"binlake": BinlakeResource(config_path=str(path))},
+            run_config={"ops": {"follow_replicas": {"config": {"seconds": 300,
+                                                               "check_seconds": 0}}}})
+        thread.join()
+    assert result.success
+    # Each apply's check reached the instance while the run was still going; the second
+    # found the replica one row short of the changelog's live keys.
+    assert seen == [(True, 2, "STARTED"), (False, 2, "STARTED")]
+    (failed,) = [e for e in result.get_asset_check_evaluations()
+                 if e.check_name == ROW_COUNT_CHECK and not e.passed]
+    assert failed.metadata["changelog_live_keys"].value == 3
 
 
 def test_the_loop_applies_every_replica_once_per_new_version() -> None:
