@@ -317,6 +317,10 @@ class BoundedRun:
             if consumer is not None and not (committer is not None and committer.abandoned
                                              and committer.consumer is consumer):
                 consumer.close()
+            # The run is garbage in a cycle once it returns (its lanes call back into it),
+            # which only a full collection frees, rare in a long-lived process: its clients
+            # must not wait for it, each holds one of the process's 1,024 thread-local keys.
+            self._committer = self._dlq = None
             restore_gc_threshold()
             gc.unfreeze()
 
