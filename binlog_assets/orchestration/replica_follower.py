@@ -54,6 +54,9 @@ CHECK_SECONDS = 30.0
 # How long the graph may show a current replica Unsynced after the changelog moved for
 # other tables: each "in sync" report is an event in the replica's history.
 SYNC_SECONDS = 30.0
+# The share of a follower's time its row-count checks may take: a check's count of the
+# replica's `_current` view is a Spark job of several applies' cost (bench_row_check.py).
+CHECK_SHARE = 0.25
 
 
 class FollowConfig(dg.Config):
@@ -196,7 +199,7 @@ def follow_replicas(context: dg.OpExecutionContext, config: FollowConfig,
                       touched=lambda after, up_to: replicas_touched(pipeline, routes, after,
                                                                     up_to),
                       workers=len(builders), rounds=True)
-    checks = _Checks(builders[0], config.check_seconds)
+    checks = _Checks(config.check_seconds, _row_count_evaluator(builders[0]))
     sync = InSync(context.instance, config.sync_seconds)
     try:
         for name, outcome in followed:
@@ -247,43 +250,64 @@ def follow_replicas(context: dg.OpExecutionContext, config: FollowConfig,
 
 class _Checks:
     """The row-count checks of the replicas a follower changed: each replica's last apply
-    is checked, at most every `every` seconds per replica; the changelog's side is
-    counted by a `LiveKeys` per replica, from the versions added since its last check."""
+    is checked, at most every `every` seconds per replica, and the checks take at most
+    `share` of the follower's time (after one that took c seconds, the next waits
+    c * (1/share - 1)), so that with many busy replicas they delay the checks, not the
+    applies. `evaluate(name, key rule, version)` gives one check's evaluation."""
 
-    def __init__(self, builder, every: float) -> None:  # noqa: ANN001 - a ReplicaBuilder
-        self.builder, self.every = builder, every
+    def __init__(self, every: float, evaluate: Callable[[str, str | None, int], object], *,
+                 share: float = CHECK_SHARE, clock: Callable[[], float] = time.monotonic
+                 ) -> None:
+        self.every, self.evaluate, self.share, self.clock = every, evaluate, share, clock
         self.pending: dict[str, tuple[str | None, int]] = {}  # replica -> (rule, version)
         self.last: dict[str, float] = {}  # replica -> when it was last checked
-        self.counters: dict[str, object] = {}
+        self.resume_at = float("-inf")
 
     def applied(self, name: str, rule: str | None, version: int) -> None:
         self.pending[name] = (rule, version)
 
-    def due(self, now: float | None, only: str | None = None
-            ) -> Iterator[dg.AssetCheckEvaluation]:
-        """The evaluations of the pending checks whose time came (all with `now` None),
-        of `only` when given. Called when no apply of theirs is in flight: each replica's
-        table is then at its pending version."""
-        from binlog_assets.lakehouse.audit_arrow import LiveKeys
-        from binlog_assets.lakehouse.replica.plan import APPEND_ONLY
-
+    def due(self, now: float | None, only: str | None = None) -> Iterator:
+        """The evaluation of the next pending check whose time came, of `only` when given
+        (all of them with `now` None: the run's end). Called when no apply of theirs is
+        in flight: each replica's table is then at its pending version."""
+        if now is not None and now < self.resume_at:
+            return
         for name, (rule, version) in sorted(self.pending.items()):
             if only is not None and name != only:
                 continue
             if now is not None and now - self.last.get(name, -self.every) < self.every:
                 continue
             del self.pending[name]
-            counter = self.counters.get(name)
-            if counter is None or counter.append_only != (rule == APPEND_ONLY):
-                counter = self.counters[name] = LiveKeys(
-                    self.builder.config, name, append_only=rule == APPEND_ONLY)
-            result = row_count_check(self.builder, name, rule,
-                                     counted_rows(self.builder, name, rule), version, counter)
-            self.last[name] = time.monotonic() if now is None else now
-            yield dg.AssetCheckEvaluation(
-                asset_key=result.asset_key, check_name=result.check_name,
-                passed=result.passed, metadata=result.metadata,
-                description=result.description)
+            began = self.clock()
+            evaluation = self.evaluate(name, rule, version)
+            ended = self.clock()
+            self.last[name] = ended
+            yield evaluation
+            if now is not None:
+                self.resume_at = ended + (ended - began) * (1 / self.share - 1)
+                return
+
+
+def _row_count_evaluator(builder) -> Callable[[str, str | None, int], object]:  # noqa: ANN001
+    """`row_count_matches_changelog` of a replica at a version, its changelog side
+    counted by a `LiveKeys` kept per replica (only the versions added since its last)."""
+    from binlog_assets.lakehouse.audit_arrow import LiveKeys
+    from binlog_assets.lakehouse.replica.plan import APPEND_ONLY
+
+    counters: dict[str, LiveKeys] = {}
+
+    def evaluate(name: str, rule: str | None, version: int) -> dg.AssetCheckEvaluation:
+        counter = counters.get(name)
+        if counter is None or counter.append_only != (rule == APPEND_ONLY):
+            counter = counters[name] = LiveKeys(builder.config, name,
+                                                append_only=rule == APPEND_ONLY)
+        result = row_count_check(builder, name, rule, counted_rows(builder, name, rule),
+                                 version, counter)
+        return dg.AssetCheckEvaluation(
+            asset_key=result.asset_key, check_name=result.check_name, passed=result.passed,
+            metadata=result.metadata, description=result.description)
+
+    return evaluate
 
 
 @dg.job(name=FOLLOW_JOB_NAME, executor_def=dg.in_process_executor,

@@ -22,6 +22,7 @@ from binlog_assets.lakehouse.replica.plan import replicas_touched
 from binlog_assets.lakehouse.replica.routes import replica_routes
 from binlog_assets.orchestration.replica_follower import (
     FOLLOW_JOB_NAME,
+    _Checks,
     follow,
     follow_replicas_job,
     pool_wanted,
@@ -150,6 +151,32 @@ def test_a_follower_runs_check_is_seen_before_the_run_ends_and_catches_a_lost_ro
     (failed,) = [e for e in result.get_asset_check_evaluations()
                  if e.check_name == ROW_COUNT_CHECK and not e.passed]
     assert failed.metadata["changelog_live_keys"].value == 3
+
+
+def test_checks_wait_their_interval_and_take_a_bounded_share_of_the_time() -> None:
+    clock = [0.0]
+
+    def evaluate(name: str, rule, version: int) -> tuple[str, int]:  # noqa: ANN001
+        clock[0] += 1.0  # each check takes a second
+        return name, version
+
+    checks = _Checks(30, evaluate, share=0.25, clock=lambda: clock[0])
+    checks.applied("a", None, 1)
+    checks.applied("b", None, 1)
+    # One check, then the others wait 3 s (checks take a quarter of the time at most).
+    assert list(checks.due(clock[0])) == [("a", 1)]
+    assert list(checks.due(3.0)) == []
+    clock[0] = 4.0
+    assert list(checks.due(4.0)) == [("b", 1)]
+    # a was checked at 1 s: its next apply is checked 30 s after, not before.
+    checks.applied("a", None, 2)
+    clock[0] = 20.0
+    assert list(checks.due(20.0)) == []
+    assert list(checks.due(31.0)) == [("a", 2)]
+    # The run's end checks whatever is pending, at once.
+    checks.applied("a", None, 3)
+    checks.applied("b", None, 3)
+    assert list(checks.due(None)) == [("a", 3), ("b", 3)]
 
 
 def test_the_loop_applies_every_replica_once_per_new_version() -> None:
