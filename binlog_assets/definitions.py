@@ -14,6 +14,11 @@ from binlog_assets.orchestration.maintenance import (
     lakehouse_maintenance_job,
     lakehouse_maintenance_schedule,
 )
+from binlog_assets.orchestration.parity_checks import (
+    build_parity_checks,
+    parity_job,
+    parity_schedule,
+)
 from binlog_assets.orchestration.replica_assets import build_replica_assets
 from binlog_assets.orchestration.replica_follower import (
     follow_replicas_job,
@@ -53,12 +58,17 @@ with warnings.catch_warnings():
                   *kafka_source_specs(PIPELINE_CONFIG), changelog_batched,
                   build_replica_assets(PIPELINE_CONFIG)])]
 
+# Replicas whose source has a `connection` get a parity check, a job and maybe a schedule.
+PARITY_JOB = parity_job(PIPELINE_CONFIG)
+PARITY_SCHEDULE = parity_schedule(PIPELINE_CONFIG, PARITY_JOB)
+
 defs = dg.Definitions(
     assets=ASSETS,
-    asset_checks=[changelog_lag_check, checkpoint_agreement_check],
+    asset_checks=[changelog_lag_check, checkpoint_agreement_check,
+                  *build_parity_checks(PIPELINE_CONFIG)],
     jobs=[consume_changelog_job, build_replicas_job, follow_replicas_job,
-          lakehouse_maintenance_job],
-    schedules=[lakehouse_maintenance_schedule],
+          lakehouse_maintenance_job, *([PARITY_JOB] if PARITY_JOB else [])],
+    schedules=[lakehouse_maintenance_schedule, *([PARITY_SCHEDULE] if PARITY_SCHEDULE else [])],
     sensors=[kafka_partition_discovery_sensor, kafka_lag_sensor, binlake_automation_sensor,
              replica_follower_sensor],
     resources={"binlake": BinlakeResource()},

@@ -1,0 +1,237 @@
+"""The parity check of one replica: its source tables' chunks summed by the source server
+inside consistent snapshots, the same chunks of the replica summed over its live rows
+once it has applied past the snapshots, a differing chunk checked again, and a report.
+
+A chunk that differs is taken again in a new snapshot, and the replica read again once
+past that snapshot: a row changed between the two reads would otherwise look like a
+difference. Only a chunk that differs twice is reported, with a sample of its keys
+(the source's keys and row CRCs of that chunk against the replica's).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from binlog_assets.lakehouse.routing import ReplicaRoute, replica_route
+from binlog_assets.parity.canonical import Fingerprint
+from binlog_assets.parity.lake import replica_rows
+from binlog_assets.parity.progress import Progress, progress, wait_past
+from binlog_assets.parity.source import (
+    ChunkChecksum,
+    SourceTable,
+    chunk_again,
+    chunk_checksums,
+    connect,
+    row_crcs,
+    source_tables,
+)
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    import pymysql
+
+    from binlog_assets.config import PipelineConfig, SourceConfig
+    from binlog_assets.parity.chunks import Key
+
+
+class NotCheckable(Exception):  # noqa: N818 - a reason, not a failure of the check
+    """The replica cannot be checked as configured; says why."""
+
+
+@dataclass
+class Mismatch:
+    table: str
+    key_range: str
+    source_rows: int
+    replica_rows: int
+    keys: list[str]  # a sample: `key: missing in replica` / `extra in replica` / `differs`
+
+
+@dataclass
+class ParityReport:
+    replica: str
+    tables: list[str] = field(default_factory=list)
+    chunks: int = 0
+    source_rows: int = 0
+    replica_rows: int = 0
+    mismatches: list[Mismatch] = field(default_factory=list)
+    rechecked: int = 0  # chunks that differed once and were taken again
+    skipped_columns: dict[str, list[str]] = field(default_factory=dict)
+    single_chunk_tables: list[str] = field(default_factory=list)
+    snapshot: str = ""
+    progress: str = ""
+    applied_past: bool = True
+    seconds: float = 0.0
+    source_seconds: float = 0.0
+    replica_seconds: float = 0.0
+    wait_seconds: float = 0.0
+
+    @property
+    def passed(self) -> bool:
+        return self.applied_past and not self.mismatches
+
+    def sample_keys(self, limit: int) -> list[str]:
+        return [f"{m.table} {k}" for m in self.mismatches for k in m.keys][:limit]
+
+    def summary(self) -> str:
+        if not self.applied_past:
+            return (f"not checked: the replica did not apply past the source's snapshot "
+                    f"({self.progress})")
+        if self.mismatches:
+            return (f"{len(self.mismatches)} of {self.chunks} chunks differ "
+                    f"({self.source_rows} source rows, {self.replica_rows} replica rows); "
+                    f"keys: {', '.join(self.sample_keys(5))}")
+        return (f"equal: {self.chunks} chunks, {self.source_rows} rows of "
+                f"{len(self.tables)} table(s)")
+
+
+def check_replica(config: PipelineConfig, replica: str, kafka_conf: dict, group: str,
+                  log: Callable[[str], None] = lambda _: None) -> ParityReport:
+    """Check one replica against each source table it reads."""
+    began = time.monotonic()
+    route = replica_route(config, replica)
+    if route.replica_mode == "append":
+        raise NotCheckable("an append-only replica is a log of changes, which this check "
+                           "does not replay")
+    report = ParityReport(replica)
+    for source in _sources_of(config, replica):
+        if source.connection is None:
+            raise NotCheckable(f"source {source.name!r} has no `connection`")
+        db = connect(source.connection)
+        try:
+            _check_source(config, route, source, db, kafka_conf, group, report, log)
+        finally:
+            db.close()
+    report.seconds = time.monotonic() - began
+    return report
+
+
+def _sources_of(config: PipelineConfig, replica: str) -> list[SourceConfig]:
+    return [s for s in config.sources if any(t.replica == replica for t in s.tables)]
+
+
+def _own_route(route: ReplicaRoute, source: SourceConfig) -> ReplicaRoute:
+    """The route restricted to the table configs of one source (each has its server)."""
+    from binlog_assets.lakehouse.routing import _route
+
+    return _route(route.replica, [t for t in source.tables if t.replica == route.replica])
+
+
+def _check_source(config: PipelineConfig, route: ReplicaRoute, source: SourceConfig,
+                  db: pymysql.Connection, kafka_conf: dict, group: str,
+                  report: ParityReport, log: Callable[[str], None]) -> None:
+    settings = config.parity
+    own = _own_route(route, source)
+    tables = source_tables(db, own)
+    if not tables:
+        raise NotCheckable(f"no source table of {source.name!r} matches the replica's "
+                           f"table configs")
+    keyless = [t.name for t in tables if not t.key]
+    if keyless:
+        raise NotCheckable(f"{keyless} have no primary key and the replica sets no "
+                           f"key_columns: its rows are a log of changes, not checked")
+    began = time.monotonic()
+    taken: dict[str, list[ChunkChecksum]] = {}
+    for table in tables:
+        report.tables.append(table.name)
+        if table.skipped:
+            report.skipped_columns[table.name] = list(table.skipped)
+        if not table.ranged:
+            report.single_chunk_tables.append(table.name)
+        taken[table.name] = list(chunk_checksums(db, table, settings.chunk_rows,
+                                                 settings.pause_seconds))
+    report.source_seconds += time.monotonic() - began
+    last = max(c.position for chunks in taken.values() for c in chunks)
+    report.snapshot = f"{last.name}:{last.pos}"
+    log(f"{route.replica}: {sum(map(len, taken.values()))} source chunks in "
+        f"{report.source_seconds:.1f}s, snapshot up to {report.snapshot}")
+
+    seen = _wait(config, own, source, db, last, kafka_conf, group, report)
+    if not seen.past:
+        return
+    for table in tables:
+        chunks = taken[table.name]
+        began = time.monotonic()
+        rows = replica_rows(config, route.replica, table)
+        uppers = [c.key_range.upper for c in chunks]
+        replica = rows.fingerprints(uppers)
+        report.replica_seconds += time.monotonic() - began
+        report.chunks += len(chunks)
+        report.source_rows += sum(c.rows for c in chunks)
+        report.replica_rows += sum(f.rows for f in replica)
+        differing = [i for i, (c, f) in enumerate(zip(chunks, replica, strict=True))
+                     if not _equal(c, f)]
+        for i in differing:
+            report.rechecked += 1
+            mismatch = _recheck(config, own, source, db, kafka_conf, group, table, chunks,
+                                i, report)
+            if mismatch is not None:
+                report.mismatches.append(mismatch)
+                log(f"{route.replica}: {table.name} chunk {mismatch.key_range} differs: "
+                    f"{mismatch.keys[:5]}")
+
+
+def _wait(config: PipelineConfig, route: ReplicaRoute, source: SourceConfig,
+          db: pymysql.Connection, position, kafka_conf: dict, group: str,  # noqa: ANN001
+          report: ParityReport) -> Progress:
+    began = time.monotonic()
+    seen = wait_past(lambda: progress(config, route, source, db, position, kafka_conf, group),
+                     config.parity.wait_seconds)
+    report.wait_seconds += time.monotonic() - began
+    report.progress = seen.reason
+    report.applied_past = report.applied_past and seen.past
+    return seen
+
+
+def _equal(chunk: ChunkChecksum, replica: Fingerprint) -> bool:
+    return (chunk.rows, chunk.total, chunk.xor) == (replica.rows, replica.total, replica.xor)
+
+
+def _recheck(config: PipelineConfig, route: ReplicaRoute, source: SourceConfig,
+             db: pymysql.Connection, kafka_conf: dict, group: str, table: SourceTable,
+             chunks: list[ChunkChecksum], index: int, report: ParityReport
+             ) -> Mismatch | None:
+    """The chunk taken again: None when it now agrees, else what differs (keys named)."""
+    key_range = chunks[index].key_range
+    again = chunk_again(db, table, key_range)
+    if not _wait(config, route, source, db, again.position, kafka_conf, group, report).past:
+        return None
+    uppers = [c.key_range.upper for c in chunks]
+    rows = replica_rows(config, route.replica, table)
+    replica = rows.fingerprints(uppers)[index]
+    if _equal(again, replica):
+        return None
+    source_crcs, _ = row_crcs(db, table, key_range)
+    keys = differing_keys(source_crcs, rows.in_chunk(uppers, index),
+                          config.parity.sample_keys)
+    return Mismatch(table.name, key_range.label(), again.rows, replica.rows, keys)
+
+
+def differing_keys(source: dict[Key, int], replica: dict[Key, list[int]], limit: int
+                   ) -> list[str]:
+    """A sample of the keys whose rows differ: missing in the replica, extra in it, or
+    with other values (a key the replica holds twice counts as differing)."""
+    out = []
+    for key in sorted(source.keys() | replica.keys(), key=_sortable):
+        theirs = replica.get(key)
+        if key not in source:
+            out.append(f"{_key_text(key)}: extra in replica")
+        elif theirs is None:
+            out.append(f"{_key_text(key)}: missing in replica")
+        elif theirs != [source[key]]:
+            out.append(f"{_key_text(key)}: differs")
+        if len(out) >= limit:
+            break
+    return out
+
+
+def _sortable(key: Key) -> tuple:
+    return tuple((v is None, str(type(v)), v) if v is not None else (True, "", 0)
+                 for v in key)
+
+
+def _key_text(key: Key) -> str:
+    return str(key[0]) if len(key) == 1 else str(tuple(key))

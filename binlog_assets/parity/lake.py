@@ -1,0 +1,182 @@
+"""The lakehouse side of the parity check, read by delta-rs (no Spark): a replica's live
+rows summed per chunk by the same canonical text as the source's, its applied changelog
+version, and how far the changelog has come in the source's binlog.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from binlog_assets.lakehouse.changelog import changelog_uri, commit_doc
+from binlog_assets.lakehouse.delta_log import delta_rs_uri
+from binlog_assets.lakehouse.transactions import APP_ID
+from binlog_assets.parity.canonical import Fingerprint, formatter, row_crc
+from binlog_assets.parity.chunks import Key, chunk_index, key_value
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+
+    from binlog_assets.config import PipelineConfig, SourceConfig
+    from binlog_assets.parity.source import SourceTable
+
+# The replica's live rows, as its `_current` view keeps them.
+LIVE_OPS = ("c", "u", "r")
+# Commits read back from the changelog's log for the position it reached.
+HISTORY_COMMITS = 2000
+
+
+def replica_uri(config: PipelineConfig, replica: str) -> str:
+    """Where Spark's catalog keeps the replica's files (its warehouse folder)."""
+    return delta_rs_uri(config.lakehouse.uri("warehouse", f"{config.lakehouse.database}.db",
+                                             replica))
+
+
+def applied_version(config: PipelineConfig, replica: str) -> int | None:
+    """The changelog version the replica reflects (None: no replica table yet)."""
+    from deltalake import DeltaTable
+
+    uri = replica_uri(config, replica)
+    if not DeltaTable.is_deltatable(uri):
+        return None
+    return DeltaTable(uri).transaction_version(APP_ID)
+
+
+@dataclass
+class ReplicaRows:
+    """One source table's live rows in the replica: keys (as the source compares them)
+    and row CRCs, in the order read."""
+
+    keys: list[Key]
+    crcs: list[int]
+
+    def fingerprints(self, uppers: Sequence[Key | None]) -> list[Fingerprint]:
+        """Per chunk (given its upper bounds, the last None), the fingerprint of its rows."""
+        out = [Fingerprint() for _ in uppers]
+        if len(uppers) == 1:
+            out[0] = Fingerprint.of(self.crcs)
+            return out
+        for key, crc in zip(self.keys, self.crcs, strict=True):
+            out[chunk_index(uppers, key)].add(crc)
+        return out
+
+    def in_chunk(self, uppers: Sequence[Key | None], index: int) -> dict[Key, list[int]]:
+        """Key -> row CRCs of one chunk's rows (a key twice: both, so it shows)."""
+        out: dict[Key, list[int]] = {}
+        for key, crc in zip(self.keys, self.crcs, strict=True):
+            if len(uppers) == 1 or chunk_index(uppers, key) == index:
+                out.setdefault(key, []).append(crc)
+        return out
+
+
+def replica_rows(config: PipelineConfig, replica: str, table: SourceTable) -> ReplicaRows:
+    """The replica's live rows of source table `table`, canonical text and all, read by
+    one delta-rs query (columns matched to the source's by name, case aside: a column
+    the replica lacks reads as NULL, as its rows then differ)."""
+    from deltalake import DeltaTable, QueryBuilder
+
+    uri = replica_uri(config, replica)
+    delta = DeltaTable(uri)
+    present = {f.name.lower(): f.name for f in delta.schema().fields}
+    wanted = [*(c for c, _ in table.columns), *table.key]
+    names = {c: present.get(c.lower()) for c in wanted}
+    select = sorted({n for n in names.values() if n is not None})
+    quoted = ", ".join(_ident(n) for n in select) or "1"
+    reader = QueryBuilder().register("replica", delta).execute(
+        f"SELECT {quoted} FROM replica WHERE _op IN ({_list(LIVE_OPS)}) "
+        f"AND _source_db = {_literal(table.database)} "
+        f"AND _source_table = {_literal(table.table)}")
+    import pyarrow as pa
+
+    rows = pa.table(reader.read_all())
+    return _summed(rows, table, names)
+
+
+def _summed(rows: pa.Table, table: SourceTable, names: dict[str, str | None]) -> ReplicaRows:
+    data: dict[str, list[Any]] = {}
+    formats = []
+    for column, _ in table.columns:
+        name = names[column]
+        if name is None:
+            data[column] = [None] * rows.num_rows
+            formats.append(str)
+        else:
+            data[column] = rows.column(name).to_pylist()
+            formats.append(formatter(rows.schema.field(name).type))
+    keys_columns = [data[k] if k in data else rows.column(names[k]).to_pylist()
+                    if names[k] is not None else [None] * rows.num_rows for k in table.key]
+    values = [data[c] for c, _ in table.columns]
+    crcs = [row_crc(row, formats) for row in zip(*values, strict=True)] if values else \
+        [row_crc((), ())] * rows.num_rows
+    keys = [tuple(key_value(v) for v in key) for key in zip(*keys_columns, strict=True)] \
+        if keys_columns else [()] * rows.num_rows
+    return ReplicaRows(keys, crcs)
+
+
+def _ident(name: str) -> str:
+    return '"' + name.replace('"', '""') + '"'
+
+
+def _literal(text: str) -> str:
+    return "'" + text.replace("'", "''") + "'"
+
+
+def _list(texts: Sequence[str]) -> str:
+    return ", ".join(_literal(t) for t in texts)
+
+
+# How far the changelog has come in the source's binlog.
+
+
+def changelog_version(config: PipelineConfig) -> int | None:
+    from deltalake import DeltaTable
+
+    uri = delta_rs_uri(changelog_uri(config))
+    return DeltaTable(uri).version() if DeltaTable.is_deltatable(uri) else None
+
+
+def reached_position(config: PipelineConfig, source: SourceConfig, up_to: int
+                     ) -> tuple[int, int] | None:
+    """The highest (binlog file index, position) of a change of `source` among the
+    changelog's commits up to version `up_to`, from the surveys the commits carry (their
+    tag names the topic; no row is read). None: no such change in the recent commits."""
+    from deltalake import DeltaTable
+
+    log = DeltaTable(delta_rs_uri(changelog_uri(config)), version=up_to)
+    best = None
+    for commit in log.history(HISTORY_COMMITS):
+        doc = commit_doc(commit.get("userMetadata"))
+        tag = doc.get("tag") or ""
+        topic = _tag_topic(tag)
+        if topic is None or not source.matches(topic):
+            continue
+        for entry in doc.get("survey") or ():
+            last = entry[-1]
+            position = (int(last[1]), int(last[2]))
+            if best is None or position > best:
+                best = position
+    return best
+
+
+def _tag_topic(tag: str) -> str | None:
+    """The topic of a changelog write's tag `group/topic/partition@end#id`."""
+    txn = tag.split("@", 1)[0]
+    parts = txn.split("/")
+    return "/".join(parts[1:-1]) if len(parts) >= 3 else None
+
+
+def partitions_behind(config: PipelineConfig, kafka_conf: dict, group: str,
+                      source: SourceConfig) -> dict[str, int]:
+    """`topic:partition` -> records in Kafka that the changelog does not hold yet, for
+    the source's partitions that lag (the high watermark as of now)."""
+    from binlog_assets.consume.lag import measure_lag
+    from binlog_assets.lakehouse.changelog import ChangelogWriter
+
+    writer = ChangelogWriter(config)
+    behind = {}
+    for pl in measure_lag(kafka_conf, group, list(source.topics)):
+        done = writer.checkpoint(group, pl.topic, pl.partition)
+        if pl.high > max(done or 0, pl.low):
+            behind[f"{pl.topic}:{pl.partition}"] = pl.high - max(done or 0, pl.low)
+    return behind
