@@ -144,6 +144,48 @@ def formatter(arrow_type: Any) -> Callable[[Any], str]:
     raise ValueError(f"no canonical text for replica type {arrow_type}")
 
 
+def texts(columns: Sequence[Any]) -> Any:
+    """The canonical texts of many rows at once, as a pyarrow string array: `columns` are
+    pyarrow arrays of one length, in the compared order. Arrow's kernels format what they
+    format as the rules say (a decimal of more than 6 places they would write in exponent
+    notation, a float by other digits, binary not as hex: those go through `formatter`),
+    and `binary_join_element_wise` skips NULLs as CONCAT_WS does."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    parts, flags = [], []
+    for column in columns:
+        kind = column.type
+        if pa.types.is_integer(kind) or (pa.types.is_decimal(kind) and kind.scale <= 6) or \
+                pa.types.is_date(kind):
+            parts.append(pc.cast(column, pa.string()))
+        elif pa.types.is_boolean(kind):
+            parts.append(pc.cast(pc.cast(column, pa.int8()), pa.string()))
+        elif pa.types.is_timestamp(kind) and kind.unit == "us":
+            # %S of a microsecond timestamp writes the seconds with their six decimals.
+            parts.append(pc.strftime(column, format="%Y-%m-%d %H:%M:%S"))
+        elif pa.types.is_string(kind) or pa.types.is_large_string(kind) or \
+                pa.types.is_string_view(kind) or pa.types.is_null(kind):
+            parts.append(pc.cast(column, pa.string()))
+        else:
+            text = formatter(kind)
+            parts.append(pa.array([None if v is None else text(v)
+                                   for v in column.to_pylist()], pa.string()))
+        flags.append(pc.if_else(pc.is_null(column), "1", "0"))
+    if not columns:
+        return pa.array([], pa.string())
+    flag_text = pc.binary_join_element_wise(*flags, "") if len(flags) > 1 else flags[0]
+    return pc.binary_join_element_wise(*parts, flag_text, SEPARATOR, null_handling="skip")
+
+
+def crcs_of(columns: Sequence[Any], rows: int) -> list[int]:
+    """CRC32 of each row's canonical text (`texts`); `rows` when there is no column."""
+    if not columns:
+        return [zlib.crc32(b"")] * rows
+    crc = zlib.crc32
+    return [crc(t.encode("utf-8")) for t in texts(columns).to_pylist()]
+
+
 def row_text(values: Sequence[Any], formats: Sequence[Callable[[Any], str]]) -> str:
     """The canonical text of one row's values (None: NULL), as `row_crc_sql` builds it."""
     texts = [f(v) for v, f in zip(values, formats, strict=True) if v is not None]

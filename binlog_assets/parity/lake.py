@@ -7,12 +7,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from binlog_assets.lakehouse.changelog import changelog_uri, commit_doc
 from binlog_assets.lakehouse.delta_log import delta_rs_uri
 from binlog_assets.lakehouse.transactions import APP_ID
-from binlog_assets.parity.canonical import Fingerprint, formatter, row_crc
+from binlog_assets.parity.canonical import Fingerprint, crcs_of
 from binlog_assets.parity.chunks import Key, chunk_index, key_value
 
 if TYPE_CHECKING:
@@ -94,23 +94,23 @@ def replica_rows(config: PipelineConfig, replica: str, table: SourceTable) -> Re
 
 
 def _summed(rows: pa.Table, table: SourceTable, names: dict[str, str | None]) -> ReplicaRows:
-    data: dict[str, list[Any]] = {}
-    formats = []
-    for column, _ in table.columns:
-        name = names[column]
-        if name is None:
-            data[column] = [None] * rows.num_rows
-            formats.append(str)
-        else:
-            data[column] = rows.column(name).to_pylist()
-            formats.append(formatter(rows.schema.field(name).type))
-    keys_columns = [data[k] if k in data else rows.column(names[k]).to_pylist()
-                    if names[k] is not None else [None] * rows.num_rows for k in table.key]
-    values = [data[c] for c, _ in table.columns]
-    crcs = [row_crc(row, formats) for row in zip(*values, strict=True)] if values else \
-        [row_crc((), ())] * rows.num_rows
-    keys = [tuple(key_value(v) for v in key) for key in zip(*keys_columns, strict=True)] \
-        if keys_columns else [()] * rows.num_rows
+    import pyarrow as pa
+
+    def column(name: str | None) -> pa.Array:
+        if name is None:  # the replica lacks it: NULL in every row
+            return pa.nulls(rows.num_rows, pa.string())
+        return rows.column(name).combine_chunks()
+
+    crcs = crcs_of([column(names[c]) for c, _ in table.columns], rows.num_rows)
+    keys_columns = []
+    for k in table.key:
+        values = column(names[k])
+        plain = values.to_pylist()
+        # Integers and text compare as they are; instants and decimals are normalized.
+        keys_columns.append(plain if pa.types.is_integer(values.type) or
+                            pa.types.is_string(values.type) else
+                            [key_value(v) for v in plain])
+    keys = list(zip(*keys_columns, strict=True)) if keys_columns else [()] * rows.num_rows
     return ReplicaRows(keys, crcs)
 
 
