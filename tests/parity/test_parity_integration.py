@@ -30,10 +30,13 @@ from binlog_assets.parity.lake import replica_uri
 
 pytestmark = pytest.mark.integration
 
-TOPICS = ("shop.parity.items", "shop.parity.lines")
+TOPICS = ("shop.parity.items", "shop.parity.lines", "shop.parity_1.orders",
+          "shop.parity_2.orders", "shop.parity.events")
 CHECK_USER, CHECK_PASSWORD = "binlake_check", "check-pw"
 SCHEMA = [
     "CREATE DATABASE IF NOT EXISTS parity",
+    "CREATE DATABASE IF NOT EXISTS parity_1",
+    "CREATE DATABASE IF NOT EXISTS parity_2",
     """CREATE TABLE IF NOT EXISTS parity.items (
         id INT PRIMARY KEY, name VARCHAR(50) CHARACTER SET latin1, price DECIMAL(10,2),
         weight DOUBLE, qty INT UNSIGNED, big BIGINT UNSIGNED, created DATETIME(3),
@@ -42,6 +45,12 @@ SCHEMA = [
     """CREATE TABLE IF NOT EXISTS parity.lines (
         order_id INT NOT NULL, line SMALLINT NOT NULL, sku VARCHAR(20) NOT NULL,
         amount DECIMAL(12,4), PRIMARY KEY (order_id, line))""",
+    # Shards with overlapping ids, gathered into one replica by a regex.
+    *(f"""CREATE TABLE IF NOT EXISTS {db}.orders (
+        id INT PRIMARY KEY, status VARCHAR(10) NOT NULL)""" for db in ("parity_1", "parity_2")),
+    # No primary key: keyed by `key_columns: [code]`, which no index starts with.
+    """CREATE TABLE IF NOT EXISTS parity.events (
+        code VARCHAR(20) NOT NULL, qty INT NOT NULL)""",
 ]
 
 
@@ -68,10 +77,19 @@ def _workload(conn) -> None:
                 cur.execute("INSERT INTO parity.lines VALUES (%s, %s, %s, %s)",
                             (order, line, f"sku-{order}-{line}", Decimal(order * line) / 7))
         cur.execute("DELETE FROM parity.lines WHERE order_id = 3 AND line = 2")
+        for db, n in (("parity_1", 40), ("parity_2", 30)):
+            for i in range(1, n + 1):
+                cur.execute(f"INSERT INTO {db}.orders VALUES (%s, %s)", (i, f"new-{db[-1]}"))
+        cur.execute("UPDATE parity_2.orders SET status = 'paid' WHERE id < 10")
+        for i in range(1, 21):
+            cur.execute("INSERT INTO parity.events VALUES (%s, %s)", (f"ev-{i:02d}", i))
+        cur.execute("UPDATE parity.events SET qty = qty * 10 WHERE code = 'ev-05'")
+        cur.execute("DELETE FROM parity.events WHERE code = 'ev-07'")
         # The check's account: read-only, as the README's grants say.
         cur.execute("CREATE USER IF NOT EXISTS %s@'%%' IDENTIFIED BY %s",
                     (CHECK_USER, CHECK_PASSWORD))
-        cur.execute("GRANT SELECT ON parity.* TO %s@'%%'", (CHECK_USER,))
+        for db in ("parity", "parity_1", "parity_2"):
+            cur.execute(f"GRANT SELECT ON {db}.* TO %s@'%%'", (CHECK_USER,))
         cur.execute("GRANT BINLOG MONITOR ON *.* TO %s@'%%'", (CHECK_USER,))
 
 
@@ -86,7 +104,10 @@ def _config(base: PipelineConfig, port: int) -> PipelineConfig:
         "connection": {"host": "127.0.0.1", "port": port, "user": CHECK_USER,
                        "password": CHECK_PASSWORD},
         "tables": [{"source": "parity.items", "replica": "items"},
-                   {"source": "parity.lines", "replica": "lines"}]}]
+                   {"source": "parity.lines", "replica": "lines"},
+                   {"source": r"parity_\d+\.orders", "replica": "orders"},
+                   {"source": "parity.events", "replica": "events",
+                    "key_columns": ["code"]}]}]
     return parse_config(data)
 
 
@@ -102,7 +123,7 @@ def built(debezium_connect: KafkaConnect, mariadb: MariaDBServer,
         consume_partition(cfg, kafka_conf, partition_key(topic, 0), ChangelogRunConfig(),
                           HandlerRegistry(), group=cfg.kafka["group.id"])
     builder = ReplicaBuilder(spark, cfg)
-    for name in ("items", "lines"):
+    for name in ("items", "lines", "orders", "events"):
         builder.apply(name)
     return cfg
 
@@ -112,15 +133,24 @@ def _check(cfg: PipelineConfig, replica: str):
 
 
 def test_an_exact_replica_checks_equal(built: PipelineConfig) -> None:
-    for replica, rows in (("items", 117), ("lines", 89)):
+    for replica, rows, chunks in (("items", 117, 5), ("lines", 89, 4), ("orders", 70, 2 + 2)):
         report = _check(built, replica)
         assert report.passed, (report.summary(), report.mismatches)
         assert report.source_rows == report.replica_rows == rows
-        assert report.chunks == rows // 25 + 1  # walked by the key, the last one open
+        assert report.chunks == chunks  # walked by the key, the last one open
         assert report.mismatches == [] and report.rechecked == 0
         assert report.skipped_columns == {} and report.single_chunk_tables == []
         # An idle source: known past the snapshot from the binlog between.
         assert "holds no change of the replica's tables" in report.progress, report.progress
+    report = _check(built, "orders")
+    assert report.tables == ["parity_1.orders", "parity_2.orders"]  # shard by shard
+
+
+def test_a_key_columns_replica_without_an_index_is_one_chunk(built: PipelineConfig) -> None:
+    report = _check(built, "events")
+    assert report.passed, (report.summary(), report.mismatches)
+    assert report.source_rows == report.replica_rows == 19
+    assert report.chunks == 1 and report.single_chunk_tables == ["parity.events"]
 
 
 def test_a_row_changed_between_the_two_reads_is_checked_again_not_reported(
@@ -173,6 +203,13 @@ def test_rows_edited_in_the_delta_table_are_found_and_named_by_key(
                                       "parity.items 64: missing in replica"]
     report = _check(built, "lines")
     assert [m.keys for m in report.mismatches] == [["(20, 3): differs"]]
+    # A shard's row: named with its shard, the other shard's equal id left alone.
+    DeltaTable(replica_uri(built, "orders")).delete("_source_db = 'parity_2' AND id = 12")
+    report = _check(built, "orders")
+    assert report.sample_keys(10) == ["parity_2.orders 12: missing in replica"]
+    DeltaTable(replica_uri(built, "events")).update(predicate="code = 'ev-05'",
+                                                    updates={"qty": "1"})
+    assert _check(built, "events").sample_keys(10) == ["parity.events ev-05: differs"]
 
 
 def test_the_parity_job_reports_an_error_check_naming_the_keys(
