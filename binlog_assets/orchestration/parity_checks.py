@@ -28,14 +28,11 @@ class ParityRunConfig(dg.Config):
 
 
 def checked_replicas(config: PipelineConfig) -> list[str]:
-    """Replicas with a parity check: their sources have a connection, and they keep a row
-    per key (an append-only replica is a log of changes, which the check does not
-    replay)."""
+    """Replicas with a parity check: those whose sources all have a connection."""
     out = []
     for name in replica_names(config):
         tables = [(s, t) for s in config.sources for t in s.tables if t.replica == name]
-        if all(s.connection is not None for s, _ in tables) and \
-                tables[0][1].replica_mode != "append":
+        if all(s.connection is not None for s, _ in tables):
             out.append(name)
     return out
 

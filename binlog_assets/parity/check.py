@@ -5,12 +5,14 @@ once it has applied past the snapshots, a differing chunk checked again, and a r
 A chunk that differs is taken again in a new snapshot, and the replica read again once
 past that snapshot: a row changed between the two reads would otherwise look like a
 difference. Only a chunk that differs twice is reported, with a sample of its keys
-(the source's keys and row CRCs of that chunk against the replica's).
+(the source's keys and row CRCs of that chunk against the replica's). A table without
+a key is one chunk, compared with its append-only replica's log replayed (`replay.py`).
 """
 
 from __future__ import annotations
 
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -93,9 +95,6 @@ def check_replica(config: PipelineConfig, replica: str, kafka_conf: dict, group:
     """Check one replica against each source table it reads."""
     began = time.monotonic()
     route = replica_route(config, replica)
-    if route.replica_mode == "append":
-        raise NotCheckable("an append-only replica is a log of changes, which this check "
-                           "does not replay")
     report = ParityReport(replica)
     for source in _sources_of(config, replica):
         if source.connection is None:
@@ -129,10 +128,6 @@ def _check_source(config: PipelineConfig, route: ReplicaRoute, source: SourceCon
     if not tables:
         raise NotCheckable(f"no source table of {source.name!r} matches the replica's "
                            f"table configs")
-    keyless = [t.name for t in tables if not t.key]
-    if keyless:
-        raise NotCheckable(f"{keyless} have no primary key and the replica sets no "
-                           f"key_columns: its rows are a log of changes, not checked")
     began = time.monotonic()
     taken: dict[str, list[ChunkChecksum]] = {}
     for table in tables:
@@ -154,6 +149,9 @@ def _check_source(config: PipelineConfig, route: ReplicaRoute, source: SourceCon
         return
     for table in tables:
         chunks = taken[table.name]
+        if _is_log(route, table):
+            _check_log(config, own, source, db, kafka_conf, group, table, chunks[0], report)
+            continue
         began = time.monotonic()
         rows = replica_rows(config, route.replica, table)
         uppers = [c.key_range.upper for c in chunks]
@@ -172,6 +170,54 @@ def _check_source(config: PipelineConfig, route: ReplicaRoute, source: SourceCon
                 report.mismatches.append(mismatch)
                 log(f"{route.replica}: {table.name} chunk {mismatch.key_range} differs: "
                     f"{mismatch.keys[:5]}")
+
+
+def _is_log(route: ReplicaRoute, table: SourceTable) -> bool:
+    """Whether the replica keeps the table as a log of changes (README: tables without a
+    primary key): `replica_mode: append`, or no key and no key_columns."""
+    return route.replica_mode == "append" or not table.key
+
+
+def _check_log(config: PipelineConfig, route: ReplicaRoute, source: SourceConfig,
+               db: pymysql.Connection, kafka_conf: dict, group: str, table: SourceTable,
+               chunk: ChunkChecksum, report: ParityReport) -> None:
+    """A keyless table, one chunk: its rows against the replica's log replayed as a
+    multiset; taken again when they differ, as a keyed chunk is."""
+    from binlog_assets.lakehouse.replica_driver import NotInDriver
+    from binlog_assets.parity.replay import replayed
+
+    def replay():  # noqa: ANN202
+        began = time.monotonic()
+        try:
+            out = replayed(config, route.replica, table)
+        except NotInDriver as exc:
+            raise NotCheckable(f"{table.name}: an update's before-image in the changelog "
+                               f"cannot be typed as the replica's: {exc}") from exc
+        report.replica_seconds += time.monotonic() - began
+        return out
+
+    log = replay()
+    report.chunks += 1
+    report.source_rows += chunk.rows
+    report.replica_rows += log.fingerprint().rows
+    if _equal(chunk, log.fingerprint()) and not log.unmatched:
+        return
+    report.rechecked += 1
+    again = chunk_again(db, table, chunk.key_range)
+    if not _wait(config, route, source, db, again.position, kafka_conf, group, report).past:
+        return
+    log = replay()
+    if _equal(again, log.fingerprint()) and not log.unmatched:
+        return
+    source_rows, _ = row_crcs(db, table, chunk.key_range)
+    ours = Counter(source_rows.values())
+    missing = sum((ours - log.rows).values())
+    extra = sum((log.rows - ours).values())
+    keys = [*(f"{missing} source row(s) missing from the replayed log",) * bool(missing),
+            *(f"{extra} replayed row(s) not in the source",) * bool(extra), *log.unmatched]
+    report.mismatches.append(Mismatch(table.name, "all rows (a log of changes, replayed)",
+                                      again.rows, log.fingerprint().rows,
+                                      keys[:config.parity.sample_keys]))
 
 
 def _wait(config: PipelineConfig, route: ReplicaRoute, source: SourceConfig,

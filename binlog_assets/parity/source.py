@@ -197,13 +197,16 @@ def row_crcs(db: pymysql.Connection, table: SourceTable, key_range: KeyRange
              ) -> tuple[dict[Key, int], BinlogPosition]:
     """Key -> row CRC of one chunk (a differing chunk's rows, to name the keys: CRCs and
     keys leave the server, never the rows), and the snapshot position."""
-    where, params = range_sql(table.key, key_range)
-    key = ", ".join(quote(c) for c in table.key)
+    where, params = range_sql(table.key, key_range) if table.ranged else ("TRUE", [])
+    # A keyless table's rows are keyed by their order here: only their CRCs count.
+    key = ", ".join(quote(c) for c in table.key) or "NULL"
     with Snapshot(db) as position, db.cursor() as cur:
         cur.execute(f"SELECT {row_crc_sql(table.columns)}, {key} FROM {table.sql_name} "
                     f"WHERE {where}", params)
-        out = {tuple(key_value(v) for v in r[1:]): int(r[0]) for r in cur.fetchall()}
-    return out, position
+        found = cur.fetchall()
+    if not table.key:
+        return {(i,): int(r[0]) for i, r in enumerate(found)}, position
+    return {tuple(key_value(v) for v in r[1:]): int(r[0]) for r in found}, position
 
 
 def _next_upper(db: pymysql.Connection, table: SourceTable, lower: Key | None,

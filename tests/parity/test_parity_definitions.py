@@ -30,8 +30,8 @@ def _config(**parity):
 
 def test_replicas_with_a_source_connection_get_a_parity_check_and_a_job() -> None:
     cfg = _config()
-    # `c`'s source has no connection; `log` is a log of changes, not rows per key.
-    assert checked_replicas(cfg) == ["a"]
+    # `c`'s source has no connection; `log` (a log of changes) is checked by replaying it.
+    assert checked_replicas(cfg) == ["a", "log"]
     job = parity_job(cfg)
     defs = dg.Definitions(assets=[build_replica_assets(cfg)],
                           asset_checks=build_parity_checks(cfg), jobs=[job],

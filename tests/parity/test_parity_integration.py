@@ -31,7 +31,7 @@ from binlog_assets.parity.lake import replica_uri
 pytestmark = pytest.mark.integration
 
 TOPICS = ("shop.parity.items", "shop.parity.lines", "shop.parity_1.orders",
-          "shop.parity_2.orders", "shop.parity.events")
+          "shop.parity_2.orders", "shop.parity.events", "shop.parity.logs")
 CHECK_USER, CHECK_PASSWORD = "binlake_check", "check-pw"
 SCHEMA = [
     "CREATE DATABASE IF NOT EXISTS parity",
@@ -51,6 +51,9 @@ SCHEMA = [
     # No primary key: keyed by `key_columns: [code]`, which no index starts with.
     """CREATE TABLE IF NOT EXISTS parity.events (
         code VARCHAR(20) NOT NULL, qty INT NOT NULL)""",
+    # No key at all: its replica is the log of its changes, replayed by the check.
+    """CREATE TABLE IF NOT EXISTS parity.logs (
+        level VARCHAR(10) NOT NULL, msg VARCHAR(50) NOT NULL, n INT, at DATETIME(6))""",
 ]
 
 
@@ -85,6 +88,17 @@ def _workload(conn) -> None:
             cur.execute("INSERT INTO parity.events VALUES (%s, %s)", (f"ev-{i:02d}", i))
         cur.execute("UPDATE parity.events SET qty = qty * 10 WHERE code = 'ev-05'")
         cur.execute("DELETE FROM parity.events WHERE code = 'ev-07'")
+        rows = [("info", "start", 1), ("info", "start", 1), ("warn", "slow", 2),
+                ("info", "tick", 3), ("error", "boom", None)]
+        for level, msg, n in rows:
+            cur.execute("INSERT INTO parity.logs VALUES (%s, %s, %s, %s)",
+                        (level, msg, n, t0 + timedelta(microseconds=7)))
+        cur.execute("TRUNCATE TABLE parity.logs")
+        for level, msg, n in rows:  # two equal rows: a multiset keeps both
+            cur.execute("INSERT INTO parity.logs VALUES (%s, %s, %s, %s)",
+                        (level, msg, n, t0 + timedelta(microseconds=7)))
+        cur.execute("UPDATE parity.logs SET n = 7, at = NULL WHERE level = 'info'")
+        cur.execute("DELETE FROM parity.logs WHERE level = 'info' LIMIT 1")
         # The check's account: read-only, as the README's grants say.
         cur.execute("CREATE USER IF NOT EXISTS %s@'%%' IDENTIFIED BY %s",
                     (CHECK_USER, CHECK_PASSWORD))
@@ -107,7 +121,8 @@ def _config(base: PipelineConfig, port: int) -> PipelineConfig:
                    {"source": "parity.lines", "replica": "lines"},
                    {"source": r"parity_\d+\.orders", "replica": "orders"},
                    {"source": "parity.events", "replica": "events",
-                    "key_columns": ["code"]}]}]
+                    "key_columns": ["code"]},
+                   {"source": "parity.logs", "replica": "logs"}]}]
     return parse_config(data)
 
 
@@ -123,7 +138,7 @@ def built(debezium_connect: KafkaConnect, mariadb: MariaDBServer,
         consume_partition(cfg, kafka_conf, partition_key(topic, 0), ChangelogRunConfig(),
                           HandlerRegistry(), group=cfg.kafka["group.id"])
     builder = ReplicaBuilder(spark, cfg)
-    for name in ("items", "lines", "orders", "events"):
+    for name in ("items", "lines", "orders", "events", "logs"):
         builder.apply(name)
     return cfg
 
@@ -151,6 +166,14 @@ def test_a_key_columns_replica_without_an_index_is_one_chunk(built: PipelineConf
     assert report.passed, (report.summary(), report.mismatches)
     assert report.source_rows == report.replica_rows == 19
     assert report.chunks == 1 and report.single_chunk_tables == ["parity.events"]
+
+
+def test_a_keyless_table_checks_equal_to_its_log_replayed(built: PipelineConfig) -> None:
+    report = _check(built, "logs")
+    assert report.passed, (report.summary(), report.mismatches)
+    # 5 inserted, truncated, 5 again, 3 updated, 1 deleted: 4 rows, 2 of them equal.
+    assert report.source_rows == report.replica_rows == 4
+    assert report.chunks == 1
 
 
 def test_a_row_changed_between_the_two_reads_is_checked_again_not_reported(
@@ -210,6 +233,11 @@ def test_rows_edited_in_the_delta_table_are_found_and_named_by_key(
     DeltaTable(replica_uri(built, "events")).update(predicate="code = 'ev-05'",
                                                     updates={"qty": "1"})
     assert _check(built, "events").sample_keys(10) == ["parity.events ev-05: differs"]
+    # The log loses its delete: the deleted row is back in the replay.
+    DeltaTable(replica_uri(built, "logs")).delete("_op = 'd'")
+    report = _check(built, "logs")
+    assert not report.passed and report.replica_rows == 5
+    assert report.sample_keys(10) == ["parity.logs 1 replayed row(s) not in the source"]
 
 
 def test_the_parity_job_reports_an_error_check_naming_the_keys(
