@@ -25,6 +25,7 @@ from binlog_assets.orchestration.replica_follower import (
     replica_follower_sensor,
 )
 from binlog_assets.orchestration.resources import BinlakeResource
+from binlog_assets.orchestration.resync_job import resync_replica_job
 from binlog_assets.orchestration.sensors import (
     binlake_automation_sensor,
     kafka_lag_sensor,
@@ -67,7 +68,8 @@ defs = dg.Definitions(
     asset_checks=[changelog_lag_check, checkpoint_agreement_check,
                   *build_parity_checks(PIPELINE_CONFIG)],
     jobs=[consume_changelog_job, build_replicas_job, follow_replicas_job,
-          lakehouse_maintenance_job, *([PARITY_JOB] if PARITY_JOB else [])],
+          lakehouse_maintenance_job, resync_replica_job,
+          *([PARITY_JOB] if PARITY_JOB else [])],
     schedules=[lakehouse_maintenance_schedule, *([PARITY_SCHEDULE] if PARITY_SCHEDULE else [])],
     sensors=[kafka_partition_discovery_sensor, kafka_lag_sensor, binlake_automation_sensor,
              replica_follower_sensor],

@@ -96,7 +96,7 @@ def check_replica(config: PipelineConfig, replica: str, kafka_conf: dict, group:
     began = time.monotonic()
     route = replica_route(config, replica)
     report = ParityReport(replica)
-    for source in _sources_of(config, replica):
+    for source in sources_of(config, replica):
         if source.connection is None:
             raise NotCheckable(f"source {source.name!r} has no `connection`")
         db = connect(source.connection)
@@ -108,11 +108,11 @@ def check_replica(config: PipelineConfig, replica: str, kafka_conf: dict, group:
     return report
 
 
-def _sources_of(config: PipelineConfig, replica: str) -> list[SourceConfig]:
+def sources_of(config: PipelineConfig, replica: str) -> list[SourceConfig]:
     return [s for s in config.sources if any(t.replica == replica for t in s.tables)]
 
 
-def _own_route(route: ReplicaRoute, source: SourceConfig) -> ReplicaRoute:
+def own_route(route: ReplicaRoute, source: SourceConfig) -> ReplicaRoute:
     """The route restricted to the table configs of one source (each has its server)."""
     from binlog_assets.lakehouse.routing import _route
 
@@ -123,7 +123,7 @@ def _check_source(config: PipelineConfig, route: ReplicaRoute, source: SourceCon
                   db: pymysql.Connection, kafka_conf: dict, group: str,
                   report: ParityReport, log: Callable[[str], None]) -> None:
     settings = config.parity
-    own = _own_route(route, source)
+    own = own_route(route, source)
     tables = source_tables(db, own)
     if not tables:
         raise NotCheckable(f"no source table of {source.name!r} matches the replica's "
