@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 
 from binlog_assets.lakehouse.routing import ReplicaRoute, replica_route
 from binlog_assets.parity.canonical import Fingerprint
-from binlog_assets.parity.lake import replica_rows
+from binlog_assets.parity.lake import replica_rows, row_positions
 from binlog_assets.parity.progress import Progress, progress, wait_past
 from binlog_assets.parity.source import (
     ChunkChecksum,
@@ -224,7 +224,7 @@ def _wait(config: PipelineConfig, route: ReplicaRoute, source: SourceConfig,
           db: pymysql.Connection, position, kafka_conf: dict, group: str,  # noqa: ANN001
           report: ParityReport) -> Progress:
     began = time.monotonic()
-    seen = wait_past(lambda: progress(config, route, source, db, position, kafka_conf, group),
+    seen = wait_past(progress(config, route, source, db, position, kafka_conf, group),
                      config.parity.wait_seconds)
     report.wait_seconds += time.monotonic() - began
     report.progress = seen.reason
@@ -242,26 +242,37 @@ def _recheck(config: PipelineConfig, route: ReplicaRoute, source: SourceConfig,
              ) -> Mismatch | None:
     """The chunk taken again: None when it now agrees, else what differs (keys named)."""
     key_range = chunks[index].key_range
-    again = chunk_again(db, table, key_range)
-    if not _wait(config, route, source, db, again.position, kafka_conf, group, report).past:
+    # The row CRCs and their fingerprint from one snapshot: an aggregate and row CRCs
+    # taken apart would see different rows under a running workload.
+    source_crcs, position = row_crcs(db, table, key_range)
+    again = Fingerprint.of(list(source_crcs.values()))
+    if not _wait(config, route, source, db, position, kafka_conf, group, report).past:
         return None
     uppers = [c.key_range.upper for c in chunks]
     rows = replica_rows(config, route.replica, table)
     replica = rows.fingerprints(uppers)[index]
-    if _equal(again, replica):
+    if again == replica:
         return None
-    source_crcs, _ = row_crcs(db, table, key_range)
+    # A row the stream changed after the snapshot may differ from it: not a mismatch
+    # (and a damaged row a later change rewrote is repaired by it).
+    at = (1, position.file, position.pos)
+    later = {k for k, p in row_positions(config, route.replica, table).items() if p >= at}
     keys = differing_keys(source_crcs, rows.in_chunk(uppers, index),
-                          config.parity.sample_keys)
+                          config.parity.sample_keys, later)
+    if not keys:
+        return None
     return Mismatch(table.name, key_range.label(), again.rows, replica.rows, keys)
 
 
-def differing_keys(source: dict[Key, int], replica: dict[Key, list[int]], limit: int
-                   ) -> list[str]:
+def differing_keys(source: dict[Key, int], replica: dict[Key, list[int]], limit: int,
+                   later: set[Key] | frozenset[Key] = frozenset()) -> list[str]:
     """A sample of the keys whose rows differ: missing in the replica, extra in it, or
-    with other values (a key the replica holds twice counts as differing)."""
+    with other values (a key the replica holds twice counts as differing); keys in
+    `later` (changed after the snapshot) are left out."""
     out = []
     for key in sorted(source.keys() | replica.keys(), key=_sortable):
+        if key in later:
+            continue
         theirs = replica.get(key)
         if key not in source:
             out.append(f"{_key_text(key)}: extra in replica")

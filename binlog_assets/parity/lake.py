@@ -93,6 +93,32 @@ def replica_rows(config: PipelineConfig, replica: str, table: SourceTable) -> Re
     return _summed(rows, table, names)
 
 
+def row_positions(config: PipelineConfig, replica: str, table: SourceTable
+                  ) -> dict[Key, tuple[int, int, int]]:
+    """Key -> (phase, binlog file, position) of the replica's row of each key of `table`,
+    tombstones included: which rows a change after a snapshot has touched."""
+    from deltalake import DeltaTable, QueryBuilder
+
+    delta = DeltaTable(replica_uri(config, replica))
+    present = {f.name.lower(): f.name for f in delta.schema().fields}
+    names = [present.get(k.lower()) for k in table.key]
+    if None in names:
+        return {}
+    import pyarrow as pa
+
+    rows = pa.table(QueryBuilder().register("replica", delta).execute(
+        f"SELECT {', '.join(_ident(n) for n in names)}, _position FROM replica "
+        f"WHERE _source_db = {_literal(table.database)} "
+        f"AND _source_table = {_literal(table.table)}").read_all())
+    keys = zip(*(rows.column(n).to_pylist() for n in names), strict=True)
+    out: dict[Key, tuple[int, int, int]] = {}
+    for key, p in zip(keys, rows.column("_position").to_pylist(), strict=True):
+        at = (p["phase"], p["file"], p["pos"])
+        k = tuple(key_value(v) for v in key)
+        out[k] = max(out.get(k, at), at)
+    return out
+
+
 def _summed(rows: pa.Table, table: SourceTable, names: dict[str, str | None]) -> ReplicaRows:
     import pyarrow as pa
 
@@ -143,9 +169,12 @@ def reached_position(config: PipelineConfig, source: SourceConfig, up_to: int
     tag names the topic; no row is read). None: no such change in the recent commits."""
     from deltalake import DeltaTable
 
-    log = DeltaTable(delta_rs_uri(changelog_uri(config)), version=up_to)
+    # The latest log: one loaded at a version numbers its history wrongly (delta-rs).
+    log = DeltaTable(delta_rs_uri(changelog_uri(config)))
     best = None
     for commit in log.history(HISTORY_COMMITS):
+        if commit.get("version", 0) > up_to:
+            continue  # the log's history reaches past the version it was loaded at
         doc = commit_doc(commit.get("userMetadata"))
         tag = doc.get("tag") or ""
         topic = _tag_topic(tag)
@@ -166,17 +195,26 @@ def _tag_topic(tag: str) -> str | None:
     return "/".join(parts[1:-1]) if len(parts) >= 3 else None
 
 
-def partitions_behind(config: PipelineConfig, kafka_conf: dict, group: str,
-                      source: SourceConfig) -> dict[str, int]:
-    """`topic:partition` -> records in Kafka that the changelog does not hold yet, for
-    the source's partitions that lag (the high watermark as of now)."""
+def high_watermarks(kafka_conf: dict, group: str, source: SourceConfig
+                    ) -> dict[tuple[str, int], int]:
+    """(topic, partition) -> the high watermark now, for the source's partitions."""
     from binlog_assets.consume.lag import measure_lag
+
+    return {(pl.topic, pl.partition): max(pl.high, pl.low)
+            for pl in measure_lag(kafka_conf, group, list(source.topics))}
+
+
+def partitions_behind(config: PipelineConfig, group: str,
+                      targets: dict[tuple[str, int], int]) -> dict[str, int]:
+    """`topic:partition` -> records below its target that the changelog does not hold
+    yet (a target is a high watermark read earlier: a fixed goal, which a busy partition
+    reaches while its high watermark moves on)."""
     from binlog_assets.lakehouse.changelog import ChangelogWriter
 
     writer = ChangelogWriter(config)
     behind = {}
-    for pl in measure_lag(kafka_conf, group, list(source.topics)):
-        done = writer.checkpoint(group, pl.topic, pl.partition)
-        if pl.high > max(done or 0, pl.low):
-            behind[f"{pl.topic}:{pl.partition}"] = pl.high - max(done or 0, pl.low)
+    for (topic, partition), high in targets.items():
+        done = writer.checkpoint(group, topic, partition) or 0
+        if high > done:
+            behind[f"{topic}:{partition}"] = high - done
     return behind

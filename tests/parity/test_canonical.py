@@ -139,6 +139,9 @@ def test_differing_keys_name_missing_extra_and_changed_rows() -> None:
         "2: differs", "3: missing in replica", "4: extra in replica"]
     assert differing_keys(source, replica, 1) == ["2: differs"]
     assert differing_keys({(1,): 5}, {(1,): [5, 5]}, 10) == ["1: differs"]
+    # Rows a change after the snapshot touched may differ from it.
+    assert differing_keys(source, replica, 10, later={(2,), (4,)}) == [
+        "3: missing in replica"]
 
 
 def test_arrow_kernels_write_the_same_texts_as_the_row_formatters() -> None:
