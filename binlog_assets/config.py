@@ -140,6 +140,48 @@ class TableConfig(_Model):
 
 
 
+TlsMode = Literal["disabled", "required", "verify_ca", "verify_identity"]
+
+
+class TlsConfig(_Model):
+    """TLS to the source database; `required` encrypts without checking the server,
+    `verify_ca` checks its certificate against `ca`, `verify_identity` its name too."""
+
+    mode: TlsMode = "required"
+    ca: str | None = Field(None, description="CA certificate file (PEM)")
+    cert: str | None = Field(None, description="client certificate file (PEM)")
+    key: str | None = Field(None, description="client key file (PEM)")
+
+    @field_validator("ca", "cert", "key")
+    @classmethod
+    def _file_exists(cls, v: str | None) -> str | None:
+        # Checked here, so a bad path fails the code location, not the first check run.
+        if v is not None and not Path(v).is_file():
+            raise ValueError(f"no such file {v!r}")
+        return v
+
+    @model_validator(mode="after")
+    def _verification_has_a_ca(self) -> TlsConfig:
+        if self.mode in ("verify_ca", "verify_identity") and self.ca is None:
+            raise ValueError(f"mode {self.mode!r} checks the server's certificate: give `ca`")
+        if (self.cert is None) != (self.key is None):
+            raise ValueError("a client certificate needs both `cert` and `key`")
+        return self
+
+
+class SourceConnection(_Model):
+    """A read-only connection to a source database, for the parity check (README:
+    Parity check). Give the password as `${ENV}` so it stays out of the file."""
+
+    host: str = Field(min_length=1, pattern=r"^\S+$")
+    port: int = Field(3306, ge=1, le=65535)
+    user: str = Field(min_length=1)
+    # repr=False: a config printed in a log or an error never shows it.
+    password: str = Field("", repr=False)
+    tls: TlsConfig | None = Field(None, description="unset: no TLS")
+    connect_timeout_seconds: float = Field(10.0, gt=0, le=600)
+
+
 class SourceConfig(_Model):
     """A set of Kafka topics in one change-event format."""
 
@@ -179,6 +221,9 @@ class SourceConfig(_Model):
                           f"`{defaults.dead_letter_topic('<name>')}`")
     tables: tuple[TableConfig, ...] = Field(
         (), description="the source tables this source replicates, and their replicas")
+    connection: SourceConnection | None = Field(
+        None, description="the source database, read-only, for the parity check; unset: "
+                          "the source's replicas are not checked")
     # After `tables`: its check reads them.
     handlers: str | None = Field(
         None, description="`package.module:attribute` naming the HandlerRegistry whose "
@@ -407,6 +452,30 @@ class DagsterConfig(_Model):
         return owners
 
 
+class ParityConfig(_Model):
+    """How the parity check reads a source (README: Parity check): its load on the source
+    is one aggregate query per chunk of `chunk_rows` keys, each in a short transaction."""
+
+    chunk_rows: int = Field(10_000, ge=10, le=10_000_000)
+    pause_seconds: float = Field(0.0, ge=0, le=60,
+                                 description="a pause between two chunks' queries")
+    wait_seconds: float = Field(
+        300.0, gt=0, le=86_400,
+        description="how long the check waits for the replica to apply past the source's "
+                    "snapshot position before it fails saying so")
+    sample_keys: int = Field(20, ge=1, le=10_000, description="differing keys reported")
+    schedule: str | None = Field(
+        None, description="a cron schedule for `parity_check_job` over every checked "
+                          "replica (unset: launched by hand only)")
+
+    @field_validator("schedule")
+    @classmethod
+    def _cron_parses(cls, v: str | None) -> str | None:
+        if v is not None and len(v.split()) != 5:
+            raise ValueError(f"{v!r} is not a five-field cron expression")
+        return v
+
+
 class PipelineConfig(_Model):
     """The whole pipeline: Kafka client settings, the lakehouse, Spark and the sources."""
 
@@ -427,6 +496,8 @@ class PipelineConfig(_Model):
                     "`binlake.unknown.schema.id` (`stop`, the default, or `dead-letter`)")
     sources: tuple[SourceConfig, ...] = Field(
         (), description="the change streams: Kafka topics in one format, and their tables")
+    parity: ParityConfig = Field(
+        ParityConfig(), description="how the parity check reads its sources and when it runs")
 
     @field_validator("kafka")
     @classmethod

@@ -18,11 +18,17 @@ from binlog_assets.orchestration.maintenance import (
     lakehouse_maintenance_job,
     lakehouse_maintenance_schedule,
 )
+from binlog_assets.orchestration.parity_checks import (
+    build_parity_checks,
+    parity_job,
+    parity_schedule,
+)
 from binlog_assets.orchestration.replica_assets import build_replica_assets
 from binlog_assets.orchestration.replica_follower import (
     follow_replicas_job,
     replica_follower_sensor,
 )
+from binlog_assets.orchestration.resync_job import resync_replica_job
 from binlog_assets.orchestration.sensors import (
     binlake_automation_sensor,
     kafka_lag_sensor,
@@ -55,13 +61,19 @@ with warnings.catch_warnings():
                   *kafka_source_specs(PIPELINE_CONFIG), changelog_batched,
                   build_replica_assets(PIPELINE_CONFIG)])]
 
+# Replicas whose source has a `connection` get a parity check, a job and maybe a schedule.
+PARITY_JOB = parity_job(PIPELINE_CONFIG)
+PARITY_SCHEDULE = parity_schedule(PIPELINE_CONFIG, PARITY_JOB)
+
 defs = location_definitions(
     PIPELINE_CONFIG,
     assets=ASSETS,
-    asset_checks=[changelog_lag_check, checkpoint_agreement_check],
+    asset_checks=[changelog_lag_check, checkpoint_agreement_check,
+                  *build_parity_checks(PIPELINE_CONFIG)],
     jobs=[consume_changelog_job, follow_changelog_job, build_replicas_job,
-          follow_replicas_job, lakehouse_maintenance_job],
-    schedules=[lakehouse_maintenance_schedule],
+          follow_replicas_job, lakehouse_maintenance_job, resync_replica_job,
+          *([PARITY_JOB] if PARITY_JOB else [])],
+    schedules=[lakehouse_maintenance_schedule, *([PARITY_SCHEDULE] if PARITY_SCHEDULE else [])],
     sensors=[kafka_partition_discovery_sensor, kafka_lag_sensor, changelog_follower_sensor,
              binlake_automation_sensor, replica_follower_sensor],
 )

@@ -286,3 +286,60 @@ def test_the_readme_shows_each_settings_default() -> None:
                 assert not default and shown in ("{}", "[]"), prefix + name
             checked += 1
     assert checked >= 30  # the table covers every scalar setting
+
+
+def _with_connection(connection: dict) -> dict:
+    return {"sources": [{"name": "s", "topics": ["t"], "connection": connection}]}
+
+
+@pytest.mark.parametrize(("connection", "field"), [
+    ({"port": 3306, "user": "u"}, "sources[0].connection.host"),
+    ({"host": "", "user": "u"}, "sources[0].connection.host"),
+    ({"host": "db one", "user": "u"}, "sources[0].connection.host"),
+    ({"host": "db", "user": "u", "port": 0}, "sources[0].connection.port"),
+    ({"host": "db", "user": "u", "port": 70000}, "sources[0].connection.port"),
+    ({"host": "db"}, "sources[0].connection.user"),
+    ({"host": "db", "user": "u", "hostname": "x"}, "sources[0].connection.hostname"),
+    ({"host": "db", "user": "u", "tls": {"mode": "on"}}, "sources[0].connection.tls.mode"),
+    ({"host": "db", "user": "u", "tls": {"ca": "/no/such/ca.pem"}},
+     "sources[0].connection.tls.ca"),
+    ({"host": "db", "user": "u", "tls": {"mode": "verify_ca"}}, "sources[0].connection.tls"),
+])
+def test_a_bad_source_connection_fails_at_load_naming_the_field(connection: dict,
+                                                                field: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        parse_config(_with_connection(connection))
+    assert f"{field}:" in str(err.value)
+
+
+def test_a_source_connection_reads_its_password_from_the_environment(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("BINLAKE_TEST_DB_PW", "db-S3cret")
+    ca = tmp_path / "ca.pem"
+    ca.write_text("-----BEGIN CERTIFICATE-----\n")
+    cfg = parse_config(_with_connection({
+        "host": "db.example.com", "user": "binlake_check", "password": "${BINLAKE_TEST_DB_PW}",
+        "tls": {"mode": "verify_identity", "ca": str(ca)}}))
+    conn = cfg.sources[0].connection
+    assert conn.password == "db-S3cret" and conn.port == 3306
+    assert conn.tls.mode == "verify_identity"
+    assert "db-S3cret" not in repr(cfg)  # a logged config never shows it
+    assert parse_config({"sources": [{"name": "s", "topics": ["t"]}]}).sources[0].connection \
+        is None
+    monkeypatch.delenv("BINLAKE_TEST_DB_PW")
+    with pytest.raises(ConfigError, match=r"sources\[0\]\.connection\.password: environment "
+                                          r"variable BINLAKE_TEST_DB_PW is not set"):
+        parse_config(_with_connection({"host": "db", "user": "u",
+                                       "password": "${BINLAKE_TEST_DB_PW}"}))
+
+
+@pytest.mark.parametrize(("parity", "field"), [
+    ({"chunk_rows": 0}, "parity.chunk_rows"),
+    ({"pause_seconds": -1}, "parity.pause_seconds"),
+    ({"schedule": "every night"}, "parity.schedule"),
+    ({"chunks": 10}, "parity.chunks"),
+])
+def test_bad_parity_settings_fail_at_load_naming_the_field(parity: dict, field: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        parse_config({"parity": parity})
+    assert f"{field}:" in str(err.value)

@@ -1,0 +1,147 @@
+"""Has a replica applied past a source binlog position P? Known for an idle table too.
+
+A replica records the changelog version it applied, not a binlog position, and an idle
+table's topic carries nothing after P. So the answer is put together from what each
+part records:
+
+1. the changelog holds everything Kafka held of the source when the wait began: every
+   partition of the source's topics has its changelog checkpoint at the high watermark
+   read then (a fixed goal: a busy partition's moves on);
+2. the replica applied every changelog commit up to the version that held them that
+   touches its tables (the commits' surveys name their tables; a commit without a
+   survey counts as touching);
+3. everything the source wrote before P is in the changelog: either the changelog's
+   commits of the source's topics reached a position at or past P (Debezium publishes
+   in binlog order), or the binlog between the last position they reached and P holds
+   no row event of the replica's tables (`SHOW BINLOG EVENTS`): the table was idle.
+
+Under a running workload 3 holds by its first half within a consumer run or two; on an
+idle source, by its second.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from binlog_assets.lakehouse.changelog import changelog_uri, commit_doc
+from binlog_assets.lakehouse.delta_log import delta_rs_uri
+from binlog_assets.parity.lake import (
+    applied_version,
+    changelog_version,
+    high_watermarks,
+    partitions_behind,
+    reached_position,
+)
+from binlog_assets.parity.source import BinlogPosition, binlog_tables_between
+
+if TYPE_CHECKING:
+    import pymysql
+
+    from binlog_assets.config import PipelineConfig, SourceConfig
+    from binlog_assets.lakehouse.replica.routes import ReplicaRoute
+
+
+@dataclass(frozen=True)
+class Progress:
+    """Whether the replica is past P, and what says so (or what it waits for)."""
+
+    past: bool
+    reason: str
+
+
+@dataclass
+class PastWaiter:
+    """Looks whether the replica is past P, against fixed targets: the high watermarks
+    read at the first look and the changelog version at which the changelog held them.
+    Read anew at every look, a busy partition's high watermark would always be ahead,
+    and the wait would never end under a running workload."""
+
+    config: PipelineConfig
+    route: ReplicaRoute
+    source: SourceConfig
+    db: pymysql.Connection
+    position: BinlogPosition
+    kafka_conf: dict
+    group: str
+    _targets: dict | None = None
+    _version: int | None = None
+
+    def look(self) -> Progress:
+        if self._targets is None:
+            self._targets = high_watermarks(self.kafka_conf, self.group, self.source)
+        behind = partitions_behind(self.config, self.group, self._targets)
+        if behind:
+            return Progress(False, f"the changelog lags Kafka: {behind}")
+        if self._version is None:
+            self._version = changelog_version(self.config)
+        if self._version is None:
+            return Progress(False, "no changelog yet")
+        applied = applied_version(self.config, self.route.replica)
+        pending = unapplied_commits(self.config, self.route, applied, self._version)
+        if pending:
+            return Progress(False, f"the replica has not applied changelog versions "
+                                   f"{pending[:10]}")
+        reached = reached_position(self.config, self.source, self._version)
+        target = (self.position.file, self.position.pos)
+        if reached is not None and reached >= target:
+            return Progress(True, f"the changelog reached binlog {_label(reached)}, past "
+                                  f"the snapshot's {_label(target)}")
+        between = binlog_tables_between(self.db, reached, self.position)
+        ours = None if between is None else sorted(t for t in between
+                                                   if self.route.matches(t))
+        if between is None or ours:
+            # Debezium had not published them when the targets were read: read anew.
+            self._targets = self._version = None
+            return Progress(False, f"changes of {ours} between binlog {_label(reached)} and "
+                                   f"{_label(target)} are not in the changelog yet"
+                            if ours else f"the binlog from {_label(reached)} to "
+                                         f"{_label(target)} cannot be read or is too long")
+        return Progress(True, f"the changelog reached binlog {_label(reached)} and the "
+                              f"binlog up to the snapshot's {_label(target)} holds no "
+                              f"change of the replica's tables")
+
+
+def progress(config: PipelineConfig, route: ReplicaRoute, source: SourceConfig,
+             db: pymysql.Connection, position: BinlogPosition, kafka_conf: dict,
+             group: str) -> Callable[[], Progress]:
+    """A look at the three conditions above, for `wait_past`."""
+    return PastWaiter(config, route, source, db, position, kafka_conf, group).look
+
+
+def wait_past(look: Callable[[], Progress], timeout: float, poll: float = 0.5) -> Progress:
+    """`look` again every `poll` seconds until it says past, or `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        seen = look()
+        if seen.past or time.monotonic() >= deadline:
+            return seen
+        time.sleep(poll)
+
+
+def unapplied_commits(config: PipelineConfig, route: ReplicaRoute, applied: int | None,
+                      version: int) -> list[int]:
+    """Changelog versions after `applied` up to `version` touching the replica's tables."""
+    from deltalake import DeltaTable
+
+    first = 0 if applied is None else applied + 1
+    if first > version:
+        return []
+    # The latest log: one loaded at a version numbers its history wrongly (delta-rs).
+    log = DeltaTable(delta_rs_uri(changelog_uri(config)))
+    pending = []
+    for commit in log.history(log.version() - first + 1):
+        if not first <= commit["version"] <= version or \
+                commit.get("operation") == "CREATE TABLE":
+            continue
+        doc = commit_doc(commit.get("userMetadata"))
+        survey = doc.get("survey")
+        if survey is None or any(route.matches(entry[0]) for entry in survey):
+            pending.append(commit["version"])
+    return sorted(pending)
+
+
+def _label(position: tuple[int, int] | None) -> str:
+    return "start" if position is None else f"{position[0]:06d}:{position[1]}"
