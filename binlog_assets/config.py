@@ -147,7 +147,8 @@ class TlsConfig(_Model):
     """TLS to the source database; `required` encrypts without checking the server,
     `verify_ca` checks its certificate against `ca`, `verify_identity` its name too."""
 
-    mode: TlsMode = "required"
+    mode: TlsMode = Field("required", description="`required`, `verify_ca` or "
+                                                   "`verify_identity`")
     ca: str | None = Field(None, description="CA certificate file (PEM)")
     cert: str | None = Field(None, description="client certificate file (PEM)")
     key: str | None = Field(None, description="client key file (PEM)")
@@ -173,13 +174,14 @@ class SourceConnection(_Model):
     """A read-only connection to a source database, for the parity check (README:
     Parity check). Give the password as `${ENV}` so it stays out of the file."""
 
-    host: str = Field(min_length=1, pattern=r"^\S+$")
-    port: int = Field(3306, ge=1, le=65535)
-    user: str = Field(min_length=1)
+    host: str = Field(min_length=1, pattern=r"^\S+$", description="the database's host")
+    port: int = Field(3306, ge=1, le=65535, description="the database's port")
+    user: str = Field(min_length=1, description="a read-only account (README: the grants)")
     # repr=False: a config printed in a log or an error never shows it.
-    password: str = Field("", repr=False)
+    password: str = Field("", repr=False, description="its password, as `${ENV}`")
     tls: TlsConfig | None = Field(None, description="unset: no TLS")
-    connect_timeout_seconds: float = Field(10.0, gt=0, le=600)
+    connect_timeout_seconds: float = Field(10.0, gt=0, le=600,
+                                           description="a connection attempt fails after this")
 
 
 class SourceConfig(_Model):
@@ -456,7 +458,8 @@ class ParityConfig(_Model):
     """How the parity check reads a source (README: Parity check): its load on the source
     is one aggregate query per chunk of `chunk_rows` keys, each in a short transaction."""
 
-    chunk_rows: int = Field(10_000, ge=10, le=10_000_000)
+    chunk_rows: int = Field(10_000, ge=10, le=10_000_000,
+                            description="keys per chunk: one aggregate query on the source")
     pause_seconds: float = Field(0.0, ge=0, le=60,
                                  description="a pause between two chunks' queries")
     wait_seconds: float = Field(
