@@ -190,12 +190,23 @@ def _identities(rows: pa.Table) -> pa.Table:
         "row_index": pc.if_else(bare, rows["row_index"], pa.scalar(-1, pa.int32()))})
 
 
+def _commits(log, first: int, last: int) -> dict[int, dict]:  # noqa: ANN001
+    """The commits `first`..`last` by version. Read from the table's latest log: delta-rs
+    numbers the history of a table loaded at an older version as if its newest commits
+    were that version's."""
+    from deltalake import DeltaTable
+
+    latest = DeltaTable(log.table_uri)
+    return {h["version"]: h for h in latest.history(latest.version() - first + 1)
+            if first <= h.get("version", -1) <= last}
+
+
 def _appends_only(log, first: int, last: int) -> bool:  # noqa: ANN001 - a DeltaTable
     """Whether versions `first`..`last` are all plain appends (their rows are all the
     change feed brings)."""
     if last < first:
         return True
-    found = {h.get("version"): h for h in log.history(last - first + 1)}
+    found = _commits(log, first, last)
     for version in range(first, last + 1):
         entry = found.get(version)
         if entry is None:
@@ -210,8 +221,7 @@ def _tables(log, route: ReplicaRoute, first: int, last: int) -> list[str]:  # no
     """The source tables of versions `first`..`last` routed to `route`: from the
     commits' surveys, or from the rows' distinct tables when one carries none."""
     names: set[str] = set()
-    history = log.history(last - first + 1) if last - first < 2000 else []
-    found = {h.get("version"): h for h in history}
+    found = _commits(log, first, last) if last - first < 2000 else {}
     surveyed = len(found.keys() & set(range(first, last + 1))) == last - first + 1
     for version in range(first, last + 1) if surveyed else ():
         entry = found[version]
