@@ -162,6 +162,25 @@ def measure(conn, watcher: Watcher, ident: int, sql: str, args: tuple, op: str,
                        f"(changelog: {to_changelog})")
 
 
+def stop_stack(daemon: subprocess.Popen | None, connect: KafkaConnect | None,
+               spark: SparkConnectServer | None, mariadb: MariaDBServer,
+               broker: KafkaBroker) -> None:
+    """The daemon with the runs it launched (its own session), then the stack."""
+    if daemon is not None:
+        with_children = os.getpgid(daemon.pid)
+        os.killpg(with_children, signal.SIGTERM)
+        try:
+            daemon.wait(30)
+        except subprocess.TimeoutExpired:
+            os.killpg(with_children, signal.SIGKILL)
+    if connect is not None:
+        connect.stop()
+    if spark is not None:
+        spark.stop()
+    mariadb.stop()
+    broker.stop()
+
+
 def percentile(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
@@ -269,19 +288,7 @@ def main() -> int:
                       f"replica {r:5.1f}s; load {os.getloadavg()[0]:.2f}; "
                       + ", ".join(f"{k} {v}" for k, v in st.items()), flush=True)
     finally:
-        if daemon is not None:
-            with_children = os.getpgid(daemon.pid)
-            os.killpg(with_children, signal.SIGTERM)
-            try:
-                daemon.wait(30)
-            except subprocess.TimeoutExpired:
-                os.killpg(with_children, signal.SIGKILL)
-        if connect is not None:
-            connect.stop()
-        if spark is not None:
-            spark.stop()
-        mariadb.stop()
-        broker.stop()
+        stop_stack(daemon, connect, spark, mariadb, broker)
         print(f"(daemon log and lakehouse in {work})")
     p50, p95 = statistics.median(to_replica), percentile(to_replica, 0.95)
     met = p50 <= TARGET_P50 and p95 <= TARGET_P95

@@ -35,7 +35,7 @@ from pathlib import Path
 
 import dagster as dg
 import yaml
-from bench_freshness import percentile, wait_for_topic
+from bench_freshness import percentile, stop_stack, wait_for_topic
 from deltalake import DeltaTable
 
 from binlog_assets.config import parse_config
@@ -237,19 +237,7 @@ def main() -> int:
     finally:
         if writer is not None:
             writer.stop.set()
-        if daemon is not None:
-            with_children = os.getpgid(daemon.pid)
-            os.killpg(with_children, signal.SIGTERM)
-            try:
-                daemon.wait(30)
-            except subprocess.TimeoutExpired:
-                os.killpg(with_children, signal.SIGKILL)
-        if connect is not None:
-            connect.stop()
-        if spark is not None:
-            spark.stop()
-        mariadb.stop()
-        broker.stop()
+        stop_stack(daemon, connect, spark, mariadb, broker)
         print(f"(daemon log and lakehouse in {work})")
     p50, p95 = statistics.median(seconds), percentile(seconds, 0.95)
     met = p50 <= TARGET_P50 and p95 <= TARGET_P95
