@@ -28,7 +28,7 @@ from binlog_assets.parity.chunks import (
 if TYPE_CHECKING:
     import pymysql
 
-    from binlog_assets.config import SourceConnection
+    from binlog_assets.parity.settings import SourceConnection
     from binlog_assets.lakehouse.replica.routes import ReplicaRoute
 
 _BINLOG_INDEX = re.compile(r"\.(\d+)$")
