@@ -22,6 +22,7 @@ config says nothing, a `warning` naming the settings that choose a rule.
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import TYPE_CHECKING
 
 import dagster as dg
 from pydantic import Field
@@ -42,8 +43,11 @@ from binlog_assets.orchestration.replica_reports import (
     source_delay_check,
 )
 from binlog_assets.orchestration.resources import BinlakeResource
-from binlog_assets.orchestration.shared import FOLLOW_UPSTREAM, SPARK_POOL
+from binlog_assets.orchestration.shared import ASSET_GROUP, FOLLOW_UPSTREAM, SPARK_POOL
 from binlog_assets.orchestration.table_metadata import replica_definition_metadata
+
+if TYPE_CHECKING:
+    from concurrent.futures import ThreadPoolExecutor
 
 
 class ReplicaRunConfig(dg.Config):
@@ -58,7 +62,7 @@ def build_replica_assets(config: PipelineConfig) -> dg.AssetsDefinition:
         dg.AssetSpec(
             replica_key(name),
             deps=[CHANGELOG_ASSET_KEY],
-            group_name="binlake",
+            group_name=ASSET_GROUP,
             kinds={"spark", "delta"},
             description=(f"Replica `{config.lakehouse.database}.{name}` of source table(s) "
                          f"{', '.join(sources[name])}: equal to the source as of the last "
@@ -82,8 +86,8 @@ def build_replica_assets(config: PipelineConfig) -> dg.AssetsDefinition:
 
     @dg.multi_asset(specs=specs, check_specs=checks, can_subset=True, pool=SPARK_POOL,
                     name="replicas")
-    def replicas(context: dg.AssetExecutionContext, config: ReplicaRunConfig,
-                 binlake: BinlakeResource):
+    def replicas(context: dg.AssetExecutionContext, config: ReplicaRunConfig,  # noqa: ANN202
+                 binlake: BinlakeResource):  # Dagster would take a return annotation for outputs
         from concurrent.futures import ThreadPoolExecutor
 
         from binlog_assets.lakehouse.replica.builder import APPEND_ONLY, ReplicaBuilder
@@ -93,7 +97,7 @@ def build_replica_assets(config: PipelineConfig) -> dg.AssetsDefinition:
         checked = context.selected_asset_check_keys
         builder_of: dict[dg.AssetKey, ReplicaBuilder] = {}
 
-        def build(key: dg.AssetKey):
+        def build(key: dg.AssetKey) -> tuple:
             # A builder (a Spark session) per replica: their applies overlap, one's Spark
             # jobs running while another's driver plans, commits or talks to the catalog.
             began = time.monotonic()
@@ -144,7 +148,7 @@ def build_replica_assets(config: PipelineConfig) -> dg.AssetsDefinition:
 
 
 @contextmanager
-def _cancelled_on_interrupt(pool, builders: dict) -> Iterator[None]:  # noqa: ANN001
+def _cancelled_on_interrupt(pool: "ThreadPoolExecutor", builders: dict) -> Iterator[None]:
     """On an interrupt (Dagster terminating the run), no replica starts after it and the
     applies in progress have their Spark jobs cancelled: each apply is one Delta commit,
     so a replica is then applied or as it was, and the next build goes on from there.

@@ -22,6 +22,7 @@ import queue
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor, as_completed
+from typing import TYPE_CHECKING
 
 import dagster as dg
 from pydantic import Field
@@ -40,6 +41,10 @@ from binlog_assets.orchestration.replica_reports import (
 from binlog_assets.orchestration.replica_versions import InSync
 from binlog_assets.orchestration.resources import BinlakeResource
 from binlog_assets.orchestration.shared import EVERY_DAEMON_PASS, SPARK_POOL, UNFINISHED
+
+if TYPE_CHECKING:
+    from binlog_assets.lakehouse.replica.builder import ReplicaBuilder
+    from binlog_assets.lakehouse.replica.plan import ReplicaResult
 
 FOLLOW_JOB_NAME = "follow_replicas_job"
 
@@ -123,7 +128,7 @@ def _applied(apply: Callable[[str, int], object], names: list[str], version: int
     def one(name: str) -> object:
         try:
             return apply(name, version)
-        except Exception as exc:  # noqa: BLE001 - the run reports it at its end
+        except Exception as exc:  # the run reports it at its end
             return exc
 
     if pool is None:
@@ -135,7 +140,7 @@ def _applied(apply: Callable[[str, int], object], names: list[str], version: int
         yield futures[future], future.result()
 
 
-def changed(result) -> bool:
+def changed(result: "ReplicaResult") -> bool:
     """Whether an apply changed the replica (rows, schema, truncates, purged tombstones)."""
     return bool(result.rows or result.schema_changes or result.truncated
                 or result.tombstones)
@@ -288,7 +293,8 @@ class _Checks:
                 return
 
 
-def _row_count_evaluator(builder) -> Callable[[str, str | None, int], object]:  # noqa: ANN001
+def _row_count_evaluator(builder: "ReplicaBuilder"
+                         ) -> Callable[[str, str | None, int], object]:
     """`row_count_matches_changelog` of a replica at a version, its changelog side
     counted by a `LiveKeys` kept per replica (only the versions added since its last)."""
     from binlog_assets.lakehouse.audit_arrow import LiveKeys

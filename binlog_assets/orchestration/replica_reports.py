@@ -3,10 +3,16 @@ assets' keys, the metadata of an apply, and the row-count check (the replica's r
 against what the changelog says at the applied version)."""
 
 import time
+from typing import TYPE_CHECKING
 
 import dagster as dg
 
 from binlog_assets.config import PipelineConfig
+
+if TYPE_CHECKING:
+    from binlog_assets.lakehouse.audit_arrow import LiveKeys
+    from binlog_assets.lakehouse.replica.builder import ReplicaBuilder
+    from binlog_assets.lakehouse.replica.plan import ReplicaResult
 
 ROW_COUNT_CHECK = "row_count_matches_changelog"
 SOURCE_DELAY_CHECK = "source_delay"
@@ -31,7 +37,7 @@ def row_count_check_result(key: dg.AssetKey, live: int, expected: int,
     )
 
 
-def source_delay(result, now: float) -> float | None:  # noqa: ANN001 - a ReplicaResult
+def source_delay(result: "ReplicaResult", now: float) -> float | None:
     """Seconds from the source commit of the newest change the apply wrote to `now` (a
     Unix time); None when the apply wrote no change with a recorded source time."""
     if result.last_source_ts is None or result.skipped:
@@ -39,7 +45,7 @@ def source_delay(result, now: float) -> float | None:  # noqa: ANN001 - a Replic
     return round(max(0.0, now - result.last_source_ts / 1000), 3)
 
 
-def source_delay_check(key: dg.AssetKey, result, limit: float,  # noqa: ANN001
+def source_delay_check(key: dg.AssetKey, result: "ReplicaResult", limit: float,
                        now: float) -> dg.AssetCheckResult:
     """`source_delay`: the newest change reached the replica within `limit` seconds of
     its source commit. A warning, not an error: a catch-up after downtime is late by
@@ -67,7 +73,7 @@ def replica_names(config: PipelineConfig) -> list[str]:
     return sorted({t.replica for s in config.sources for t in s.tables})
 
 
-def counted_rows(builder, name: str, key_rule: str | None) -> int:
+def counted_rows(builder: "ReplicaBuilder", name: str, key_rule: str | None) -> int:
     """The replica's live rows (`_current`); an append-only replica has no live rows to
     tell apart, so all its rows count; 0 before it has a table."""
     from binlog_assets.lakehouse.identifiers import qualified
@@ -80,8 +86,8 @@ def counted_rows(builder, name: str, key_rule: str | None) -> int:
     return builder.spark.table(qualified(*table)).count()
 
 
-def row_count_check(builder, name: str, key_rule: str | None, live: int, version: int,
-                    counter=None) -> dg.AssetCheckResult:  # noqa: ANN001
+def row_count_check(builder: "ReplicaBuilder", name: str, key_rule: str | None, live: int,
+                    version: int, counter: "LiveKeys | None" = None) -> dg.AssetCheckResult:
     """`row_count_matches_changelog` for `live` rows counted at changelog `version`,
     against the changelog's count by delta-rs (`audit_arrow`); `counter`, a `LiveKeys`
     of this replica kept across checks, counts only the versions added since its last."""
@@ -97,7 +103,7 @@ def row_count_check(builder, name: str, key_rule: str | None, live: int, version
         at_least=builder.config.lakehouse.changelog_retention_days is not None)
 
 
-def replica_metadata(result, live_rows: int | None) -> dict[str, dg.MetadataValue]:
+def replica_metadata(result: "ReplicaResult", live_rows: int | None) -> dict[str, dg.MetadataValue]:
     """What an apply did; `rows` (live rows after it) when counted."""
     md = {} if live_rows is None else {"rows": dg.MetadataValue.int(live_rows),
                                        "dagster/row_count": dg.MetadataValue.int(live_rows)}
@@ -127,7 +133,7 @@ def replica_metadata(result, live_rows: int | None) -> dict[str, dg.MetadataValu
     return md
 
 
-def replica_table_metadata(builder, name: str) -> dict[str, dg.MetadataValue]:
+def replica_table_metadata(builder: "ReplicaBuilder", name: str) -> dict[str, dg.MetadataValue]:
     """The replica table's columns as they are after the apply (they follow the source's
     schema changes), and its history table's when it keeps one; nothing before it has a
     table."""

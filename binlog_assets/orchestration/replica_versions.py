@@ -63,7 +63,7 @@ def changelog_cursor(instance: dg.DagsterInstance, version: int) -> int | None:
     return cursor if cursor else None
 
 
-def _written_version(record) -> int | None:  # noqa: ANN001 - an EventLogRecord
+def _written_version(record: dg.EventLogRecord) -> int | None:
     materialization = record.asset_materialization
     value = materialization.metadata.get("changelog_version") if materialization else None
     return None if value is None else int(value.value)
