@@ -50,7 +50,8 @@ def main() -> None:
                                 ("start_offset", "checkpoint_source", "committed_offset",
                                  "records", "events", "dead_lettered") if name in md}
             fault_point("after_metadata_write")
-    builder = ReplicaBuilder(get_spark(cfg), cfg)
+    # A child that builds no replica starts no Spark JVM: most of a child's time.
+    builder = ReplicaBuilder(get_spark(cfg), cfg) if replicas else None
     for name in replicas:
         r = builder.apply(name)
         out["replicas"][name] = {"applied_version": r.applied_version, "rows": r.rows,
