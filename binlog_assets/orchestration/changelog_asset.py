@@ -103,12 +103,12 @@ def summary_metadata(summary: RunSummary, lag_at_end: int | None,
     return md
 
 
-def _source_lags(kafka_conf: dict, group: str, cfg: PipelineConfig, keys: Sequence[str]
+def _source_lags(kafka_conf: dict, group: str, pipeline: PipelineConfig, keys: Sequence[str]
                  ) -> dict[str, list[PartitionLag]]:
     """Every partition of the sources the run's partitions belong to, by source name."""
     topics = {parse_partition_key(k)[0] for k in keys}
     found: dict[str, list[PartitionLag]] = {}
-    for source in cfg.sources:
+    for source in pipeline.sources:
         if any(map(source.matches, topics)):
             # The run checked the cluster when it started: one round trip less.
             found[source.name] = measure_lag(kafka_conf, group, source.topics, check=False)
@@ -138,15 +138,15 @@ def changelog(
     read no record records an observation instead of a materialization. Where each
     topic-partition stands over time is on the `kafka/<source>` assets upstream."""
     keys = list(context.partition_keys)
-    cfg = binlake.pipeline
+    pipeline = binlake.pipeline
     group = binlake.group_id()
     kafka_conf = binlake.kafka_conf()
 
     def report(outcomes: list[PartitionOutcome], *, final: bool) -> bool:
-        return report_outcomes(context, cfg, kafka_conf, group, keys, outcomes, final=final)
+        return report_outcomes(context, pipeline, kafka_conf, group, keys, outcomes, final=final)
 
     outcomes = consume_partitions(
-        cfg, kafka_conf, keys, config, group=group,
+        pipeline, kafka_conf, keys, config, group=group,
         metadata_checkpoint=lambda key: latest_metadata_checkpoint(context.instance, key),
         # A terminated run still records what its partitions committed before it ends.
         on_interrupt=lambda stopped: report(stopped, final=False),
@@ -162,17 +162,17 @@ def changelog(
         yield dg.MaterializeResult()
 
 
-def report_outcomes(context: dg.OpExecutionContext, cfg: PipelineConfig, kafka_conf: dict,
+def report_outcomes(context: dg.OpExecutionContext, pipeline: PipelineConfig, kafka_conf: dict,
                     group: str, keys: list[str], outcomes: list[PartitionOutcome], *,
                     final: bool) -> bool:
     """Each partition's log line and metadata, and the sources' observations; whether
     any record was read. `final`: the run's output will carry the metadata (else it
     fails or was interrupted, and each materialization is recorded here)."""
-    by_source = _source_lags(kafka_conf, group, cfg, keys)
+    by_source = _source_lags(kafka_conf, group, pipeline, keys)
     lags = {partition_key(pl.topic, pl.partition): pl.lag
             for found in by_source.values() for pl in found}
     consumed = any(o.summary.records for o in outcomes if o.summary is not None)
-    table_md = _table_metadata(cfg) if consumed else {}
+    table_md = _table_metadata(pipeline) if consumed else {}
     for outcome in outcomes:
         if outcome.error is not None:
             context.log.error(f"{outcome.key}: {type(outcome.error).__name__}: "
@@ -207,11 +207,11 @@ def report_outcomes(context: dg.OpExecutionContext, cfg: PipelineConfig, kafka_c
     summaries = {o.key: o.summary for o in outcomes if o.summary is not None}
     for name, found in by_source.items():
         context.log_event(source_observation(
-            context.instance, cfg.source(name), found, summaries, context.run.run_id))
+            context.instance, pipeline.source(name), found, summaries, context.run.run_id))
     return consumed
 
 
-def _table_metadata(cfg: PipelineConfig) -> dict[str, dg.MetadataValue]:
+def _table_metadata(pipeline: PipelineConfig) -> dict[str, dg.MetadataValue]:
     """The changelog's row count, as Dagster's table metadata names it."""
-    rows = delta_row_count(changelog_uri(cfg))
+    rows = delta_row_count(changelog_uri(pipeline))
     return {} if rows is None else {"dagster/row_count": dg.MetadataValue.int(rows)}

@@ -30,7 +30,7 @@ def main() -> None:
     from binlog_assets.orchestration.resources import BinlakeResource
 
     began = time.monotonic()
-    cfg = load_config(config_path)
+    pipeline = load_config(config_path)
     out: dict = {"runs": {}, "replicas": {}}
     with dg.DagsterInstance.get() as instance:
         known = set(instance.get_dynamic_partitions(KAFKA_PARTITIONS_NAME))
@@ -50,7 +50,7 @@ def main() -> None:
                                 ("start_offset", "checkpoint_source", "committed_offset",
                                  "records", "events", "dead_lettered") if name in md}
             fault_point("after_metadata_write")
-    builder = ReplicaBuilder(get_spark(cfg), cfg)
+    builder = ReplicaBuilder(get_spark(pipeline), pipeline)
     for name in replicas:
         r = builder.apply(name)
         out["replicas"][name] = {"applied_version": r.applied_version, "rows": r.rows,
