@@ -363,7 +363,7 @@ class Phases:
         return self.consume + self.spark_start + self.apply_wall
 
 
-def binlake(cfg: PipelineConfig, work: Workload, phase_records: list[int], parallel: int,
+def binlake(pipeline: PipelineConfig, work: Workload, phase_records: list[int], parallel: int,
             group: str, spark: SparkSession | None = None) -> tuple[Phases, SparkSession]:
     """Consume every partition into the changelog (up to the topics' ends), start Spark
     unless `spark` is the warm one, apply every replica (each must read
@@ -373,7 +373,7 @@ def binlake(cfg: PipelineConfig, work: Workload, phase_records: list[int], paral
     began = time.perf_counter()
     # No handlers given: the source's (none here) are opened where each partition runs,
     # as in the asset, which may hand partitions to worker processes.
-    outcomes = consume_partitions(cfg, dict(cfg.kafka), keys, ChangelogRunConfig(),
+    outcomes = consume_partitions(pipeline, dict(pipeline.kafka), keys, ChangelogRunConfig(),
                                   group=group)
     consumed = time.perf_counter()
     failed = [o for o in outcomes if o.error is not None]
@@ -389,7 +389,7 @@ def binlake(cfg: PipelineConfig, work: Workload, phase_records: list[int], paral
     version = max(o.sink.version for o in outcomes if o.sink.version is not None)
 
     if spark is None:
-        spark = get_spark(cfg)
+        spark = get_spark(pipeline)
         # The Hive catalog (embedded Derby) starts at its first use, which would
         # otherwise be in the first apply: it is counted here, with the JVM and the session.
         spark.catalog.tableExists(f"{DATABASE}.changelog")
@@ -401,7 +401,7 @@ def binlake(cfg: PipelineConfig, work: Workload, phase_records: list[int], paral
         group = f"bench-apply-t{t}-{version}"
         context.setJobGroup(group, group)  # a local property: this thread's jobs
         a = time.perf_counter()
-        result = ReplicaBuilder(spark, cfg).apply(f"t{t}")
+        result = ReplicaBuilder(spark, pipeline).apply(f"t{t}")
         seconds = time.perf_counter() - a
         context.setLocalProperty("spark.jobGroup.id", None)
         if result.skipped or result.rows != phase_records[t]:
@@ -606,10 +606,10 @@ def main() -> None:
             print(f"baseline: raw consume {consume_s:.2f}s + plain Delta write "
                   f"{write_s:.2f}s; {load_average()}", flush=True)
 
-            cfg = pipeline_config(bootstrap, os.path.join(lake, "lake"), args.topics)
-            parallel = args.parallel_replicas or cfg.spark.parallel_replicas
+            pipeline = pipeline_config(bootstrap, os.path.join(lake, "lake"), args.topics)
+            parallel = args.parallel_replicas or pipeline.spark.parallel_replicas
             group = group_id("binlake")
-            phases, spark = binlake(cfg, work, list(work.records), parallel, group)
+            phases, spark = binlake(pipeline, work, list(work.records), parallel, group)
             print(f"binlake: consume {phases.consume:.2f}s, Spark start "
                   f"{phases.spark_start:.2f}s, apply {phases.apply_wall:.2f}s; "
                   f"{load_average()}", flush=True)
@@ -630,7 +630,7 @@ def main() -> None:
                     work, args.update_events, args.seed), "phase 2")
                 phase_records = [end - start for end, start in zip(
                     work.records, ends1, strict=True)]
-                phases2, _ = binlake(cfg, work, phase_records, parallel, group, spark)
+                phases2, _ = binlake(pipeline, work, phase_records, parallel, group, spark)
                 print(f"binlake phase 2: consume {phases2.consume:.2f}s, apply "
                       f"{phases2.apply_wall:.2f}s; {load_average()}", flush=True)
                 if anchor is not None:

@@ -228,7 +228,7 @@ def main() -> int:
         connect.start()
         for topic in TOPICS:
             wait_for_topic(broker.bootstrap_servers, topic)
-        config = {
+        pipeline = {
             "kafka": {"bootstrap.servers": broker.bootstrap_servers, "group.id": "fresh",
                       "auto.offset.reset": "earliest", "isolation.level": "read_committed"},
             "lakehouse": {"path": str(work / "lakehouse"), "database": "fresh"},
@@ -240,11 +240,11 @@ def main() -> int:
                                     {"source": r"shop_\d+\.orders", "replica": "orders"}]}],
         }
         if args.spark == "connect":
-            config["spark"] = {"remote": f"sc://127.0.0.1:{free_port()}"}
-            spark = SparkConnectServer.for_config(parse_config(config), work / "spark-connect")
+            pipeline["spark"] = {"remote": f"sc://127.0.0.1:{free_port()}"}
+            spark = SparkConnectServer.for_config(parse_config(pipeline), work / "spark-connect")
             print(f"spark connect server ready in {spark.start():.1f}s", flush=True)
         config_path = work / "binlake.yaml"
-        config_path.write_text(yaml.safe_dump(config))
+        config_path.write_text(yaml.safe_dump(pipeline))
         home = work / "dagster"
         home.mkdir()
         shutil.copy(REPO_ROOT / "setup" / "dagster.yaml", home / "dagster.yaml")
@@ -258,7 +258,7 @@ def main() -> int:
                      str(REPO_ROOT / "workspace.yaml")],
                     cwd=REPO_ROOT, env=env, start_new_session=True, stdout=log,
                     stderr=subprocess.STDOUT)
-            watcher = Watcher(changelog_uri(parse_config(config)), instance)
+            watcher = Watcher(changelog_uri(parse_config(pipeline)), instance)
             began = time.monotonic()
             first = measure(conn, watcher, 2, "INSERT INTO shop.customers VALUES (%s, %s, %s)",
                             (2, "second", "s@example.com"), "c", args.timeout)

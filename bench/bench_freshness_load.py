@@ -176,7 +176,7 @@ def main() -> int:
         connect.start()
         for i in range(args.tables):
             wait_for_topic(broker.bootstrap_servers, topic(i))
-        config = {
+        settings = {
             "kafka": {"bootstrap.servers": broker.bootstrap_servers, "group.id": "busy",
                       "auto.offset.reset": "earliest", "isolation.level": "read_committed"},
             "lakehouse": {"path": str(work / "lakehouse"), "database": DB},
@@ -187,11 +187,11 @@ def main() -> int:
                          "format": "debezium",
                          "tables": [{"source": f"{DB}.{n}", "replica": n} for n in names]}],
         }
-        pipeline = parse_config(config)
+        pipeline = parse_config(settings)
         spark = SparkConnectServer.for_config(pipeline, work / "spark-connect")
         print(f"spark connect server ready in {spark.start():.1f}s", flush=True)
         config_path = work / "binlake.yaml"
-        config_path.write_text(yaml.safe_dump(config))
+        config_path.write_text(yaml.safe_dump(settings))
         home = work / "dagster"
         home.mkdir()
         shutil.copy(REPO_ROOT / "setup" / "dagster.yaml", home / "dagster.yaml")

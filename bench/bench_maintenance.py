@@ -93,9 +93,9 @@ class Workload:
         return events
 
 
-def write(config: PipelineConfig, events: list[ChangeEvent]) -> None:
+def write(pipeline: PipelineConfig, events: list[ChangeEvent]) -> None:
     """One changelog commit of `events`, as a consumer run makes it."""
-    ChangelogWriter(config).write(events, None, group_id=GROUP, topic=TOPIC, partition=0,
+    ChangelogWriter(pipeline).write(events, None, group_id=GROUP, topic=TOPIC, partition=0,
                                   end_offset=events[-1].offset + 1)
 
 
@@ -105,11 +105,11 @@ def timed(step: Callable[[], object]) -> float:
     return time.perf_counter() - began
 
 
-def files(spark, config: PipelineConfig) -> str:  # a SparkSession
+def files(spark, pipeline: PipelineConfig) -> str:  # a SparkSession
     """The changelog's and the replica's live files (and MiB)."""
     out = []
-    for name, location in (("changelog", changelog_uri(config)),
-                           ("replica", table_location(spark, config.lakehouse.database,
+    for name, location in (("changelog", changelog_uri(pipeline)),
+                           ("replica", table_location(spark, pipeline.lakehouse.database,
                                                       "orders"))):
         n, size = live_files(location)
         out.append(f"{name} {n:,} files ({size / 2**20:.1f} MiB)")
@@ -130,7 +130,7 @@ def main() -> None:
 
     lake = tempfile.mkdtemp(prefix="binlake-bench-maintenance-")
     try:
-        def config(database: str) -> PipelineConfig:
+        def pipeline_for(database: str) -> PipelineConfig:
             return parse_config({
                 "lakehouse": {"path": lake, "database": database},
                 "spark": {"master": "local[2]", "conf": {"spark.driver.memory": "2g"}},
@@ -138,7 +138,7 @@ def main() -> None:
                              "tables": [{"source": TABLE, "replica": "orders"}]}],
             })
 
-        daily, fresh = config("daily"), config("fresh")
+        daily, fresh = pipeline_for("daily"), pipeline_for("fresh")
         spark = get_spark(daily)
         builder = ReplicaBuilder(spark, daily)
         work = Workload(args.keys, args.seed)
@@ -154,14 +154,14 @@ def main() -> None:
               f"{args.apply_every}: {time.perf_counter() - began:.0f}s; "
               f"{files(spark, daily)}", flush=True)
 
-        def apply_batch(cfg: PipelineConfig, on: ReplicaBuilder, events: list
+        def apply_batch(pipeline: PipelineConfig, on: ReplicaBuilder, events: list
                         ) -> tuple[float, float]:
             """Seconds of the apply of `events`, and of the row-count check's count of
             the replica's live keys in the whole changelog (`audit.expected_live_rows`)."""
-            write(cfg, events)
+            write(pipeline, events)
             applied = timed(lambda: on.apply("orders"))
             version = on.applied_version("orders")
-            return applied, timed(lambda: expected_live_rows(on.spark, cfg, "orders",
+            return applied, timed(lambda: expected_live_rows(on.spark, pipeline, "orders",
                                                              version))
 
         fresh_builder = ReplicaBuilder(spark, fresh)

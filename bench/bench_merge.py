@@ -104,13 +104,13 @@ def _changelog_rows(rows: DataFrame) -> DataFrame:
     ).select(*[f.name for f in changelog_schema()])
 
 
-def generate(spark: SparkSession, config: PipelineConfig, events: int, keys: int,
+def generate(spark: SparkSession, pipeline: PipelineConfig, events: int, keys: int,
              seed: int, snapshot: bool) -> None:
     """Append the snapshot (one commit, unless not `snapshot`), then the change events
     (one commit)."""
-    ChangelogWriter(config).ensure_table()
-    register_changelog(spark, config)
-    name = f"{config.lakehouse.database}.changelog"
+    ChangelogWriter(pipeline).ensure_table()
+    register_changelog(spark, pipeline)
+    name = f"{pipeline.lakehouse.database}.changelog"
     if snapshot:
         rows = spark.range(keys).select(
             F.col("id").alias("seq"), F.col("id").alias("key"), F.lit("r").alias("op"),
@@ -140,9 +140,9 @@ def _append(rows: DataFrame, name: str) -> None:
      .saveAsTable(name))
 
 
-def expected(spark: SparkSession, config: PipelineConfig) -> tuple[int, str]:
+def expected(spark: SparkSession, pipeline: PipelineConfig) -> tuple[int, str]:
     """Live rows and the sum of their amounts, reduced without binlake's code."""
-    log = spark.table(f"{config.lakehouse.database}.changelog")
+    log = spark.table(f"{pipeline.lakehouse.database}.changelog")
     last = (log.groupBy("key")
             .agg(F.max_by(F.struct("op", "after"),
                           F.struct("pos_phase", "pos_file", "pos_pos", "offset")).alias("l"))
@@ -173,24 +173,24 @@ def _restore(spark: SparkSession, saved: str, location: str) -> None:
     spark._jvm.org.apache.spark.sql.delta.DeltaLog.clearCache()
 
 
-def scenario(spark: SparkSession, config: PipelineConfig, events: int, keys: int,
+def scenario(spark: SparkSession, pipeline: PipelineConfig, events: int, keys: int,
              seed: int, snapshot: bool, rounds: int = 1) -> Measured:
     """Generate; then `rounds` times: apply (timed) from the same starting replica, stage
     the final rows, overwrite them (timed); check the replica."""
-    db = config.lakehouse.database
-    generate(spark, config, events, keys, seed, snapshot)
-    builder = ReplicaBuilder(spark, config)
+    db = pipeline.lakehouse.database
+    generate(spark, pipeline, events, keys, seed, snapshot)
+    builder = ReplicaBuilder(spark, pipeline)
     last = 2 if snapshot else 1
     if snapshot:
         builder.apply("orders", up_to_version=1)
-    saved = os.path.join(config.lakehouse.path, f"{db}_replica_before")
+    saved = os.path.join(pipeline.lakehouse.path, f"{db}_replica_before")
     if snapshot:
         from delta.tables import DeltaTable
 
         location = DeltaTable.forName(spark, f"{db}.orders").detail().first()["location"]
         location = location.removeprefix("file:")
         shutil.copytree(location, saved)
-    staged = os.path.join(config.lakehouse.path, f"{db}_staged")
+    staged = os.path.join(pipeline.lakehouse.path, f"{db}_staged")
     applies, writes = [], []
     first_written = None
     for r in range(rounds):
@@ -216,7 +216,7 @@ def scenario(spark: SparkSession, config: PipelineConfig, events: int, keys: int
 
     got = spark.table(f"{db}.orders_current").agg(
         F.count(F.lit(1)).alias("n"), F.sum("amount").alias("total")).first()
-    want = expected(spark, config)
+    want = expected(spark, pipeline)
     if (int(got["n"]), str(got["total"])) != want:
         raise RuntimeError(f"replica has {got['n']} rows / {got['total']}, "
                            f"expected {want[0]} / {want[1]}")
@@ -251,7 +251,7 @@ def main() -> None:
 
     lake = tempfile.mkdtemp(prefix="binlake-bench-merge-")
     try:
-        def config(database: str) -> PipelineConfig:
+        def pipeline_for(database: str) -> PipelineConfig:
             return parse_config({
                 "lakehouse": {"path": lake, "database": database,
                               "table_features": features,
@@ -264,13 +264,13 @@ def main() -> None:
                              "tables": [{"source": TABLE, "replica": "orders"}]}],
             })
 
-        spark = get_spark(config("warmup"))
+        spark = get_spark(pipeline_for("warmup"))
         began = time.perf_counter()
-        scenario(spark, config("warmup"), max(1, int(args.events * args.warmup_share)),
+        scenario(spark, pipeline_for("warmup"), max(1, int(args.events * args.warmup_share)),
                  max(1, int(keys * args.warmup_share)), args.seed, snapshot)
         print(f"warm-up at {args.warmup_share:.0%} size: {time.perf_counter() - began:.1f}s",
               flush=True)
-        m = scenario(spark, config("bench"), args.events, keys, args.seed, snapshot,
+        m = scenario(spark, pipeline_for("bench"), args.events, keys, args.seed, snapshot,
                      rounds=args.rounds)
     finally:
         shutil.rmtree(lake, ignore_errors=True)

@@ -37,10 +37,10 @@ import json, sys, time
 from binlog_assets.config import parse_config
 from binlog_assets.consume.handlers import HandlerRegistry
 from binlog_assets.orchestration.consume_runs import ChangelogRunConfig, consume_partitions
-cfg = parse_config(json.loads(sys.argv[1]))
+pipeline = parse_config(json.loads(sys.argv[1]))
 keys = sys.argv[2].split(",")
 began = time.perf_counter()
-outcomes = consume_partitions(cfg, dict(cfg.kafka), keys, ChangelogRunConfig(),
+outcomes = consume_partitions(pipeline, dict(pipeline.kafka), keys, ChangelogRunConfig(),
                               HandlerRegistry(), group=sys.argv[3])
 failed = [o for o in outcomes if o.error is not None]
 if failed:
@@ -51,13 +51,13 @@ print(json.dumps({"events": sum(o.summary.events for o in outcomes),
 """
 
 
-def run_batches(config: dict, keys: list[str], runs: int, group: str
+def run_batches(pipeline: dict, keys: list[str], runs: int, group: str
                 ) -> tuple[float, list[dict], list[float]]:
     """Start `runs` processes over equal shares of `keys`; (wall seconds, each run's
     result, each run's CPU seconds)."""
     batches = [keys[i::runs] for i in range(runs)]
     began = time.perf_counter()
-    procs = [subprocess.Popen([sys.executable, "-c", _RUN, json.dumps(config), ",".join(b),
+    procs = [subprocess.Popen([sys.executable, "-c", _RUN, json.dumps(pipeline), ",".join(b),
                                group], stdout=subprocess.PIPE, text=True)
              for b in batches]
     results, cpu = [], []
@@ -96,9 +96,9 @@ def main() -> None:
             keys = [f"{n}:0" for n in names]
             expected = {f"{topic_name(t)}:0": work.records[t] for t in range(args.topics)}
             for n in counts:
-                cfg = pipeline_config(bootstrap, os.path.join(root, f"lake-{n}"), args.topics)
+                pipeline = pipeline_config(bootstrap, os.path.join(root, f"lake-{n}"), args.topics)
                 seconds, results, cpu = run_batches(
-                    cfg.model_dump(mode="json", exclude_none=True), keys, n,
+                    pipeline.model_dump(mode="json", exclude_none=True), keys, n,
                     f"bench-parallel-{n}-{os.getpid()}")
                 offsets = {k: v for r in results for k, v in r["offsets"].items()}
                 if offsets != expected:

@@ -102,7 +102,7 @@ def build_replica(server: MariaDBServer, uri: str) -> int:
     return written
 
 
-def catch_up(server: MariaDBServer, config, broker: KafkaBroker) -> None:  # noqa: ANN001
+def catch_up(server: MariaDBServer, pipeline, broker: KafkaBroker) -> None:  # noqa: ANN001
     """A changelog commit at the binlog's current end, as a caught-up pipeline leaves it,
     and the one Kafka record it consumed."""
     with server.connect() as conn, conn.cursor() as cur:
@@ -118,7 +118,7 @@ def catch_up(server: MariaDBServer, config, broker: KafkaBroker) -> None:  # noq
                         position=Position(1, int(name.rsplit(".", 1)[1]), int(pos), 0),
                         source_ts=int(time.time() * 1000), topic=TICK_TOPIC, partition=0,
                         offset=0, column_types={"id": "int"})
-    ChangelogWriter(config).write([event], None, group_id=config.kafka["group.id"],
+    ChangelogWriter(pipeline).write([event], None, group_id=pipeline.kafka["group.id"],
                                   topic=TICK_TOPIC, partition=0, end_offset=1)
 
 
@@ -137,7 +137,7 @@ def main() -> None:
         t = time.monotonic()
         build_source(server, args.rows)
         loaded = time.monotonic() - t
-        config = parse_config({
+        pipeline = parse_config({
             "kafka": {"bootstrap.servers": broker.bootstrap_servers, "group.id": "bench"},
             "lakehouse": {"path": str(work / "lake"), "database": "bench"},
             "parity": {"chunk_rows": args.chunk_rows, "wait_seconds": 60},
@@ -146,16 +146,16 @@ def main() -> None:
                                         "user": USER, "password": PASSWORD},
                          "tables": [{"source": "bench.orders", "replica": "orders"}]}]})
         t = time.monotonic()
-        replica_rows = build_replica(server, replica_uri(config, "orders"))
+        replica_rows = build_replica(server, replica_uri(pipeline, "orders"))
         staged = time.monotonic() - t
-        catch_up(server, config, broker)
+        catch_up(server, pipeline, broker)
         print(f"set-up: {args.rows:,} rows loaded in {loaded:.1f}s, replica of "
               f"{replica_rows:,} rows written in {staged:.1f}s "
               f"({datetime.now(UTC):%Y-%m-%d %H:%M} UTC)")
 
         start_load = load_average()
         t = time.monotonic()
-        report = check_replica(config, "orders", dict(config.kafka), "bench")
+        report = check_replica(pipeline, "orders", dict(pipeline.kafka), "bench")
         check_s = time.monotonic() - t
         assert report.passed, (report.summary(), report.progress)
         assert report.source_rows == report.replica_rows == args.rows, report.summary()

@@ -44,7 +44,7 @@ def main() -> None:
 
     lake = tempfile.mkdtemp(prefix="binlake-bench-row-check-")
     try:
-        config = parse_config({
+        pipeline = parse_config({
             "lakehouse": {"path": lake, "database": "bench"},
             "spark": {"master": "local[2]", "conf": {"spark.driver.memory": "2g"}},
             "sources": [{"name": "shop", "topics": [TOPIC],
@@ -52,28 +52,28 @@ def main() -> None:
         work = Workload(args.keys, seed=7)
         began = time.perf_counter()
         for _ in range(args.events // args.batch):
-            write(config, work.batch(args.batch))
+            write(pipeline, work.batch(args.batch))
         print(f"changelog: {args.events:,} events in {args.events // args.batch} commits, "
               f"written in {time.perf_counter() - began:.1f} s")
 
-        counter = LiveKeys(config, "orders", append_only=False)
+        counter = LiveKeys(pipeline, "orders", append_only=False)
         began = time.perf_counter()
-        live = counter.count(changelog_version(None, config))
+        live = counter.count(changelog_version(None, pipeline))
         full = time.perf_counter() - began
         print(f"from the snapshot: {live:,} live keys in {full:.2f} s")
         steps = []
         for _ in range(args.rounds):
-            write(config, work.batch(args.small))
+            write(pipeline, work.batch(args.small))
             began = time.perf_counter()
-            live = counter.count(changelog_version(None, config))
+            live = counter.count(changelog_version(None, pipeline))
             steps.append(time.perf_counter() - began)
         assert counter.full_reads == 1
         print(f"brought forward by {args.small:,} events: median "
               f"{statistics.median(steps):.3f} s, max {max(steps):.3f} s "
               f"over {args.rounds}")
-        version = changelog_version(None, config)
+        version = changelog_version(None, pipeline)
         began = time.perf_counter()
-        again = expected_rows(config, "orders", version, append_only=False)
+        again = expected_rows(pipeline, "orders", version, append_only=False)
         print(f"from the snapshot at the end: {again:,} in "
               f"{time.perf_counter() - began:.2f} s")
         assert again == live, (again, live)
@@ -81,36 +81,36 @@ def main() -> None:
             from binlog_assets.lakehouse.audit import expected_live_rows
             from binlog_assets.lakehouse.spark import get_spark
 
-            spark = get_spark(config)
-            expected_live_rows(spark, config, "orders", version)  # warm
+            spark = get_spark(pipeline)
+            expected_live_rows(spark, pipeline, "orders", version)  # warm
             times = []
             for _ in range(3):
                 began = time.perf_counter()
-                reference = expected_live_rows(spark, config, "orders", version)
+                reference = expected_live_rows(spark, pipeline, "orders", version)
                 times.append(time.perf_counter() - began)
             assert reference == live, (reference, live)
             print(f"Spark's reduction (audit.expected_live_rows), warm: median "
                   f"{statistics.median(times):.2f} s over 3")
         if args.replica:
-            _replica_side(config, work, counter, args)
+            _replica_side(pipeline, work, counter, args)
         print(load_average())
     finally:
         shutil.rmtree(lake, ignore_errors=True)
 
 
-def _replica_side(config, work, counter, args) -> None:  # noqa: ANN001
+def _replica_side(pipeline, work, counter, args) -> None:  # noqa: ANN001
     """A follower's check after each apply: both counts, timed apart."""
     from binlog_assets.lakehouse.replica.builder import ReplicaBuilder
     from binlog_assets.lakehouse.spark import get_spark
     from binlog_assets.orchestration.replica_reports import counted_rows
 
-    builder = ReplicaBuilder(get_spark(config), config)
+    builder = ReplicaBuilder(get_spark(pipeline), pipeline)
     began = time.perf_counter()
     rule = builder.apply("orders").key_rule
     print(f"replica built in {time.perf_counter() - began:.1f} s")
     spark_s, arrow_s, apply_s = [], [], []
     for _ in range(args.rounds):
-        write(config, work.batch(args.small))
+        write(pipeline, work.batch(args.small))
         began = time.perf_counter()
         version = builder.apply("orders").applied_version
         apply_s.append(time.perf_counter() - began)

@@ -55,14 +55,14 @@ def main() -> int:
     with running_broker() as broker:
         bootstrap = broker.bootstrap_servers
         topic = create_topic(bootstrap, "runcost")
-        config = {
+        pipeline = {
             "kafka": {"bootstrap.servers": bootstrap, "group.id": "bench-run-cost",
                       "auto.offset.reset": "earliest", "isolation.level": "read_committed"},
             "lakehouse": {"path": str(work / "lakehouse"), "database": "runcost"},
             "sources": [{"name": "bench", "topics": [topic], "format": "debezium",
                          "tables": [{"source": "shop.orders", "replica": "orders"}]}],
         }
-        (work / "binlake.yaml").write_text(yaml.safe_dump(config))
+        (work / "binlake.yaml").write_text(yaml.safe_dump(pipeline))
         home = work / "dagster"
         home.mkdir()
         key = partition_key(topic, 0)

@@ -61,13 +61,13 @@ def main() -> None:
     args = parser.parse_args()
     root = tempfile.mkdtemp(prefix="binlake-floor-")
     try:
-        cfg = parse_config({
+        pipeline = parse_config({
             "kafka": {"bootstrap.servers": "127.0.0.1:9"},
             "lakehouse": {"path": os.path.join(root, "lake"), "database": DATABASE},
             "sources": [{"name": "s", "format": "debezium", "topics": ["t"]}],
         })
         began = time.perf_counter()
-        spark = get_spark(cfg)
+        spark = get_spark(pipeline)
         spark.sql(f"CREATE DATABASE IF NOT EXISTS {DATABASE}")
         started = time.perf_counter() - began
         select = SELECT.format(rows=args.rows)

@@ -35,7 +35,7 @@ def child(side: str, lake: str, events: int, tables: int) -> dict:
     from binlog_assets.lakehouse.replica.builder import ReplicaBuilder
     from binlog_assets.lakehouse.spark import get_spark
 
-    config = parse_config({
+    pipeline = parse_config({
         "kafka": {"bootstrap.servers": "127.0.0.1:9"},
         "lakehouse": {"path": lake, "database": "start"},
         "spark": {"class_archive": side == "archive"},
@@ -49,13 +49,13 @@ def child(side: str, lake: str, events: int, tables: int) -> dict:
                          Position(PHASE_STREAM, 1, 100 + i, 0), 1_700_000_000_000 + i,
                          column_types=types, topic="binlog", partition=0, offset=i)
              for i in range(events)]
-    ChangelogWriter(config).write(batch, None, group_id="start", topic="binlog",
+    ChangelogWriter(pipeline).write(batch, None, group_id="start", topic="binlog",
                                   partition=0, end_offset=events)
     began = time.perf_counter()
-    spark = get_spark(config)
+    spark = get_spark(pipeline)
     spark.catalog.tableExists("start.changelog")
     started = time.perf_counter() - began
-    builder = ReplicaBuilder(spark, config)
+    builder = ReplicaBuilder(spark, pipeline)
     applies = []
     for t in range(tables):
         a = time.perf_counter()

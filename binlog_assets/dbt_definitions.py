@@ -10,11 +10,11 @@ from binlog_assets.orchestration.location import location_config, location_defin
 from binlog_assets.orchestration.sensors import dbt_follow_sensor
 from jobs import dbt_build_job, dbt_hourly_schedule
 
-PIPELINE_CONFIG = location_config()
-dbt_models, dbt_resource = build_dbt_assets(PIPELINE_CONFIG)
+PIPELINE = location_config()
+dbt_models, dbt_resource = build_dbt_assets(PIPELINE)
 
 defs = location_definitions(
-    PIPELINE_CONFIG,
+    PIPELINE,
     assets=[dbt_models],
     jobs=[dbt_build_job],
     schedules=[dbt_hourly_schedule],

@@ -37,19 +37,19 @@ from binlog_assets.orchestration.sensors import (
 from binlog_assets.orchestration.table_metadata import changelog_definition_metadata
 from jobs import build_replicas_job, consume_changelog_job
 
-PIPELINE_CONFIG = location_config()
+PIPELINE = location_config()
 
 # A backfill over many topic-partitions runs in batches, as the lag sensor groups them.
 # The changelog reads its sources' topics, and names its table for the UI.
 changelog_batched = changelog.with_attributes(backfill_policy=dg.BackfillPolicy.multi_run(
-    PIPELINE_CONFIG.dagster.max_partitions_per_run)).map_asset_specs(
+    PIPELINE.dagster.max_partitions_per_run)).map_asset_specs(
     lambda spec: spec.replace_attributes(
-        deps=[kafka_source_key(s.name) for s in PIPELINE_CONFIG.sources],
-        metadata={**spec.metadata, **changelog_definition_metadata(PIPELINE_CONFIG)}))
+        deps=[kafka_source_key(s.name) for s in PIPELINE.sources],
+        metadata={**spec.metadata, **changelog_definition_metadata(PIPELINE)}))
 
 
 def _owned(spec: dg.AssetSpec) -> dg.AssetSpec:
-    return spec.replace_attributes(owners=PIPELINE_CONFIG.dagster.owners)
+    return spec.replace_attributes(owners=PIPELINE.dagster.owners)
 
 
 # Each asset links to its code in the UI, and names its owners (`dagster.owners`). The
@@ -58,18 +58,18 @@ with warnings.catch_warnings():
     warnings.simplefilter("ignore", dg.BetaWarning)
     ASSETS = [a.map_asset_specs(_owned) if isinstance(a, dg.AssetsDefinition) else _owned(a)
               for a in dg.with_source_code_references([
-                  *kafka_source_specs(PIPELINE_CONFIG), changelog_batched,
-                  build_replica_assets(PIPELINE_CONFIG)])]
+                  *kafka_source_specs(PIPELINE), changelog_batched,
+                  build_replica_assets(PIPELINE)])]
 
 # Replicas whose source has a `connection` get a parity check, a job and maybe a schedule.
-PARITY_JOB = parity_job(PIPELINE_CONFIG)
-PARITY_SCHEDULE = parity_schedule(PIPELINE_CONFIG, PARITY_JOB)
+PARITY_JOB = parity_job(PIPELINE)
+PARITY_SCHEDULE = parity_schedule(PIPELINE, PARITY_JOB)
 
 defs = location_definitions(
-    PIPELINE_CONFIG,
+    PIPELINE,
     assets=ASSETS,
     asset_checks=[changelog_lag_check, checkpoint_agreement_check,
-                  *build_parity_checks(PIPELINE_CONFIG)],
+                  *build_parity_checks(PIPELINE)],
     jobs=[consume_changelog_job, follow_changelog_job, build_replicas_job,
           follow_replicas_job, lakehouse_maintenance_job, resync_replica_job,
           *([PARITY_JOB] if PARITY_JOB else [])],

@@ -64,11 +64,11 @@ def live_pid(pid_file: Path, marker: str) -> int | None:
     return pid
 
 
-def kafka_client_config(config: PipelineConfig) -> dict[str, str | int | float | bool]:
+def kafka_client_config(pipeline: PipelineConfig) -> dict[str, str | int | float | bool]:
     """The librdkafka settings for this config, pointing at the embedded broker when no
     `bootstrap.servers` is configured. Fails clearly when that broker is not running."""
-    conf = dict(config.kafka)
-    if not config.bootstrap_servers:
+    conf = dict(pipeline.kafka)
+    if not pipeline.bootstrap_servers:
         home = embedded_broker_dir()
         port = home / f"{EMBEDDED_BROKER_STEM}.port"
         if live_pid(home / f"{EMBEDDED_BROKER_STEM}.pid", str(home)) is None or \

@@ -12,9 +12,9 @@ from binlog_assets.environment import REPO_ROOT
 
 
 def test_repository_default_config_is_valid() -> None:
-    cfg = load_config(REPO_ROOT / "binlake.yaml")
-    assert cfg.sources and cfg.sources[0].format == "debezium"
-    assert cfg.bootstrap_servers is None  # the embedded broker
+    pipeline = load_config(REPO_ROOT / "binlake.yaml")
+    assert pipeline.sources and pipeline.sources[0].format == "debezium"
+    assert pipeline.bootstrap_servers is None  # the embedded broker
 
 
 @pytest.mark.parametrize(
@@ -108,10 +108,10 @@ def test_duplicate_topics_across_sources_rejected() -> None:
 
 
 def test_librdkafka_keys_pass_through() -> None:
-    cfg = parse_config({"kafka": {"bootstrap.servers": "b:9092", "linger.ms": 5,
+    pipeline = parse_config({"kafka": {"bootstrap.servers": "b:9092", "linger.ms": 5,
                                   "security.protocol": "PLAINTEXT", "fetch.min.bytes": 1}})
-    assert cfg.kafka["linger.ms"] == 5
-    assert cfg.bootstrap_servers == "b:9092"
+    assert pipeline.kafka["linger.ms"] == 5
+    assert pipeline.bootstrap_servers == "b:9092"
 
 
 def test_missing_and_invalid_files(tmp_path: Path) -> None:
@@ -144,14 +144,14 @@ def test_spark_remote_names_a_local_server_or_not() -> None:
 def test_values_name_environment_variables(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("BINLAKE_TEST_PASSWORD", "s3cr3t-Value")
     monkeypatch.delenv("BINLAKE_TEST_UNSET", raising=False)
-    cfg = parse_config({"kafka": {
+    pipeline = parse_config({"kafka": {
         "security.protocol": "SASL_PLAINTEXT", "sasl.mechanisms": "SCRAM-SHA-512",
         "sasl.username": "${BINLAKE_TEST_UNSET:-alice}",
         "sasl.password": "${BINLAKE_TEST_PASSWORD}",
         "client.id": "binlake-$${literal}"}})
-    assert cfg.kafka["sasl.password"] == "s3cr3t-Value"
-    assert cfg.kafka["sasl.username"] == "alice"  # the default after `:-`
-    assert cfg.kafka["client.id"] == "binlake-${literal}"
+    assert pipeline.kafka["sasl.password"] == "s3cr3t-Value"
+    assert pipeline.kafka["sasl.username"] == "alice"  # the default after `:-`
+    assert pipeline.kafka["client.id"] == "binlake-${literal}"
 
 
 def test_a_missing_variable_fails_at_load_naming_the_field_and_the_variable(
@@ -166,15 +166,15 @@ def test_a_missing_variable_fails_at_load_naming_the_field_and_the_variable(
 
 
 def test_topic_regexes_find_their_source_names_first() -> None:
-    cfg = parse_config({"sources": [
+    pipeline = parse_config({"sources": [
         {"name": "shards", "topics": [r"^shop\.shop_\d+\.orders$"]},
         {"name": "one", "topics": ["shop.shop_7.orders", "other"]},
     ]})
-    assert cfg.source_for_topic("shop.shop_3.orders").name == "shards"
-    assert cfg.source_for_topic("shop.shop_7.orders").name == "one"  # named beats regex
-    assert not cfg.sources[0].matches("shop.shop_3.orders_old")
+    assert pipeline.source_for_topic("shop.shop_3.orders").name == "shards"
+    assert pipeline.source_for_topic("shop.shop_7.orders").name == "one"  # named beats regex
+    assert not pipeline.sources[0].matches("shop.shop_3.orders_old")
     with pytest.raises(KeyError, match="belongs to no configured source"):
-        cfg.source_for_topic("shop.customers")
+        pipeline.source_for_topic("shop.customers")
 
 
 def test_changelog_retention_is_off_unless_set() -> None:
@@ -217,20 +217,20 @@ def test_unknown_schema_ids_stop_by_default_and_the_setting_is_binlake_s_own() -
     assert registry_settings(parse_config({"schema_registry": {
         "url": "http://r:8081"}}).schema_registry) == ({"url": "http://r:8081"}, False)
     # Accepted at load, and never handed to the client (which refuses keys it does not know).
-    cfg = parse_config({"schema_registry": {"url": "http://r:8081",
+    pipeline = parse_config({"schema_registry": {"url": "http://r:8081",
                                             "binlake.unknown.schema.id": "dead-letter"}})
-    assert registry_settings(cfg.schema_registry) == ({"url": "http://r:8081"}, True)
+    assert registry_settings(pipeline.schema_registry) == ({"url": "http://r:8081"}, True)
 
 
 def test_registry_credentials_come_from_the_environment(
         monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("BINLAKE_TEST_REGISTRY_PW", "r3g-Secret")
-    cfg = parse_config({
+    pipeline = parse_config({
         "schema_registry": {"url": "http://127.0.0.1:8081",
                             "basic.auth.user.info": "binlake:${BINLAKE_TEST_REGISTRY_PW}"},
         "sources": [{"name": "s", "topics": ["t"], "format": "debezium-avro"}]})
-    assert cfg.schema_registry["basic.auth.user.info"] == "binlake:r3g-Secret"
-    assert cfg.sources[0].format == "debezium-avro"
+    assert pipeline.schema_registry["basic.auth.user.info"] == "binlake:r3g-Secret"
+    assert pipeline.sources[0].format == "debezium-avro"
 
 
 def test_every_config_field_is_described_in_its_field() -> None:
@@ -317,13 +317,13 @@ def test_a_source_connection_reads_its_password_from_the_environment(
     monkeypatch.setenv("BINLAKE_TEST_DB_PW", "db-S3cret")
     ca = tmp_path / "ca.pem"
     ca.write_text("-----BEGIN CERTIFICATE-----\n")
-    cfg = parse_config(_with_connection({
+    pipeline = parse_config(_with_connection({
         "host": "db.example.com", "user": "binlake_check", "password": "${BINLAKE_TEST_DB_PW}",
         "tls": {"mode": "verify_identity", "ca": str(ca)}}))
-    conn = cfg.sources[0].connection
+    conn = pipeline.sources[0].connection
     assert conn.password == "db-S3cret" and conn.port == 3306
     assert conn.tls.mode == "verify_identity"
-    assert "db-S3cret" not in repr(cfg)  # a logged config never shows it
+    assert "db-S3cret" not in repr(pipeline)  # a logged config never shows it
     assert parse_config({"sources": [{"name": "s", "topics": ["t"]}]}).sources[0].connection \
         is None
     monkeypatch.delenv("BINLAKE_TEST_DB_PW")

@@ -94,7 +94,7 @@ def _train(archive: Path) -> None:
     from binlog_assets.lakehouse.spark import get_spark
 
     with tempfile.TemporaryDirectory(prefix="binlake-cds-") as lake:
-        config = parse_config({
+        pipeline = parse_config({
             "kafka": {"bootstrap.servers": "127.0.0.1:9"},
             "lakehouse": {"path": lake, "database": "cds"},
             "spark": {"conf": {"spark.driver.extraJavaOptions":
@@ -116,9 +116,9 @@ def _train(archive: Path) -> None:
         def row(ident: int, amount: str) -> dict:
             return {"id": ident, "amount": Decimal(amount), "note": f"n{ident}"}
 
-        writer = ChangelogWriter(config)
-        spark = get_spark(config)
-        builder = ReplicaBuilder(spark, config)
+        writer = ChangelogWriter(pipeline)
+        spark = get_spark(pipeline)
+        builder = ReplicaBuilder(spark, pipeline)
         # Each way an apply writes: a new replica created with its rows, a MERGE of a
         # few changes, a rewrite for a batch large against the replica.
         for batch in ([("c", i, None, row(i, "1.00")) for i in range(1, 9)],

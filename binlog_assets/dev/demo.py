@@ -37,13 +37,13 @@ from binlog_assets.examples.customer_cache import HANDLERS_SPEC
 from binlog_assets.examples.customer_cache import customers as customers_cache
 
 
-def reset_local_state(config: PipelineConfig) -> None:
+def reset_local_state(pipeline: PipelineConfig) -> None:
     """Stop the local stack and remove its data, the lakehouse and the instance's
     partitions, so a topic recreated with the same name never resumes at an old offset."""
-    stack.down(config)
+    stack.down(pipeline)
     for name in ("kafka", "mariadb", "connect", "spark-connect", "dbt", "redis"):
         shutil.rmtree(var_dir() / name, ignore_errors=True)
-    shutil.rmtree(config.lakehouse.resolved_path(), ignore_errors=True)
+    shutil.rmtree(pipeline.lakehouse.resolved_path(), ignore_errors=True)
     with dg.DagsterInstance.get() as instance:
         from binlog_assets.orchestration.partitions import KAFKA_PARTITIONS_NAME
 
@@ -126,20 +126,20 @@ def discover_partitions() -> list[str]:
 
 def main() -> int:
     began = time.monotonic()
-    config = load_config()
-    if config.bootstrap_servers:
+    pipeline = load_config()
+    if pipeline.bootstrap_servers:
         print("the demo runs on the embedded local stack; unset kafka.bootstrap.servers")
         return 2
-    reset_local_state(config)
-    print(stack.source_up(config), flush=True)
-    print(stack.up(config), flush=True)  # the broker again (reused), Spark Connect, Redis
-    os.environ[REDIS_URL_ENV] = stack.redis_url(config)  # read by the handler example
+    reset_local_state(pipeline)
+    print(stack.source_up(pipeline), flush=True)
+    print(stack.up(pipeline), flush=True)  # the broker again (reused), Spark Connect, Redis
+    os.environ[REDIS_URL_ENV] = stack.redis_url(pipeline)  # read by the handler example
     conn = stack.local_mariadb().connect()
     shop.create_schema(conn)
     statements = shop.demo_workload(conn)
     print(f"ran {statements} statements against MariaDB", flush=True)
-    topics = [t for s in config.sources for t in s.topics]
-    ends = wait_for_debezium(kafka_client_config(config), topics)
+    topics = [t for s in pipeline.sources for t in s.topics]
+    ends = wait_for_debezium(kafka_client_config(pipeline), topics)
     print(f"Debezium published: {json.dumps(ends)}", flush=True)
 
     pipeline_began = time.monotonic()
@@ -150,29 +150,29 @@ def main() -> int:
     dagster_job("build_replicas_job")
     replicated = time.monotonic()
     dagster_job("dbt_build_job", module="binlog_assets.dbt_definitions")
-    pipeline = time.monotonic() - pipeline_began
-    print(f"pipeline: {pipeline:.1f}s (consume {consumed - pipeline_began:.1f}s, "
+    elapsed = time.monotonic() - pipeline_began
+    print(f"pipeline: {elapsed:.1f}s (consume {consumed - pipeline_began:.1f}s, "
           f"replicas {replicated - consumed:.1f}s, dbt {time.monotonic() - replicated:.1f}s)",
           flush=True)
 
     from binlog_assets.lakehouse.spark import get_spark
 
-    spark = get_spark(config)
-    results = shop.compare(conn, spark, config.lakehouse.database)
+    spark = get_spark(pipeline)
+    results = shop.compare(conn, spark, pipeline.lakehouse.database)
     print(f"\n{'table':<12}{'source rows':>12}{'replica rows':>14}  content")
     for r in results:
         print(f"{r.replica:<12}{r.source_rows:>12}{r.replica_rows:>14}  "
               f"{'matches' if r.matches else f'DIFFERS ({r.mismatched} rows)'}")
     checked = [*results]
-    if any(s.handlers == HANDLERS_SPEC for s in config.sources):
+    if any(s.handlers == HANDLERS_SPEC for s in pipeline.sources):
         cache = shop.compare_cache(conn, customers_cache.rows_at(os.environ[REDIS_URL_ENV]))
         checked.append(cache)
         print(f"{'cache':<12}{cache.source_rows:>12}{cache.replica_rows:>14}  "
               f"{'matches' if cache.matches else f'DIFFERS ({cache.mismatched} rows)'}"
               "  (Redis, kept by the customer_cache handler)")
-    mart = f"`{config.lakehouse.database}_marts`.`customer_revenue`"
+    mart = f"`{pipeline.lakehouse.database}_marts`.`customer_revenue`"
     print(f"\ndbt mart {mart}: {spark.table(mart).count()} rows")
-    print(f"lakehouse: {config.lakehouse.resolved_path()} ({time.monotonic() - began:.0f}s)")
+    print(f"lakehouse: {pipeline.lakehouse.resolved_path()} ({time.monotonic() - began:.0f}s)")
     return 0 if all(r.matches for r in checked) else 1
 
 

@@ -68,16 +68,16 @@ class SparkConnectServer(LocalDaemon):
     lake: Path | None = None
 
     @classmethod
-    def for_config(cls, config: PipelineConfig, data_dir: Path) -> SparkConnectServer:
-        """The server `config.spark.remote` names, when that is a port on this machine."""
-        port = config.spark.remote_port
+    def for_config(cls, pipeline: PipelineConfig, data_dir: Path) -> SparkConnectServer:
+        """The server `pipeline.spark.remote` names, when that is a port on this machine."""
+        port = pipeline.spark.remote_port
         if port is None:
-            raise ValueError(f"spark.remote={config.spark.remote!r} is not a local "
+            raise ValueError(f"spark.remote={pipeline.spark.remote!r} is not a local "
                              "sc://127.0.0.1:<port> server the stack can start")
         # The catalog lock is this server's, not the client's: ask as if in-process.
-        in_process = config.model_copy(update={
-            "spark": config.spark.model_copy(update={"remote": None})})
-        lake = (config.lakehouse.resolved_path() if uses_embedded_catalog(in_process)
+        in_process = pipeline.model_copy(update={
+            "spark": pipeline.spark.model_copy(update={"remote": None})})
+        lake = (pipeline.lakehouse.resolved_path() if uses_embedded_catalog(in_process)
                 else None)
         return cls(data_dir, port, spark_conf(in_process), lake)
 

@@ -47,66 +47,66 @@ def local_connect(
     return KafkaConnect(var_dir() / "connect", bootstrap_servers, connector)
 
 
-def local_spark(config: PipelineConfig) -> SparkConnectServer | None:
+def local_spark(pipeline: PipelineConfig) -> SparkConnectServer | None:
     """The Spark Connect server the stack runs for this config, None when it runs none."""
-    if config.spark.remote_port is None:
+    if pipeline.spark.remote_port is None:
         return None
-    return SparkConnectServer.for_config(config, var_dir() / "spark-connect")
+    return SparkConnectServer.for_config(pipeline, var_dir() / "spark-connect")
 
 
-def local_spark_cluster(config: PipelineConfig) -> SparkCluster | None:
+def local_spark_cluster(pipeline: PipelineConfig) -> SparkCluster | None:
     """The standalone cluster `spark.master` names on this machine, None for any other
     master (`local[N]`, or a cluster elsewhere)."""
-    if config.spark.master_port is None:
+    if pipeline.spark.master_port is None:
         return None
     cluster = SparkCluster(var_dir() / "spark-cluster")
-    cluster.master.port = config.spark.master_port
+    cluster.master.port = pipeline.spark.master_port
     return cluster
 
 
-def local_s3(config: PipelineConfig) -> S3Server | None:
+def local_s3(pipeline: PipelineConfig) -> S3Server | None:
     """The S3-compatible server for an `s3a://` lakehouse when the environment names no
     store of its own (`AWS_ENDPOINT_URL` unset, or on this machine); None otherwise."""
     endpoint = os.environ.get("AWS_ENDPOINT_URL", "")
-    if not config.lakehouse.path.startswith("s3a://") or (
+    if not pipeline.lakehouse.path.startswith("s3a://") or (
             endpoint and "127.0.0.1" not in endpoint and "localhost" not in endpoint):
         return None
     return S3Server(var_dir() / "s3")
 
 
-def s3_env(config: PipelineConfig) -> str:
+def s3_env(pipeline: PipelineConfig) -> str:
     """`export` lines pointing S3 clients at the local server (`eval` them in the shell
     that runs Dagster), starting it and the lakehouse's bucket when needed."""
-    if (s3 := local_s3(config)) is None:
+    if (s3 := local_s3(pipeline)) is None:
         return "# no local S3: the lakehouse is not on s3a://, or AWS_ENDPOINT_URL names a store"
     if not s3._reuse_port():  # a running server keeps its port
         s3.start()
-        s3.create_bucket(config.lakehouse.path[len("s3a://"):].split("/", 1)[0])
+        s3.create_bucket(pipeline.lakehouse.path[len("s3a://"):].split("/", 1)[0])
     return "\n".join(f"export {k}={v}" for k, v in s3.env().items())
 
 
-def local_redis(config: PipelineConfig) -> RedisServer | None:
+def local_redis(pipeline: PipelineConfig) -> RedisServer | None:
     """The Redis the stack runs for the handler example, None when nothing needs it."""
     from binlog_assets.examples.customer_cache import HANDLERS_SPEC
 
     if os.environ.get(REDIS_URL_ENV) or not any(
-            s.handlers == HANDLERS_SPEC for s in config.sources):
+            s.handlers == HANDLERS_SPEC for s in pipeline.sources):
         return None
     return RedisServer(var_dir() / "redis")
 
 
-def redis_url(config: PipelineConfig) -> str:
+def redis_url(pipeline: PipelineConfig) -> str:
     """`REDIS_URL` for the handlers of this config: the user's, or the local server's."""
-    if (redis := local_redis(config)) is None:
+    if (redis := local_redis(pipeline)) is None:
         return os.environ.get(REDIS_URL_ENV, "")
     redis.start()
     return redis.url
 
 
-def local_registry(config: PipelineConfig) -> SchemaRegistryServer | None:
+def local_registry(pipeline: PipelineConfig) -> SchemaRegistryServer | None:
     """The schema registry the stack runs for this config: when `schema_registry.url`
     names a port on this machine; None for a registry elsewhere, or none configured."""
-    url = str(config.schema_registry.get("url") or "")
+    url = str(pipeline.schema_registry.get("url") or "")
     parts = urlsplit(url.split(",", 1)[0])
     if parts.hostname not in ("127.0.0.1", "localhost"):
         return None
@@ -119,85 +119,85 @@ def local_registry(config: PipelineConfig) -> SchemaRegistryServer | None:
     return SchemaRegistryServer(var_dir() / "schema-registry", port=parts.port)
 
 
-def registry_wanted(config: PipelineConfig) -> str:
+def registry_wanted(pipeline: PipelineConfig) -> str:
     """`yes` when `up` starts the schema registry (so `make stack-up` builds it first)."""
-    return "yes" if local_registry(config) is not None else "no"
+    return "yes" if local_registry(pipeline) is not None else "no"
 
 
-def source_skip_reason(config: PipelineConfig) -> str | None:
+def source_skip_reason(pipeline: PipelineConfig) -> str | None:
     """Why the local source stack does not run for this config, or None when it does."""
-    if config.bootstrap_servers:
+    if pipeline.bootstrap_servers:
         return (
-            f"source stack: skipped, kafka.bootstrap.servers={config.bootstrap_servers} is "
+            f"source stack: skipped, kafka.bootstrap.servers={pipeline.bootstrap_servers} is "
             "configured; the local MariaDB + Debezium source only feeds the embedded broker"
         )
     return None
 
 
-def up(config: PipelineConfig) -> str:
+def up(pipeline: PipelineConfig) -> str:
     lines = []
-    if config.bootstrap_servers:
-        lines.append(f"kafka: using configured bootstrap.servers={config.bootstrap_servers}")
+    if pipeline.bootstrap_servers:
+        lines.append(f"kafka: using configured bootstrap.servers={pipeline.bootstrap_servers}")
     else:
         broker = local_broker()
         seconds = broker.start()
         lines.append(f"{broker.status()} (ready in {seconds:.1f}s)")
-    if (cluster := local_spark_cluster(config)) is not None:
+    if (cluster := local_spark_cluster(pipeline)) is not None:
         seconds = cluster.start()
         lines.append(f"{cluster.status()}\n(spark cluster ready in {seconds:.1f}s)")
-    if (s3 := local_s3(config)) is not None:
-        s3_env(config)
+    if (s3 := local_s3(pipeline)) is not None:
+        s3_env(pipeline)
         lines.append(f"{s3.status()} (for its environment: eval \"$(stack s3-env)\")")
-    if (spark := local_spark(config)) is not None:
+    if (spark := local_spark(pipeline)) is not None:
         seconds = spark.start()
         lines.append(f"{spark.status()} (ready in {seconds:.1f}s)")
-    if (redis := local_redis(config)) is not None:
+    if (redis := local_redis(pipeline)) is not None:
         seconds = redis.start()
         lines.append(f"{redis.status()} (ready in {seconds:.1f}s; {REDIS_URL_ENV} for "
                      f"handlers: make dev sets it, or `stack redis-url`)")
-    if (registry := local_registry(config)) is not None:
+    if (registry := local_registry(pipeline)) is not None:
         seconds = registry.start()
         lines.append(f"{registry.status()} (ready in {seconds:.1f}s)")
     return "\n".join(lines)
 
 
-def down(config: PipelineConfig) -> str:
+def down(pipeline: PipelineConfig) -> str:
     """Stop everything local; the source stack first, or Connect would keep retrying
     against a broker that is gone."""
-    spark = local_spark(config)
+    spark = local_spark(pipeline)
     if spark is not None:
         spark.stop()
-    if (cluster := local_spark_cluster(config)) is not None:
+    if (cluster := local_spark_cluster(pipeline)) is not None:
         cluster.stop()
     S3Server(var_dir() / "s3").stop()
     redis = RedisServer(var_dir() / "redis")
     redis.stop()
     registry = SchemaRegistryServer(var_dir() / "schema-registry")
     registry.stop()
-    if config.bootstrap_servers:
+    if pipeline.bootstrap_servers:
         return "kafka: configured cluster, nothing local to stop"
-    source = source_down(config)
+    source = source_down(pipeline)
     local_broker().stop()
     return "\n".join([source, local_broker().status(), *([spark.status()] if spark else []),
                       redis.status(), registry.status()])
 
 
-def status(config: PipelineConfig) -> str:
-    spark = local_spark(config)
-    kafka = (f"kafka: configured bootstrap.servers={config.bootstrap_servers}"
-             if config.bootstrap_servers else local_broker().status())
-    redis = local_redis(config)
-    cluster = local_spark_cluster(config)
-    registry = local_registry(config)
+def status(pipeline: PipelineConfig) -> str:
+    spark = local_spark(pipeline)
+    kafka = (f"kafka: configured bootstrap.servers={pipeline.bootstrap_servers}"
+             if pipeline.bootstrap_servers else local_broker().status())
+    redis = local_redis(pipeline)
+    cluster = local_spark_cluster(pipeline)
+    registry = local_registry(pipeline)
     return "\n".join([kafka, *([cluster.status()] if cluster else []),
                       *([spark.status()] if spark else []),
                       *([redis.status()] if redis else []),
                       *([registry.status()] if registry else [])])
 
 
-def source_up(config: PipelineConfig) -> str:
+def source_up(pipeline: PipelineConfig) -> str:
     """Start the broker (if needed), MariaDB and the Debezium worker; report timings."""
-    skipped = source_skip_reason(config)
+    skipped = source_skip_reason(pipeline)
     if skipped:
         return skipped
     broker = local_broker()
@@ -213,18 +213,18 @@ def source_up(config: PipelineConfig) -> str:
     ])
 
 
-def source_down(config: PipelineConfig) -> str:
+def source_down(pipeline: PipelineConfig) -> str:
     """Stop the Debezium worker, then MariaDB; the broker is left to `down`."""
-    skipped = source_skip_reason(config)
+    skipped = source_skip_reason(pipeline)
     if skipped:
         return skipped
     local_connect().stop()
     local_mariadb().stop()
-    return source_status(config)
+    return source_status(pipeline)
 
 
-def source_status(config: PipelineConfig) -> str:
-    return source_skip_reason(config) or "\n".join(
+def source_status(pipeline: PipelineConfig) -> str:
+    return source_skip_reason(pipeline) or "\n".join(
         [local_mariadb().status(), local_connect().status()]
     )
 
@@ -246,8 +246,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="binlake-stack", description=__doc__)
     parser.add_argument("action", choices=list(_ACTIONS))
     args = parser.parse_args(argv)
-    config = load_config()
-    print(_ACTIONS[args.action](config))
+    pipeline = load_config()
+    print(_ACTIONS[args.action](pipeline))
     return 0
 
 

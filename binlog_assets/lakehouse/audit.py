@@ -30,11 +30,11 @@ _LIVE = (OP_CREATE, OP_UPDATE, OP_READ)
 _ROW = (*_LIVE, OP_DELETE)
 
 
-def expected_live_rows(spark: SparkSession, config: PipelineConfig, replica: str,
+def expected_live_rows(spark: SparkSession, pipeline: PipelineConfig, replica: str,
                        applied_version: int) -> int:
     """Live keys of `replica` per the changelog as of `applied_version` (0 before any)."""
-    route = replica_route(config, replica)
-    rows = _routed_rows(spark, config, route, applied_version)
+    route = replica_route(pipeline, replica)
+    rows = _routed_rows(spark, pipeline, route, applied_version)
     if rows is None:
         return 0
     rows = rows.withColumn("_pos", changelog_position())
@@ -59,26 +59,26 @@ def expected_live_rows(spark: SparkSession, config: PipelineConfig, replica: str
     return live.count()
 
 
-def expected_log_rows(spark: SparkSession, config: PipelineConfig, replica: str,
+def expected_log_rows(spark: SparkSession, pipeline: PipelineConfig, replica: str,
                       applied_version: int) -> int:
     """Distinct row changes and truncates of `replica`'s source tables per the changelog
     as of `applied_version`: the rows of its append-only replica (0 before any)."""
-    rows = _routed_rows(spark, config, replica_route(config, replica), applied_version)
+    rows = _routed_rows(spark, pipeline, replica_route(pipeline, replica), applied_version)
     if rows is None:
         return 0
     changes = rows.where(F.col("op").isin(*_ROW, OP_TRUNCATE))
     return changes.select("table", change_identity(changelog_position())).distinct().count()
 
 
-def _routed_rows(spark: SparkSession, config: PipelineConfig, route: ReplicaRoute,
+def _routed_rows(spark: SparkSession, pipeline: PipelineConfig, route: ReplicaRoute,
                  applied_version: int) -> DataFrame | None:
     """The changelog's rows of the replica's source tables up to `applied_version`; None
     when there are none. The tables come from the commits' surveys in the log while the
     changelog is short, else from a scan of the rows (a Spark job)."""
     if applied_version < 0:
         return None
-    rows = read_changelog(spark, config, None, applied_version)
-    groups = read_survey(spark, config, None, applied_version)
+    rows = read_changelog(spark, pipeline, None, applied_version)
+    groups = read_survey(spark, pipeline, None, applied_version)
     names = ({g.table for g in groups} if groups is not None
              else {r["table"] for r in rows.select("table").distinct().collect()})
     tables = route.select(names)

@@ -42,11 +42,11 @@ class LiveKeys:
     """The expected row count of one replica at a changelog version, brought forward
     from the count before it. Not for concurrent use: a follower keeps one per replica."""
 
-    def __init__(self, config: PipelineConfig, replica: str, *, append_only: bool) -> None:
-        self.config = config
-        self.route = replica_route(config, replica)
+    def __init__(self, pipeline: PipelineConfig, replica: str, *, append_only: bool) -> None:
+        self.pipeline = pipeline
+        self.route = replica_route(pipeline, replica)
         self.append_only = append_only
-        self.uri = delta_rs_uri(changelog_uri(config))
+        self.uri = delta_rs_uri(changelog_uri(pipeline))
         self.version: int | None = None  # the version the state is at
         self.table_id: str | None = None
         self._state: pa.Table | None = None  # last change per key, or distinct changes
@@ -296,7 +296,7 @@ def _plain(rows: pa.Table) -> pa.Table:
         for f in rows.schema]))
 
 
-def expected_rows(config: PipelineConfig, replica: str, version: int, *,
+def expected_rows(pipeline: PipelineConfig, replica: str, version: int, *,
                   append_only: bool) -> int:
     """One count, from the snapshot at `version` (no state kept)."""
-    return LiveKeys(config, replica, append_only=append_only).count(version)
+    return LiveKeys(pipeline, replica, append_only=append_only).count(version)

@@ -213,15 +213,15 @@ def commit_doc(metadata: str | None) -> dict[str, Any]:
     return doc if type(doc) is dict else {}
 
 
-def changelog_name(config: PipelineConfig) -> tuple[str, str]:
-    return config.lakehouse.database, CHANGELOG_TABLE
+def changelog_name(pipeline: PipelineConfig) -> tuple[str, str]:
+    return pipeline.lakehouse.database, CHANGELOG_TABLE
 
 
-def changelog_uri(config: PipelineConfig) -> str:
+def changelog_uri(pipeline: PipelineConfig) -> str:
     """Where the changelog table lives: the warehouse folder Spark's catalog would give it,
     so a catalog entry (registered by the Spark side) and delta-rs name one table."""
-    database, table = changelog_name(config)
-    return config.lakehouse.uri("warehouse", f"{database}.db", table)
+    database, table = changelog_name(pipeline)
+    return pipeline.lakehouse.uri("warehouse", f"{database}.db", table)
 
 
 def changelog_arrow_schema() -> Schema:
@@ -268,9 +268,9 @@ class ChangelogWriter:
     """Appends decoded events to the changelog with delta-rs, one idempotent commit per
     call. Safe to share between threads: commits of one writer take turns."""
 
-    def __init__(self, config: PipelineConfig) -> None:
-        self.config = config
-        self.uri = delta_rs_uri(changelog_uri(config))
+    def __init__(self, pipeline: PipelineConfig) -> None:
+        self.pipeline = pipeline
+        self.uri = delta_rs_uri(changelog_uri(pipeline))
         self._table = None
         self._lock = threading.Lock()
 
@@ -281,7 +281,7 @@ class ChangelogWriter:
         if self._table is None:
             with _CREATE_LOCK:
                 if not DeltaTable.is_deltatable(self.uri):
-                    database, table = changelog_name(self.config)
+                    database, table = changelog_name(self.pipeline)
                     # mode="ignore": another process creating it first is no error.
                     DeltaTable.create(self.uri, changelog_arrow_schema(), mode="ignore",
                                       name=f"{database}.{table}",
@@ -363,7 +363,7 @@ class ChangelogWriter:
             return table.version()
 
 
-def changelog_checkpoint(config: PipelineConfig, group_id: str, topic: str,
+def changelog_checkpoint(pipeline: PipelineConfig, group_id: str, topic: str,
                          partition: int) -> int | None:
     """Where `topic`[`partition`] resumes per the changelog: the end offset last written."""
-    return ChangelogWriter(config).checkpoint(group_id, topic, partition)
+    return ChangelogWriter(pipeline).checkpoint(group_id, topic, partition)

@@ -34,7 +34,7 @@ _lock = threading.Lock()
 _kept: dict[str, tuple[str, int, int, pa.Table]] = {}
 
 
-def changes_of(config: PipelineConfig, after_version: int | None, up_to: int,
+def changes_of(pipeline: PipelineConfig, after_version: int | None, up_to: int,
                tables: list[str], ops: tuple[str, ...]) -> pa.Table:
     """Rows of changelog versions (`after_version`, `up_to`] (the table as of `up_to`
     when None) whose table is one of `tables` and op one of `ops`, columns `RANGE_COLUMNS`."""
@@ -42,7 +42,7 @@ def changes_of(config: PipelineConfig, after_version: int | None, up_to: int,
     import pyarrow.compute as pc
     from deltalake import DeltaTable, QueryBuilder
 
-    uri = delta_rs_uri(changelog_uri(config))
+    uri = delta_rs_uri(changelog_uri(pipeline))
     if after_version is None:
         # The table as of `up_to`, as Spark reads it: rows retention removed stay out,
         # where the change feed of every version would bring them back. delta-rs's query

@@ -51,17 +51,17 @@ def changelog_schema() -> T.StructType:
     return T.StructType([T.StructField(name, simple[t]) for name, t in CHANGELOG_COLUMNS])
 
 
-def register_changelog(spark: SparkSession, config: PipelineConfig) -> bool:
+def register_changelog(spark: SparkSession, pipeline: PipelineConfig) -> bool:
     """Name the changelog in the session's catalog once the table exists; False before
     the first consumer run wrote it."""
     from deltalake import DeltaTable
 
-    database, table = changelog_name(config)
+    database, table = changelog_name(pipeline)
     with _REGISTER_LOCK:
         if table_exists(spark, database, table):
             table_location(spark, database, table)  # remembered: later calls ask no one
             return True
-        uri = changelog_uri(config)
+        uri = changelog_uri(pipeline)
         if not DeltaTable.is_deltatable(delta_rs_uri(uri)):
             return False
         ensure_database(spark, database)
@@ -72,25 +72,25 @@ def register_changelog(spark: SparkSession, config: PipelineConfig) -> bool:
         return True
 
 
-def changelog_version(spark: SparkSession, config: PipelineConfig) -> int:
+def changelog_version(spark: SparkSession, pipeline: PipelineConfig) -> int:
     """The changelog's current Delta version; -1 before its first write. Read from its
     log by delta-rs at the configured location: no catalog round trip."""
     del spark  # the log alone answers; kept for the callers' symmetry with the readers
-    log = _changelog_log(config)
+    log = _changelog_log(pipeline)
     return -1 if log is None else int(log.version())
 
 
-def _changelog_log(config: PipelineConfig) -> DeltaTable | None:
+def _changelog_log(pipeline: PipelineConfig) -> DeltaTable | None:
     from deltalake.exceptions import TableNotFoundError
 
     try:
-        return open_log(changelog_uri(config))
+        return open_log(changelog_uri(pipeline))
     except TableNotFoundError:
         return None
 
 
 def read_changelog(
-    spark: SparkSession, config: PipelineConfig, after_version: int | None, up_to: int
+    spark: SparkSession, pipeline: PipelineConfig, after_version: int | None, up_to: int
 ) -> DataFrame:
     """Changelog rows committed in versions (`after_version`, `up_to`].
 
@@ -99,8 +99,8 @@ def read_changelog(
     ranges are the rows those commits added (the table is append-only), read from their
     files only (`delta_log.added_rows`).
     """
-    register_changelog(spark, config)
-    database, table = changelog_name(config)
+    register_changelog(spark, pipeline)
+    database, table = changelog_name(pipeline)
     if after_version is None:
         name = f"{database}.{table}"
         return spark.read.format("delta").option("versionAsOf", up_to).table(name)
@@ -142,7 +142,7 @@ def survey_of_frame(frame: DataFrame) -> list[SurveyGroup]:
                         times.get(g["table"])) for g in groups]
 
 
-def read_survey(spark: SparkSession | None, config: PipelineConfig, after_version: int | None,
+def read_survey(spark: SparkSession | None, pipeline: PipelineConfig, after_version: int | None,
                 up_to: int) -> list[SurveyGroup] | None:
     """The surveys of changelog versions (`after_version`, `up_to`] (all versions up to
     `up_to` when `after_version` is None) from their commits' metadata, merged per group
@@ -152,7 +152,7 @@ def read_survey(spark: SparkSession | None, config: PipelineConfig, after_versio
     if up_to - first >= SURVEY_MAX_COMMITS:
         return None
     # The commits' metadata from the log itself (delta-rs), not a Spark job.
-    log = _changelog_log(config)
+    log = _changelog_log(pipeline)
     if log is None:
         return None
     history = log.history(log.version() - first + 1)
@@ -177,12 +177,12 @@ def read_survey(spark: SparkSession | None, config: PipelineConfig, after_versio
             for key, (n, last) in merged.items()]
 
 
-def changelog_frame(spark: SparkSession, config: PipelineConfig) -> DataFrame:
+def changelog_frame(spark: SparkSession, pipeline: PipelineConfig) -> DataFrame:
     """The whole changelog table, as of now (registered in the catalog first)."""
-    if not register_changelog(spark, config):
-        raise FileNotFoundError(f"no changelog table at {changelog_uri(config)} yet: "
+    if not register_changelog(spark, pipeline):
+        raise FileNotFoundError(f"no changelog table at {changelog_uri(pipeline)} yet: "
                                 f"no consumer run has written one")
-    return spark.table(qualified(*changelog_name(config)))
+    return spark.table(qualified(*changelog_name(pipeline)))
 
 
 class LazyRange:

@@ -86,24 +86,24 @@ def live_files(location: str) -> tuple[int, int]:
     return len(sizes), sum(sizes)
 
 
-def compact_changelog(config: PipelineConfig, *, vacuum: bool) -> Upkeep:
+def compact_changelog(pipeline: PipelineConfig, *, vacuum: bool) -> Upkeep:
     """Compact the changelog (delta-rs); vacuum it too when `vacuum`."""
     from deltalake import CommitProperties, DeltaTable
 
-    uri = changelog_uri(config)
+    uri = changelog_uri(pipeline)
     before = live_files(uri)
     table = DeltaTable(delta_rs_uri(uri))
     table.optimize.compact(commit_properties=CommitProperties(
         custom_metadata={"userMetadata": commit_metadata("optimize", [])}))
-    removed = (table.vacuum(retention_hours=int(config.lakehouse.vacuum_retention_hours),
+    removed = (table.vacuum(retention_hours=int(pipeline.lakehouse.vacuum_retention_hours),
                             dry_run=False) if vacuum else [])
     after = live_files(uri)
     note = "" if vacuum else "not vacuumed: a replica has not applied the current version"
-    return Upkeep(qualified(config.lakehouse.database, "changelog"), *before, *after,
+    return Upkeep(qualified(pipeline.lakehouse.database, "changelog"), *before, *after,
                   len(removed), note)
 
 
-def compact_table(spark: SparkSession, config: PipelineConfig, table: tuple[str, str]
+def compact_table(spark: SparkSession, pipeline: PipelineConfig, table: tuple[str, str]
                   ) -> Upkeep:
     """OPTIMIZE and VACUUM a replica or history table; with `lakehouse.zorder_replicas`,
     OPTIMIZE clusters it by its key (`ZORDER BY`)."""
@@ -111,12 +111,12 @@ def compact_table(spark: SparkSession, config: PipelineConfig, table: tuple[str,
     before = live_files(location)
     name = qualified(*table)
     zorder = []
-    if config.lakehouse.zorder_replicas:
+    if pipeline.lakehouse.zorder_replicas:
         properties = table_detail(spark, *table)["properties"]
         zorder = json.loads(properties.get(KEY_PROPERTY, "[]"))
     order = f" ZORDER BY ({', '.join(quote(c) for c in zorder)})" if zorder else ""
     spark.sql(f"OPTIMIZE {name}{order}").collect()
-    hours = int(config.lakehouse.vacuum_retention_hours)
+    hours = int(pipeline.lakehouse.vacuum_retention_hours)
     # VACUUM answers with the table's path; its DRY RUN lists what it would delete.
     removed = spark.sql(f"VACUUM {name} RETAIN {hours} HOURS DRY RUN").count()
     spark.sql(f"VACUUM {name} RETAIN {hours} HOURS").collect()

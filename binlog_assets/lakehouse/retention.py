@@ -64,7 +64,7 @@ def applied_by_every_replica(builder: ReplicaBuilder, current: int
     the tables that have applied none (then the version is None: they need every row).
     With no replica configured nothing reads the changelog: `current`."""
     versions, waiting = [], []
-    for name, route in sorted(replica_routes(builder.config).items()):
+    for name, route in sorted(replica_routes(builder.pipeline).items()):
         replica = builder.table_name(name)
         targets = [replica]
         # A history table is built alongside unless the replica is an append-only log.
@@ -82,7 +82,7 @@ def applied_by_every_replica(builder: ReplicaBuilder, current: int
     return (min(versions) if versions else current), []
 
 
-def retain_changelog(config: PipelineConfig, applied: int | None, *,
+def retain_changelog(pipeline: PipelineConfig, applied: int | None, *,
                      now: datetime | None = None) -> Retention:
     """Delete the changelog rows ingested more than `lakehouse.changelog_retention_days`
     before `now` that are in files already there at version `applied` (see the module
@@ -90,7 +90,7 @@ def retain_changelog(config: PipelineConfig, applied: int | None, *,
     from deltalake import CommitProperties, DeltaTable
     from deltalake.transaction import RemoveAction
 
-    days = config.lakehouse.changelog_retention_days
+    days = pipeline.lakehouse.changelog_retention_days
     if days is None:
         raise ValueError("lakehouse.changelog_retention_days is not set: the changelog "
                          "keeps every row")
@@ -99,9 +99,9 @@ def retain_changelog(config: PipelineConfig, applied: int | None, *,
     # Statistics keep timestamps in whole milliseconds (a maximum rounded down): against
     # a whole-millisecond cutoff they decide exactly which rows are older.
     cutoff = cutoff.replace(microsecond=cutoff.microsecond // 1000 * 1000)
-    uri = changelog_uri(config)
+    uri = changelog_uri(pipeline)
     before = live_files(uri)
-    done = Retention(qualified(*changelog_name(config)), cutoff, applied, *before, *before)
+    done = Retention(qualified(*changelog_name(pipeline)), cutoff, applied, *before, *before)
     if applied is None:
         return done
     rs_uri = delta_rs_uri(uri)

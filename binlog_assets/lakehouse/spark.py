@@ -96,16 +96,16 @@ def _s3a_conf() -> dict[str, str]:
     return conf
 
 
-def spark_conf(config: PipelineConfig) -> dict[str, str]:
+def spark_conf(pipeline: PipelineConfig) -> dict[str, str]:
     """Every Spark setting binlake needs, with the user's `spark.conf` applied last."""
-    local = config.lakehouse.is_local
+    local = pipeline.lakehouse.is_local
     conf = {
-        "spark.master": config.spark.master,
+        "spark.master": pipeline.spark.master,
         "spark.app.name": "binlake",
         "spark.jars": ",".join(delta_jars()),
         "spark.sql.extensions": "io.delta.sql.DeltaSparkSessionExtension",
         "spark.sql.catalog.spark_catalog": "org.apache.spark.sql.delta.catalog.DeltaCatalog",
-        "spark.sql.warehouse.dir": config.lakehouse.uri("warehouse"),
+        "spark.sql.warehouse.dir": pipeline.lakehouse.uri("warehouse"),
         "spark.sql.catalogImplementation": "hive",
         "spark.sql.shuffle.partitions": "4",
         "spark.default.parallelism": "4",
@@ -128,35 +128,35 @@ def spark_conf(config: PipelineConfig) -> dict[str, str]:
     }
     # The driver maps the class archive `make setup` made, when there is one: seconds
     # off its start and its first build (`binlog_assets/dev/class_archive.py`).
-    java_options = [archive_java_options()] if config.spark.class_archive else []
-    if config.spark.driver_jit == "c1":
+    java_options = [archive_java_options()] if pipeline.spark.class_archive else []
+    if pipeline.spark.driver_jit == "c1":
         java_options.append(C1_ONLY)
     if local:
         # Embedded Derby admits one JVM at a time; its files stay with the lakehouse.
-        lake = config.lakehouse.resolved_path()
+        lake = pipeline.lakehouse.resolved_path()
         conf["spark.hadoop.javax.jdo.option.ConnectionURL"] = (
             f"jdbc:derby:;databaseName={lake / 'metastore_db'};create=true"
         )
         java_options.insert(0, f"-Dderby.system.home={lake}")
-    elif config.lakehouse.path.startswith("s3a://"):
+    elif pipeline.lakehouse.path.startswith("s3a://"):
         conf.update(_s3a_conf())
     if options := " ".join(o for o in java_options if o):
         conf["spark.driver.extraJavaOptions"] = options
     conf.update({k: str(v).lower() if isinstance(v, bool) else str(v)
-                 for k, v in config.spark.conf.items()})
+                 for k, v in pipeline.spark.conf.items()})
     return conf
 
 
-def get_spark(config: PipelineConfig) -> SparkSession:
+def get_spark(pipeline: PipelineConfig) -> SparkSession:
     """The process's SparkSession for this config (created once, then reused)."""
     from pyspark.sql import SparkSession
 
-    if config.spark.remote:
-        return _remote_session(config.spark.remote)
-    conf = spark_conf(config)
-    if config.lakehouse.is_local:
-        config.lakehouse.resolved_path().mkdir(parents=True, exist_ok=True)
-    hold_catalog_lock(config)
+    if pipeline.spark.remote:
+        return _remote_session(pipeline.spark.remote)
+    conf = spark_conf(pipeline)
+    if pipeline.lakehouse.is_local:
+        pipeline.lakehouse.resolved_path().mkdir(parents=True, exist_ok=True)
+    hold_catalog_lock(pipeline)
     builder = SparkSession.builder
     for k, v in conf.items():
         builder = builder.config(k, v)
@@ -176,11 +176,11 @@ def _remote_session(url: str) -> SparkSession:
     return session
 
 
-def new_session(spark: SparkSession, config: PipelineConfig) -> SparkSession:
+def new_session(spark: SparkSession, pipeline: PipelineConfig) -> SparkSession:
     """A session of its own beside `spark` (own SQL settings, the same catalog)."""
-    if not config.spark.remote:
+    if not pipeline.spark.remote:
         return spark.newSession()
-    return _connect(config.spark.remote, new=True)
+    return _connect(pipeline.spark.remote, new=True)
 
 
 def _connect(url: str, *, new: bool) -> SparkSession:
@@ -207,14 +207,14 @@ _CATALOG_LOCKS: dict[str, int] = {}
 CATALOG_LOCK_TIMEOUT_SECONDS = 3600.0
 
 
-def uses_embedded_catalog(config: PipelineConfig) -> bool:
+def uses_embedded_catalog(pipeline: PipelineConfig) -> bool:
     """A local lakehouse whose Hive catalog is binlake's embedded Derby (not overridden),
     opened by Spark in this process rather than by a Spark Connect server."""
-    return (config.lakehouse.is_local and not config.spark.remote
-            and "spark.hadoop.javax.jdo.option.ConnectionURL" not in config.spark.conf)
+    return (pipeline.lakehouse.is_local and not pipeline.spark.remote
+            and "spark.hadoop.javax.jdo.option.ConnectionURL" not in pipeline.spark.conf)
 
 
-def hold_catalog_lock(config: PipelineConfig,
+def hold_catalog_lock(pipeline: PipelineConfig,
                       timeout: float = CATALOG_LOCK_TIMEOUT_SECONDS) -> None:
     """Take the local lakehouse's catalog lock for the rest of this process's life.
 
@@ -228,9 +228,9 @@ def hold_catalog_lock(config: PipelineConfig,
     """
     import os
 
-    if not uses_embedded_catalog(config):
+    if not uses_embedded_catalog(pipeline):
         return
-    lake = config.lakehouse.resolved_path()
+    lake = pipeline.lakehouse.resolved_path()
     path = str(lake / "catalog.lock")
     if path in _CATALOG_LOCKS:
         return

@@ -14,10 +14,11 @@ partition's checkpoint, it writes nothing more and fails clearly.
 """
 
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 
 import dagster as dg
 
-from binlog_assets.config import PipelineConfig
+from binlog_assets.config import PipelineConfig, SourceConfig
 from binlog_assets.consume.checkpoint import disagreements
 from binlog_assets.consume.lag import PartitionLag, measure_lag
 from binlog_assets.consume.run import STOP_INTERRUPTED, RunSummary
@@ -103,16 +104,31 @@ def summary_metadata(summary: RunSummary, lag_at_end: int | None,
     return md
 
 
-def _source_lags(kafka_conf: dict, group: str, cfg: PipelineConfig, keys: Sequence[str]
-                 ) -> dict[str, list[PartitionLag]]:
-    """Every partition of the sources the run's partitions belong to, by source name."""
+def run_report(pipeline: PipelineConfig, kafka_conf: dict, group: str,
+               keys: Sequence[str]) -> "RunReport":
+    """What the reports of a run over `keys` need: the sources its partitions belong to
+    (by name) and the changelog's location."""
     topics = {parse_partition_key(k)[0] for k in keys}
-    found: dict[str, list[PartitionLag]] = {}
-    for source in cfg.sources:
-        if any(map(source.matches, topics)):
-            # The run checked the cluster when it started: one round trip less.
-            found[source.name] = measure_lag(kafka_conf, group, source.topics, check=False)
-    return found
+    sources = {s.name: s for s in pipeline.sources if any(map(s.matches, topics))}
+    return RunReport(kafka_conf, group, list(keys), sources, changelog_uri(pipeline))
+
+
+@dataclass(frozen=True)
+class RunReport:
+    """What the run's reports need, taken from the pipeline config once, before the run:
+    the reports then pass on no config of their own."""
+
+    kafka_conf: dict
+    group: str
+    keys: list[str]
+    sources: dict[str, SourceConfig]
+    changelog_uri: str
+
+    def source_lags(self) -> dict[str, list[PartitionLag]]:
+        """Every partition of the run's sources, by source name."""
+        # The run checked the cluster when it started: one round trip less.
+        return {name: measure_lag(self.kafka_conf, self.group, source.topics, check=False)
+                for name, source in self.sources.items()}
 
 
 @dg.asset(
@@ -138,15 +154,16 @@ def changelog(
     read no record records an observation instead of a materialization. Where each
     topic-partition stands over time is on the `kafka/<source>` assets upstream."""
     keys = list(context.partition_keys)
-    cfg = binlake.pipeline
+    pipeline = binlake.pipeline
     group = binlake.group_id()
     kafka_conf = binlake.kafka_conf()
+    run = run_report(pipeline, kafka_conf, group, keys)
 
     def report(outcomes: list[PartitionOutcome], *, final: bool) -> bool:
-        return report_outcomes(context, cfg, kafka_conf, group, keys, outcomes, final=final)
+        return report_outcomes(context, run, outcomes, final=final)
 
     outcomes = consume_partitions(
-        cfg, kafka_conf, keys, config, group=group,
+        pipeline, kafka_conf, keys, config, group=group,
         metadata_checkpoint=lambda key: latest_metadata_checkpoint(context.instance, key),
         # A terminated run still records what its partitions committed before it ends.
         on_interrupt=lambda stopped: report(stopped, final=False),
@@ -162,17 +179,16 @@ def changelog(
         yield dg.MaterializeResult()
 
 
-def report_outcomes(context: dg.OpExecutionContext, cfg: PipelineConfig, kafka_conf: dict,
-                    group: str, keys: list[str], outcomes: list[PartitionOutcome], *,
-                    final: bool) -> bool:
+def report_outcomes(context: dg.OpExecutionContext, run: RunReport,
+                    outcomes: list[PartitionOutcome], *, final: bool) -> bool:
     """Each partition's log line and metadata, and the sources' observations; whether
     any record was read. `final`: the run's output will carry the metadata (else it
     fails or was interrupted, and each materialization is recorded here)."""
-    by_source = _source_lags(kafka_conf, group, cfg, keys)
+    by_source = run.source_lags()
     lags = {partition_key(pl.topic, pl.partition): pl.lag
             for found in by_source.values() for pl in found}
     consumed = any(o.summary.records for o in outcomes if o.summary is not None)
-    table_md = _table_metadata(cfg) if consumed else {}
+    table_md = _table_metadata(run.changelog_uri) if consumed else {}
     for outcome in outcomes:
         if outcome.error is not None:
             context.log.error(f"{outcome.key}: {type(outcome.error).__name__}: "
@@ -207,11 +223,11 @@ def report_outcomes(context: dg.OpExecutionContext, cfg: PipelineConfig, kafka_c
     summaries = {o.key: o.summary for o in outcomes if o.summary is not None}
     for name, found in by_source.items():
         context.log_event(source_observation(
-            context.instance, cfg.source(name), found, summaries, context.run.run_id))
+            context.instance, run.sources[name], found, summaries, context.run.run_id))
     return consumed
 
 
-def _table_metadata(cfg: PipelineConfig) -> dict[str, dg.MetadataValue]:
+def _table_metadata(uri: str) -> dict[str, dg.MetadataValue]:
     """The changelog's row count, as Dagster's table metadata names it."""
-    rows = delta_row_count(changelog_uri(cfg))
+    rows = delta_row_count(uri)
     return {} if rows is None else {"dagster/row_count": dg.MetadataValue.int(rows)}

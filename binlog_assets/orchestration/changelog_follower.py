@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterator, Sequence
 import dagster as dg
 from pydantic import Field
 
-from binlog_assets.orchestration.changelog_asset import report_outcomes
+from binlog_assets.orchestration.changelog_asset import report_outcomes, run_report
 from binlog_assets.orchestration.consume_runs import (
     ChangelogRunConfig,
     PartitionOutcome,
@@ -122,13 +122,13 @@ def follow_changelog(context: dg.OpExecutionContext, config: ChangelogFollowConf
                 if k not in held]
 
     def consume(keys: list[str]) -> list[PartitionOutcome]:
+        run = run_report(pipeline, kafka_conf, group, keys)
         outcomes = consume_partitions(
             pipeline, kafka_conf, keys, ChangelogRunConfig(), group=group,
             metadata_checkpoint=lambda key: latest_metadata_checkpoint(instance, key),
             # Terminated mid-round: what its partitions committed is still recorded.
-            on_interrupt=lambda stopped: report_outcomes(context, pipeline, kafka_conf,
-                                                         group, keys, stopped, final=False))
-        report_outcomes(context, pipeline, kafka_conf, group, keys, outcomes, final=False)
+            on_interrupt=lambda stopped: report_outcomes(context, run, stopped, final=False))
+        report_outcomes(context, run, outcomes, final=False)
         return outcomes
 
     failing: dict[str, BaseException] = {}

@@ -66,7 +66,7 @@ CHANGELOG_RUN_CONFIG_SCAFFOLD = {
 
 
 def consume_partition(
-    cfg: PipelineConfig,
+    pipeline: PipelineConfig,
     kafka_conf: dict,
     key: str,
     run_config: ChangelogRunConfig,
@@ -81,10 +81,10 @@ def consume_partition(
     of its partitions, without Dagster around it. `handlers` defaults to the registry
     the partition's source names in the config."""
     topic, partition = parse_partition_key(key)
-    source = cfg.source_for_topic(topic)
+    source = pipeline.source_for_topic(topic)
     if handlers is None:
         handlers = source.handler_registry()
-    writer = writer or ChangelogWriter(cfg)
+    writer = writer or ChangelogWriter(pipeline)
 
     def changelog_cp() -> int | None:
         return writer.checkpoint(group, topic, partition)
@@ -96,7 +96,7 @@ def consume_partition(
     initial = changelog_cp()
     sink = FencedChangelogSink(writer, changelog_cp, group=group,
                                topic=topic, partition=partition, expected=initial,
-                               lakehouse=cfg.lakehouse.uri())
+                               lakehouse=pipeline.lakehouse.uri())
     settings = RunSettings(
         kafka_conf=kafka_conf,
         group_id=group,
@@ -111,9 +111,9 @@ def consume_partition(
         handler_timeout_seconds=source.handler_timeout_seconds,
         source=source.name,
         dead_letter_topic=source.dlq_topic,
-        max_records=run_config.max_records or cfg.dagster.max_records_per_run,
-        max_seconds=run_config.max_seconds or cfg.dagster.max_seconds_per_run,
-        commit_timeout_seconds=cfg.dagster.commit_timeout_seconds,
+        max_records=run_config.max_records or pipeline.dagster.max_records_per_run,
+        max_seconds=run_config.max_seconds or pipeline.dagster.max_seconds_per_run,
+        commit_timeout_seconds=pipeline.dagster.commit_timeout_seconds,
         start_offset=start,
         extra_checkpoint_sources=(
             lambda: None if initial is None else Checkpoint(initial, CHANGELOG),
@@ -121,7 +121,7 @@ def consume_partition(
         ),
         key_columns={t.source: list(t.key_columns) for t in source.tables if t.key_columns}
         or None,
-        schema_registry=dict(cfg.schema_registry) or None,
+        schema_registry=dict(pipeline.schema_registry) or None,
     )
     with handlers.opened():
         summary = BoundedRun(topic, partition, handlers, settings, sink=sink,
@@ -140,7 +140,7 @@ class PartitionOutcome:
 
 
 def consume_partitions(
-    cfg: PipelineConfig,
+    pipeline: PipelineConfig,
     kafka_conf: dict,
     keys: Sequence[str],
     run_config: ChangelogRunConfig,
@@ -161,11 +161,11 @@ def consume_partitions(
     outcomes to `on_interrupt`, and raises the interrupt again."""
     # Refused credentials fail the run at once, named, instead of empty polls until the end.
     check_cluster(kafka_conf)
-    writer = ChangelogWriter(cfg)
+    writer = ChangelogWriter(pipeline)
     threads = max(1, min(parallel, len(keys)))
     # Handlers given by the caller are objects of this process: only the config's
     # registries can be opened in another.
-    workers = (worker_processes(cfg, kafka_conf, keys, run_config, group)
+    workers = (worker_processes(pipeline, kafka_conf, keys, run_config, group)
                if handlers is None and len(keys) > 1 else 0)
     stop = worker_stop() if workers else threading.Event()
     todo = iter(keys)
@@ -180,7 +180,7 @@ def consume_partitions(
         while (key := take()) is not None:
             try:
                 summary, sink = consume_partition(
-                    cfg, kafka_conf, key, run_config, handlers, group=group,
+                    pipeline, kafka_conf, key, run_config, handlers, group=group,
                     metadata_checkpoint=lambda key=key: metadata_checkpoint(key),
                     writer=writer, stop=stop)
                 done[key] = PartitionOutcome(key, summary, sink)
@@ -191,14 +191,14 @@ def consume_partitions(
         while (key := take()) is not None:
             try:
                 done[key] = processes.submit(
-                    consume_in_worker, cfg, kafka_conf, key, run_config, group,
+                    consume_in_worker, pipeline, kafka_conf, key, run_config, group,
                     metadata_checkpoint(key)).result()
             except Exception as exc:  # a worker died (BrokenProcessPool) or the like
                 done[key] = PartitionOutcome(key, error=exc)
                 return  # the pool is broken: the run's threads take the rest
 
     with ExitStack() as opened:
-        for registry in _registries(cfg, keys, handlers):
+        for registry in _registries(pipeline, keys, handlers):
             opened.enter_context(registry.opened())
         # Partitions run in threads even when there is one: the interrupt is raised in
         # this thread, which then asks them to stop instead of abandoning a commit.
@@ -219,12 +219,12 @@ def consume_partitions(
         return [done[key] for key in keys]
 
 
-def _registries(cfg: PipelineConfig, keys: Sequence[str],
+def _registries(pipeline: PipelineConfig, keys: Sequence[str],
                 handlers: HandlerRegistry | None) -> list[HandlerRegistry]:
     """The distinct registries the partitions' sources name (or just `handlers`). A
     partition of no configured source fails on its own, in `consume_partition`."""
     if handlers is not None:
         return [handlers]
     topics = {parse_partition_key(k)[0] for k in keys}
-    found = (s.handler_registry() for s in cfg.sources if any(map(s.matches, topics)))
+    found = (s.handler_registry() for s in pipeline.sources if any(map(s.matches, topics)))
     return list({id(r): r for r in found}.values())

@@ -55,18 +55,18 @@ class SinkTotals:
     version: int | None
 
 
-def worker_processes(cfg: PipelineConfig, kafka_conf: dict, keys: Sequence[str],
+def worker_processes(pipeline: PipelineConfig, kafka_conf: dict, keys: Sequence[str],
                      run_config: ChangelogRunConfig, group: str) -> int:
     """How many worker processes the run over `keys` uses: none for a single partition
     or a backlog below `dagster.worker_backlog_records` (its group's committed offsets
     against the partitions' ends, each capped at the run's record limit)."""
-    wanted = cfg.dagster.worker_processes
+    wanted = pipeline.dagster.worker_processes
     if wanted is None:
         wanted = max(0, (os.cpu_count() or 1) - 1)
     wanted = min(wanted, len(keys) - 1)
     if wanted <= 0:
         return 0
-    limit = run_config.max_records or cfg.dagster.max_records_per_run
+    limit = run_config.max_records or pipeline.dagster.max_records_per_run
     parsed = {parse_partition_key(k) for k in keys}
     topics = sorted({t for t, _ in parsed})
     try:
@@ -77,7 +77,7 @@ def worker_processes(cfg: PipelineConfig, kafka_conf: dict, keys: Sequence[str],
         return 0
     backlog = sum(lag.lag if limit is None else min(lag.lag, limit)
                   for lag in lags if (lag.topic, lag.partition) in parsed)
-    return wanted if backlog >= cfg.dagster.worker_backlog_records else 0
+    return wanted if backlog >= pipeline.dagster.worker_backlog_records else 0
 
 
 def worker_stop() -> Event:
@@ -110,7 +110,7 @@ def _start_worker(parent: int, stop: Event) -> None:
     threading.Thread(target=watch, name="binlake-parent-watch", daemon=True).start()
 
 
-def consume_in_worker(cfg: PipelineConfig, kafka_conf: dict, key: str,
+def consume_in_worker(pipeline: PipelineConfig, kafka_conf: dict, key: str,
                       run_config: ChangelogRunConfig, group: str,
                       checkpoint: Checkpoint | None) -> PartitionOutcome:
     """One partition's bounded run in a worker process (`consume_partition` with the
@@ -118,9 +118,9 @@ def consume_in_worker(cfg: PipelineConfig, kafka_conf: dict, key: str,
     from binlog_assets.orchestration.consume_runs import PartitionOutcome, consume_partition
 
     try:
-        summary, sink = consume_partition(cfg, kafka_conf, key, run_config, group=group,
+        summary, sink = consume_partition(pipeline, kafka_conf, key, run_config, group=group,
                                           metadata_checkpoint=lambda: checkpoint,
-                                          writer=_writer(cfg),
+                                          writer=_writer(pipeline),
                                           stop=_STOP[0] if _STOP else None)
     except Exception as exc:  # reported per partition by the run, as in its own threads
         return PartitionOutcome(key, error=_picklable(exc))
@@ -130,13 +130,13 @@ def consume_in_worker(cfg: PipelineConfig, kafka_conf: dict, key: str,
 _WRITERS: dict[str, object] = {}
 
 
-def _writer(cfg: PipelineConfig) -> ChangelogWriter:
+def _writer(pipeline: PipelineConfig) -> ChangelogWriter:
     """One changelog writer per worker process and lakehouse, as the run has one."""
     from binlog_assets.lakehouse.changelog import ChangelogWriter
 
-    uri = cfg.lakehouse.uri()
+    uri = pipeline.lakehouse.uri()
     if uri not in _WRITERS:
-        _WRITERS[uri] = ChangelogWriter(cfg)
+        _WRITERS[uri] = ChangelogWriter(pipeline)
     return _WRITERS[uri]
 
 

@@ -68,14 +68,14 @@ def profiles_dir() -> Path:
     return var_dir() / "dbt"
 
 
-def write_profiles(config: PipelineConfig, directory: Path | None = None) -> Path:
+def write_profiles(pipeline: PipelineConfig, directory: Path | None = None) -> Path:
     """Write profiles.yml for this config; returns its directory."""
     directory = directory or profiles_dir()
     directory.mkdir(parents=True, exist_ok=True)
     # Over Spark Connect, dbt's session is a client of the same server (dbt-spark's
     # builder goes remote when `spark.remote` is among its settings).
-    params = ({"spark.remote": config.spark.remote} if config.spark.remote
-              else spark_conf(config))
+    params = ({"spark.remote": pipeline.spark.remote} if pipeline.spark.remote
+              else spark_conf(pipeline))
     profile = {
         "binlake": {
             "target": "local",
@@ -84,7 +84,7 @@ def write_profiles(config: PipelineConfig, directory: Path | None = None) -> Pat
                     "type": "spark",
                     "method": "session",
                     "host": "NA",  # unused by the session method, required by the schema
-                    "schema": f"{config.lakehouse.database}_marts",
+                    "schema": f"{pipeline.lakehouse.database}_marts",
                     # Models and tests that do not depend on each other run together:
                     # each is a few small Spark jobs and driver round trips.
                     "threads": 4,
@@ -97,17 +97,17 @@ def write_profiles(config: PipelineConfig, directory: Path | None = None) -> Pat
     return directory
 
 
-def dbt_env(config: PipelineConfig) -> dict[str, str]:
-    return {"BINLAKE_DATABASE": config.lakehouse.database}
+def dbt_env(pipeline: PipelineConfig) -> dict[str, str]:
+    return {"BINLAKE_DATABASE": pipeline.lakehouse.database}
 
 
-def prepare_manifest(config: PipelineConfig) -> DbtProject:
+def prepare_manifest(pipeline: PipelineConfig) -> DbtProject:
     """The dbt project with a parsed manifest of its own for the configured database
     (parsed now when missing or stale)."""
-    directory = write_profiles(config)
+    directory = write_profiles(pipeline)
     # The manifest names each model's relation, the database's marts schema included:
     # one manifest per configured database, or another config's names would show.
-    target = Path("target") / config.lakehouse.database
+    target = Path("target") / pipeline.lakehouse.database
     project = DbtProject(project_dir=DBT_PROJECT_DIR, profiles_dir=directory,
                          target_path=target)
     sources = [p for p in DBT_PROJECT_DIR.rglob("*") if p.suffix in (".sql", ".yml")
@@ -119,19 +119,19 @@ def prepare_manifest(config: PipelineConfig) -> DbtProject:
         subprocess.run(
             [str(dbt), "parse", "--quiet", "--profiles-dir", str(directory),
              "--target-path", str(target)],
-            cwd=DBT_PROJECT_DIR, check=True, env={**os.environ, **dbt_env(config)},
+            cwd=DBT_PROJECT_DIR, check=True, env={**os.environ, **dbt_env(pipeline)},
             timeout=300,
         )
     return project
 
 
-def build_dbt_assets(config: PipelineConfig) -> tuple[dg.AssetsDefinition, DbtCliResource]:
-    project = prepare_manifest(config)
+def build_dbt_assets(pipeline: PipelineConfig) -> tuple[dg.AssetsDefinition, DbtCliResource]:
+    project = prepare_manifest(pipeline)
 
     # The pool keeps dbt's JVM and a replica build's off the embedded catalog at once; a
     # Spark Connect server serves both together.
     @dbt_assets(manifest=project.manifest_path, project=project,
-                pool=None if config.spark.remote else SPARK_POOL,
+                pool=None if pipeline.spark.remote else SPARK_POOL,
                 dagster_dbt_translator=BinlakeDbtTranslator(
                     DagsterDbtTranslatorSettings(enable_code_references=True)))
     def binlake_dbt_models(context: dg.AssetExecutionContext, dbt: DbtCliResource,
@@ -143,7 +143,7 @@ def build_dbt_assets(config: PipelineConfig) -> tuple[dg.AssetsDefinition, DbtCl
         hold_catalog_lock(binlake.pipeline)
         yield from dbt.cli(["build"], context=context).stream()
 
-    os.environ.update(dbt_env(config))
+    os.environ.update(dbt_env(pipeline))
     resource = DbtCliResource(project_dir=project, profiles_dir=str(project.profiles_dir),
                               dbt_executable=str(Path(sys.executable).with_name("dbt")))
     return binlake_dbt_models, resource

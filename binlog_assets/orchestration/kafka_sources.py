@@ -37,7 +37,7 @@ def kafka_source_key(source: str) -> dg.AssetKey:
     return dg.AssetKey(["kafka", source])
 
 
-def kafka_source_specs(config: PipelineConfig) -> list[dg.AssetSpec]:
+def kafka_source_specs(pipeline: PipelineConfig) -> list[dg.AssetSpec]:
     return [
         dg.AssetSpec(
             kafka_source_key(s.name),
@@ -49,7 +49,7 @@ def kafka_source_specs(config: PipelineConfig) -> list[dg.AssetSpec]:
                          f"per partition (one plot each) and a `partitions` table."),
             metadata={"topics": dg.MetadataValue.json(list(s.topics))},
         )
-        for s in config.sources
+        for s in pipeline.sources
     ]
 
 

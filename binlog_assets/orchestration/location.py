@@ -19,19 +19,19 @@ def location_config() -> PipelineConfig:
     return load_config()
 
 
-def location_definitions(config: PipelineConfig, *, resources: dict[str, Any] | None = None,
+def location_definitions(pipeline: PipelineConfig, *, resources: dict[str, Any] | None = None,
                          **definitions: Any) -> dg.Definitions:
     """A code location's `Definitions`, with the `binlake` resource and its executor."""
     return dg.Definitions(
         **definitions,
         resources={"binlake": BinlakeResource(), **(resources or {})},
-        executor=location_executor(config),
+        executor=location_executor(pipeline),
     )
 
 
-def location_executor(config: PipelineConfig) -> dg.ExecutorDefinition | None:
+def location_executor(pipeline: PipelineConfig) -> dg.ExecutorDefinition | None:
     """The executor of the runs automation and the UI make of an asset selection
     (`__ASSET_JOB`): a subprocess per step would load the code location again, 3-7 s of
     each run. With Spark in the run's process (`spark.remote` unset), a selection of
     replicas keeps a step per process: Dagster's default."""
-    return ONE_PROCESS if config.spark.remote else None
+    return ONE_PROCESS if pipeline.spark.remote else None

@@ -71,24 +71,24 @@ def lakehouse_maintenance(context: dg.OpExecutionContext, binlake: BinlakeResour
     from binlog_assets.lakehouse.replica.builder import ReplicaBuilder
     from binlog_assets.lakehouse.retention import applied_by_every_replica, retain_changelog
 
-    cfg = binlake.pipeline
-    builder = ReplicaBuilder(binlake.spark(), cfg)
-    names = replica_names(cfg)
-    current = changelog_version(builder.spark, cfg)
+    pipeline = binlake.pipeline
+    builder = ReplicaBuilder(binlake.spark(), pipeline)
+    names = replica_names(pipeline)
+    current = changelog_version(builder.spark, pipeline)
     if current >= 0:
         # A replica behind the current version still reads older versions' files.
         behind = [n for n in names if (builder.applied_version(n) or -1) < current]
-        if cfg.lakehouse.changelog_retention_days is not None:
+        if pipeline.lakehouse.changelog_retention_days is not None:
             # Before compaction, which would mix old rows into files of new ones.
             applied, waiting = applied_by_every_replica(builder, current)
-            kept = retain_changelog(cfg, applied)
+            kept = retain_changelog(pipeline, applied)
             if waiting:
                 kept = replace(kept, note=f"nothing removed: {', '.join(waiting)} "
                                           "applied no changelog version yet")
             context.log.info(f"{kept}")
             yield dg.AssetObservation(asset_key=CHANGELOG_ASSET_KEY,
                                       metadata=retention_metadata(kept))
-        upkeep = compact_changelog(cfg, vacuum=not behind)
+        upkeep = compact_changelog(pipeline, vacuum=not behind)
         context.log.info(f"{upkeep}")
         yield dg.AssetObservation(asset_key=CHANGELOG_ASSET_KEY,
                                   metadata=upkeep_metadata(upkeep))
@@ -96,7 +96,7 @@ def lakehouse_maintenance(context: dg.OpExecutionContext, binlake: BinlakeResour
         for table in (builder.table_name(name), builder.history_name(name)):
             if not table_exists(builder.spark, *table):
                 continue
-            upkeep = compact_table(builder.spark, cfg, table)
+            upkeep = compact_table(builder.spark, pipeline, table)
             context.log.info(f"{upkeep}")
             yield dg.AssetObservation(asset_key=replica_key(name),
                                       metadata=upkeep_metadata(upkeep))

@@ -29,11 +29,11 @@ class ParityRunConfig(dg.Config):
                     "replica the run selects")
 
 
-def checked_replicas(config: PipelineConfig) -> list[str]:
+def checked_replicas(pipeline: PipelineConfig) -> list[str]:
     """Replicas with a parity check: those whose sources all have a connection."""
     out = []
-    for name in replica_names(config):
-        tables = [(s, t) for s in config.sources for t in s.tables if t.replica == name]
+    for name in replica_names(pipeline):
+        tables = [(s, t) for s in pipeline.sources for t in s.tables if t.replica == name]
         if all(s.connection is not None for s, _ in tables):
             out.append(name)
     return out
@@ -70,8 +70,8 @@ def parity_result(key: dg.AssetKey, report, sample: int) -> dg.AssetCheckResult:
         severity=dg.AssetCheckSeverity.ERROR, metadata=md, description=report.summary())
 
 
-def build_parity_checks(config: PipelineConfig) -> list[dg.AssetChecksDefinition]:
-    names = checked_replicas(config)
+def build_parity_checks(pipeline: PipelineConfig) -> list[dg.AssetChecksDefinition]:
+    names = checked_replicas(pipeline)
     if not names:
         return []
     specs = [dg.AssetCheckSpec(
@@ -121,8 +121,8 @@ def _builds_replicas(context: dg.AssetCheckExecutionContext) -> bool:
         k.path[0] == "replica" for k in selection)
 
 
-def parity_job(config: PipelineConfig):  # noqa: ANN201 - an unresolved asset job, or None
-    names = checked_replicas(config)
+def parity_job(pipeline: PipelineConfig):  # noqa: ANN201 - an unresolved asset job, or None
+    names = checked_replicas(pipeline)
     if not names:
         return None
     return dg.define_asset_job(
@@ -136,11 +136,11 @@ def parity_job(config: PipelineConfig):  # noqa: ANN201 - an unresolved asset jo
     )
 
 
-def parity_schedule(config: PipelineConfig, job) -> dg.ScheduleDefinition | None:  # noqa: ANN001
-    if job is None or config.parity.schedule is None:
+def parity_schedule(pipeline: PipelineConfig, job) -> dg.ScheduleDefinition | None:  # noqa: ANN001
+    if job is None or pipeline.parity.schedule is None:
         return None
     return dg.ScheduleDefinition(
-        name="parity_check_schedule", job=job, cron_schedule=config.parity.schedule,
+        name="parity_check_schedule", job=job, cron_schedule=pipeline.parity.schedule,
         default_status=dg.DefaultScheduleStatus.STOPPED,
         description="Off until turned on in the UI: then checks every replica against its "
                     "source on parity.schedule.")

@@ -55,27 +55,27 @@ class ReplicaRunConfig(dg.Config):
                                              "whole changelog")
 
 
-def build_replica_assets(config: PipelineConfig) -> dg.AssetsDefinition:
-    sources = {name: sorted(t.source for s in config.sources for t in s.tables
-                            if t.replica == name) for name in replica_names(config)}
+def build_replica_assets(pipeline: PipelineConfig) -> dg.AssetsDefinition:
+    sources = {name: sorted(t.source for s in pipeline.sources for t in s.tables
+                            if t.replica == name) for name in replica_names(pipeline)}
     specs = [
         dg.AssetSpec(
             replica_key(name),
             deps=[CHANGELOG_ASSET_KEY],
             group_name=ASSET_GROUP,
             kinds={"spark", "delta"},
-            description=(f"Replica `{config.lakehouse.database}.{name}` of source table(s) "
+            description=(f"Replica `{pipeline.lakehouse.database}.{name}` of source table(s) "
                          f"{', '.join(sources[name])}: equal to the source as of the last "
                          f"applied binlog position; live rows in `{name}_current`."),
             # A follower run (replica_follower.py) applies changes as they land instead.
-            automation_condition=(None if config.dagster.replica_follow_seconds
+            automation_condition=(None if pipeline.dagster.replica_follow_seconds
                                   else FOLLOW_UPSTREAM),
-            metadata=replica_definition_metadata(config, name),
+            metadata=replica_definition_metadata(pipeline, name),
         )
-        for name in replica_names(config)
+        for name in replica_names(pipeline)
     ]
 
-    checks = [spec for name in replica_names(config) for spec in (
+    checks = [spec for name in replica_names(pipeline) for spec in (
         dg.AssetCheckSpec(ROW_COUNT_CHECK, asset=replica_key(name),
                           description="rows in the replica's `_current` view equal the "
                                       "live keys counted from the changelog"),

@@ -305,7 +305,7 @@ def _row_count_evaluator(builder: "ReplicaBuilder"
     def evaluate(name: str, rule: str | None, version: int) -> dg.AssetCheckEvaluation:
         counter = counters.get(name)
         if counter is None or counter.append_only != (rule == APPEND_ONLY):
-            counter = counters[name] = LiveKeys(builder.config, name,
+            counter = counters[name] = LiveKeys(builder.pipeline, name,
                                                 append_only=rule == APPEND_ONLY)
         result = row_count_check(builder, name, rule, counted_rows(builder, name, rule),
                                  version, counter)

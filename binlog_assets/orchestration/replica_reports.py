@@ -69,8 +69,8 @@ def replica_key(name: str) -> dg.AssetKey:
     return dg.AssetKey(["replica", name])
 
 
-def replica_names(config: PipelineConfig) -> list[str]:
-    return sorted({t.replica for s in config.sources for t in s.tables})
+def replica_names(pipeline: PipelineConfig) -> list[str]:
+    return sorted({t.replica for s in pipeline.sources for t in s.tables})
 
 
 def counted_rows(builder: "ReplicaBuilder", name: str, key_rule: str | None) -> int:
@@ -97,10 +97,10 @@ def row_count_check(builder: "ReplicaBuilder", name: str, key_rule: str | None, 
     append_only = key_rule == APPEND_ONLY
     expected = (counter.count(version) if counter is not None
                 and counter.append_only == append_only
-                else expected_rows(builder.config, name, version, append_only=append_only))
+                else expected_rows(builder.pipeline, name, version, append_only=append_only))
     return row_count_check_result(
         replica_key(name), live, expected, version,
-        at_least=builder.config.lakehouse.changelog_retention_days is not None)
+        at_least=builder.pipeline.lakehouse.changelog_retention_days is not None)
 
 
 def replica_metadata(result: "ReplicaResult", live_rows: int | None) -> dict[str, dg.MetadataValue]:
@@ -145,7 +145,7 @@ def replica_table_metadata(builder: "ReplicaBuilder", name: str) -> dict[str, dg
 
     tables = [("dagster/column_schema", builder.table_name(name))]
     # Only when configured: a catalog lookup is a round trip in a follower's every apply.
-    if any(t.history for s in builder.config.sources for t in s.tables if t.replica == name):
+    if any(t.history for s in builder.pipeline.sources for t in s.tables if t.replica == name):
         tables.append(("history_column_schema", builder.history_name(name)))
     md = {}
     for key, (database, table) in tables:

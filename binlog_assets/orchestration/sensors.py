@@ -207,8 +207,8 @@ def earlier_run(instance: dg.DagsterInstance, run_key: str) -> dg.DagsterRun | N
 def kafka_lag_sensor(
     context: dg.SensorEvaluationContext, binlake: BinlakeResource
 ) -> dg.SensorResult | dg.SkipReason:
-    cfg = binlake.pipeline
-    if cfg.dagster.changelog_follow_seconds:
+    pipeline = binlake.pipeline
+    if pipeline.dagster.changelog_follow_seconds:
         return dg.SkipReason("dagster.changelog_follow_seconds > 0: a changelog follower "
                              "run consumes the partitions as records arrive")
     state = json.loads(context.cursor) if context.cursor else {}
@@ -230,10 +230,10 @@ def kafka_lag_sensor(
         total += pl.lag
         since = lagging_since.get(key, now)
         still_lagging[key] = since
-        if pl.lag >= cfg.dagster.lag_threshold:
+        if pl.lag >= pipeline.dagster.lag_threshold:
             by_threshold.add(key)
             due.append(key)
-        elif now - since >= cfg.dagster.max_staleness_seconds:
+        elif now - since >= pipeline.dagster.max_staleness_seconds:
             due.append(key)
     cursor = json.dumps({"lagging_since": {k: readable_time(v)
                                            for k, v in still_lagging.items()}},
@@ -244,7 +244,7 @@ def kafka_lag_sensor(
             f"{len(due)} partitions are due; waiting for backfill {backfill} of the "
             f"changelog to finish (its runs own their partitions)"), cursor=cursor)
     held = held_partitions(context.instance, known) if due else set()
-    batches = plan_batches(known, due, held, cfg.dagster.max_partitions_per_run)
+    batches = plan_batches(known, due, held, pipeline.dagster.max_partitions_per_run)
     requests, taken = [], []
     for batch in batches:
         request = batch_request(batch, lags, by_threshold)
@@ -267,9 +267,9 @@ def kafka_lag_sensor(
                   f"{sorted(held & set(due))[:10]}")
     elif still_lagging:
         reason = (f"{len(still_lagging)} partitions lag {total} records in all, under "
-                  f"lag_threshold={cfg.dagster.lag_threshold} and not yet stale (oldest "
+                  f"lag_threshold={pipeline.dagster.lag_threshold} and not yet stale (oldest "
                   f"since {readable_time(min(still_lagging.values()))}, stale after "
-                  f"{cfg.dagster.max_staleness_seconds} s)")
+                  f"{pipeline.dagster.max_staleness_seconds} s)")
     else:
         reason = "no lag on any known partition"
     return dg.SensorResult(skip_reason=dg.SkipReason(reason), cursor=cursor)

@@ -65,33 +65,33 @@ REPLICA_COLUMN_DOCS = {
 _SPARK_NAMES = {"long": "bigint", "integer": "int", "short": "smallint", "byte": "tinyint"}
 
 
-def table_uri(config: PipelineConfig, table: str) -> str:
+def table_uri(pipeline: PipelineConfig, table: str) -> str:
     """Where a managed table of the lakehouse database lives (the catalog's default)."""
-    database = config.lakehouse.database
-    return config.lakehouse.uri("warehouse", f"{database}.db", table)
+    database = pipeline.lakehouse.database
+    return pipeline.lakehouse.uri("warehouse", f"{database}.db", table)
 
 
-def changelog_definition_metadata(config: PipelineConfig) -> dict[str, object]:
-    database, table = changelog_name(config)
+def changelog_definition_metadata(pipeline: PipelineConfig) -> dict[str, object]:
+    database, table = changelog_name(pipeline)
     return {
         "dagster/table_name": f"{database}.{table}",
-        "dagster/uri": dg.MetadataValue.path(changelog_uri(config)),
+        "dagster/uri": dg.MetadataValue.path(changelog_uri(pipeline)),
         "dagster/column_schema": dg.TableSchema(columns=[
             dg.TableColumn(name, kind, description=CHANGELOG_COLUMN_DOCS.get(name))
             for name, kind in CHANGELOG_COLUMNS]),
     }
 
 
-def replica_definition_metadata(config: PipelineConfig, name: str) -> dict[str, object]:
-    database = config.lakehouse.database
+def replica_definition_metadata(pipeline: PipelineConfig, name: str) -> dict[str, object]:
+    database = pipeline.lakehouse.database
     md: dict[str, object] = {
         "dagster/table_name": f"{database}.{name}",
-        "dagster/uri": dg.MetadataValue.path(table_uri(config, name)),
+        "dagster/uri": dg.MetadataValue.path(table_uri(pipeline, name)),
         "current_view": f"{database}.{name}_current",
     }
-    if any(t.history for s in config.sources for t in s.tables if t.replica == name):
+    if any(t.history for s in pipeline.sources for t in s.tables if t.replica == name):
         md["history_table"] = f"{database}.{name}_history"
-        md["history_uri"] = dg.MetadataValue.path(table_uri(config, f"{name}_history"))
+        md["history_uri"] = dg.MetadataValue.path(table_uri(pipeline, f"{name}_history"))
     return md
 
 

@@ -90,26 +90,26 @@ class ParityReport:
                 f"{len(self.tables)} table(s)")
 
 
-def check_replica(config: PipelineConfig, replica: str, kafka_conf: dict, group: str,
+def check_replica(pipeline: PipelineConfig, replica: str, kafka_conf: dict, group: str,
                   log: Callable[[str], None] = lambda _: None) -> ParityReport:
     """Check one replica against each source table it reads."""
     began = time.monotonic()
-    route = replica_route(config, replica)
+    route = replica_route(pipeline, replica)
     report = ParityReport(replica)
-    for source in sources_of(config, replica):
+    for source in sources_of(pipeline, replica):
         if source.connection is None:
             raise NotCheckable(f"source {source.name!r} has no `connection`")
         db = connect(source.connection)
         try:
-            _check_source(config, route, source, db, kafka_conf, group, report, log)
+            _check_source(pipeline, route, source, db, kafka_conf, group, report, log)
         finally:
             db.close()
     report.seconds = time.monotonic() - began
     return report
 
 
-def sources_of(config: PipelineConfig, replica: str) -> list[SourceConfig]:
-    return [s for s in config.sources if any(t.replica == replica for t in s.tables)]
+def sources_of(pipeline: PipelineConfig, replica: str) -> list[SourceConfig]:
+    return [s for s in pipeline.sources if any(t.replica == replica for t in s.tables)]
 
 
 def own_route(route: ReplicaRoute, source: SourceConfig) -> ReplicaRoute:
@@ -119,10 +119,10 @@ def own_route(route: ReplicaRoute, source: SourceConfig) -> ReplicaRoute:
     return _route(route.replica, [t for t in source.tables if t.replica == route.replica])
 
 
-def _check_source(config: PipelineConfig, route: ReplicaRoute, source: SourceConfig,
+def _check_source(pipeline: PipelineConfig, route: ReplicaRoute, source: SourceConfig,
                   db: pymysql.Connection, kafka_conf: dict, group: str,
                   report: ParityReport, log: Callable[[str], None]) -> None:
-    settings = config.parity
+    settings = pipeline.parity
     own = own_route(route, source)
     tables = source_tables(db, own)
     if not tables:
@@ -144,16 +144,16 @@ def _check_source(config: PipelineConfig, route: ReplicaRoute, source: SourceCon
     log(f"{route.replica}: {sum(map(len, taken.values()))} source chunks in "
         f"{report.source_seconds:.1f}s, snapshot up to {report.snapshot}")
 
-    seen = _wait(config, own, source, db, last, kafka_conf, group, report)
+    seen = _wait(pipeline, own, source, db, last, kafka_conf, group, report)
     if not seen.past:
         return
     for table in tables:
         chunks = taken[table.name]
         if _is_log(route, table):
-            _check_log(config, own, source, db, kafka_conf, group, table, chunks[0], report)
+            _check_log(pipeline, own, source, db, kafka_conf, group, table, chunks[0], report)
             continue
         began = time.monotonic()
-        rows = replica_rows(config, route.replica, table)
+        rows = replica_rows(pipeline, route.replica, table)
         uppers = [c.key_range.upper for c in chunks]
         replica = rows.fingerprints(uppers)
         report.replica_seconds += time.monotonic() - began
@@ -164,7 +164,7 @@ def _check_source(config: PipelineConfig, route: ReplicaRoute, source: SourceCon
                      if not _equal(c, f)]
         for i in differing:
             report.rechecked += 1
-            mismatch = _recheck(config, own, source, db, kafka_conf, group, table, chunks,
+            mismatch = _recheck(pipeline, own, source, db, kafka_conf, group, table, chunks,
                                 i, report)
             if mismatch is not None:
                 report.mismatches.append(mismatch)
@@ -178,7 +178,7 @@ def _is_log(route: ReplicaRoute, table: SourceTable) -> bool:
     return route.replica_mode == "append" or not table.key
 
 
-def _check_log(config: PipelineConfig, route: ReplicaRoute, source: SourceConfig,
+def _check_log(pipeline: PipelineConfig, route: ReplicaRoute, source: SourceConfig,
                db: pymysql.Connection, kafka_conf: dict, group: str, table: SourceTable,
                chunk: ChunkChecksum, report: ParityReport) -> None:
     """A keyless table, one chunk: its rows against the replica's log replayed as a
@@ -189,7 +189,7 @@ def _check_log(config: PipelineConfig, route: ReplicaRoute, source: SourceConfig
     def replay():  # noqa: ANN202
         began = time.monotonic()
         try:
-            out = replayed(config, route.replica, table)
+            out = replayed(pipeline, route.replica, table)
         except NotInDriver as exc:
             raise NotCheckable(f"{table.name}: an update's before-image in the changelog "
                                f"cannot be typed as the replica's: {exc}") from exc
@@ -204,7 +204,7 @@ def _check_log(config: PipelineConfig, route: ReplicaRoute, source: SourceConfig
         return
     report.rechecked += 1
     again = chunk_again(db, table, chunk.key_range)
-    if not _wait(config, route, source, db, again.position, kafka_conf, group, report).past:
+    if not _wait(pipeline, route, source, db, again.position, kafka_conf, group, report).past:
         return
     log = replay()
     if _equal(again, log.fingerprint()) and not log.unmatched:
@@ -217,15 +217,15 @@ def _check_log(config: PipelineConfig, route: ReplicaRoute, source: SourceConfig
             *(f"{extra} replayed row(s) not in the source",) * bool(extra), *log.unmatched]
     report.mismatches.append(Mismatch(table.name, "all rows (a log of changes, replayed)",
                                       again.rows, log.fingerprint().rows,
-                                      keys[:config.parity.sample_keys]))
+                                      keys[:pipeline.parity.sample_keys]))
 
 
-def _wait(config: PipelineConfig, route: ReplicaRoute, source: SourceConfig,
+def _wait(pipeline: PipelineConfig, route: ReplicaRoute, source: SourceConfig,
           db: pymysql.Connection, position, kafka_conf: dict, group: str,  # noqa: ANN001
           report: ParityReport) -> Progress:
     began = time.monotonic()
-    seen = wait_past(progress(config, route, source, db, position, kafka_conf, group),
-                     config.parity.wait_seconds)
+    seen = wait_past(progress(pipeline, route, source, db, position, kafka_conf, group),
+                     pipeline.parity.wait_seconds)
     report.wait_seconds += time.monotonic() - began
     report.progress = seen.reason
     report.applied_past = report.applied_past and seen.past
@@ -236,7 +236,7 @@ def _equal(chunk: ChunkChecksum, replica: Fingerprint) -> bool:
     return (chunk.rows, chunk.total, chunk.xor) == (replica.rows, replica.total, replica.xor)
 
 
-def _recheck(config: PipelineConfig, route: ReplicaRoute, source: SourceConfig,
+def _recheck(pipeline: PipelineConfig, route: ReplicaRoute, source: SourceConfig,
              db: pymysql.Connection, kafka_conf: dict, group: str, table: SourceTable,
              chunks: list[ChunkChecksum], index: int, report: ParityReport
              ) -> Mismatch | None:
@@ -246,19 +246,19 @@ def _recheck(config: PipelineConfig, route: ReplicaRoute, source: SourceConfig,
     # taken apart would see different rows under a running workload.
     source_crcs, position = row_crcs(db, table, key_range)
     again = Fingerprint.of(list(source_crcs.values()))
-    if not _wait(config, route, source, db, position, kafka_conf, group, report).past:
+    if not _wait(pipeline, route, source, db, position, kafka_conf, group, report).past:
         return None
     uppers = [c.key_range.upper for c in chunks]
-    rows = replica_rows(config, route.replica, table)
+    rows = replica_rows(pipeline, route.replica, table)
     replica = rows.fingerprints(uppers)[index]
     if again == replica:
         return None
     # A row the stream changed after the snapshot may differ from it: not a mismatch
     # (and a damaged row a later change rewrote is repaired by it).
     at = (1, position.file, position.pos)
-    later = {k for k, p in row_positions(config, route.replica, table).items() if p >= at}
+    later = {k for k, p in row_positions(pipeline, route.replica, table).items() if p >= at}
     keys = differing_keys(source_crcs, rows.in_chunk(uppers, index),
-                          config.parity.sample_keys, later)
+                          pipeline.parity.sample_keys, later)
     if not keys:
         return None
     return Mismatch(table.name, key_range.label(), again.rows, replica.rows, keys)

@@ -27,17 +27,17 @@ LIVE_OPS = ("c", "u", "r")
 HISTORY_COMMITS = 2000
 
 
-def replica_uri(config: PipelineConfig, replica: str) -> str:
+def replica_uri(pipeline: PipelineConfig, replica: str) -> str:
     """Where Spark's catalog keeps the replica's files (its warehouse folder)."""
-    return delta_rs_uri(config.lakehouse.uri("warehouse", f"{config.lakehouse.database}.db",
+    return delta_rs_uri(pipeline.lakehouse.uri("warehouse", f"{pipeline.lakehouse.database}.db",
                                              replica))
 
 
-def applied_version(config: PipelineConfig, replica: str) -> int | None:
+def applied_version(pipeline: PipelineConfig, replica: str) -> int | None:
     """The changelog version the replica reflects (None: no replica table yet)."""
     from deltalake import DeltaTable
 
-    uri = replica_uri(config, replica)
+    uri = replica_uri(pipeline, replica)
     if not DeltaTable.is_deltatable(uri):
         return None
     return DeltaTable(uri).transaction_version(APP_ID)
@@ -70,13 +70,13 @@ class ReplicaRows:
         return out
 
 
-def replica_rows(config: PipelineConfig, replica: str, table: SourceTable) -> ReplicaRows:
+def replica_rows(pipeline: PipelineConfig, replica: str, table: SourceTable) -> ReplicaRows:
     """The replica's live rows of source table `table`, canonical text and all, read by
     one delta-rs query (columns matched to the source's by name, case aside: a column
     the replica lacks reads as NULL, as its rows then differ)."""
     from deltalake import DeltaTable, QueryBuilder
 
-    uri = replica_uri(config, replica)
+    uri = replica_uri(pipeline, replica)
     delta = DeltaTable(uri)
     present = {f.name.lower(): f.name for f in delta.schema().fields}
     wanted = [*(c for c, _ in table.columns), *table.key]
@@ -93,13 +93,13 @@ def replica_rows(config: PipelineConfig, replica: str, table: SourceTable) -> Re
     return _summed(rows, table, names)
 
 
-def row_positions(config: PipelineConfig, replica: str, table: SourceTable
+def row_positions(pipeline: PipelineConfig, replica: str, table: SourceTable
                   ) -> dict[Key, tuple[int, int, int]]:
     """Key -> (phase, binlog file, position) of the replica's row of each key of `table`,
     tombstones included: which rows a change after a snapshot has touched."""
     from deltalake import DeltaTable, QueryBuilder
 
-    delta = DeltaTable(replica_uri(config, replica))
+    delta = DeltaTable(replica_uri(pipeline, replica))
     present = {f.name.lower(): f.name for f in delta.schema().fields}
     names = [present.get(k.lower()) for k in table.key]
     if None in names:
@@ -155,14 +155,14 @@ def _list(texts: Sequence[str]) -> str:
 # How far the changelog has come in the source's binlog.
 
 
-def changelog_version(config: PipelineConfig) -> int | None:
+def changelog_version(pipeline: PipelineConfig) -> int | None:
     from deltalake import DeltaTable
 
-    uri = delta_rs_uri(changelog_uri(config))
+    uri = delta_rs_uri(changelog_uri(pipeline))
     return DeltaTable(uri).version() if DeltaTable.is_deltatable(uri) else None
 
 
-def reached_position(config: PipelineConfig, source: SourceConfig, up_to: int
+def reached_position(pipeline: PipelineConfig, source: SourceConfig, up_to: int
                      ) -> tuple[int, int] | None:
     """The highest (binlog file index, position) of a change of `source` among the
     changelog's commits up to version `up_to`, from the surveys the commits carry (their
@@ -170,7 +170,7 @@ def reached_position(config: PipelineConfig, source: SourceConfig, up_to: int
     from deltalake import DeltaTable
 
     # The latest log: one loaded at a version numbers its history wrongly (delta-rs).
-    log = DeltaTable(delta_rs_uri(changelog_uri(config)))
+    log = DeltaTable(delta_rs_uri(changelog_uri(pipeline)))
     best = None
     for commit in log.history(HISTORY_COMMITS):
         if commit.get("version", 0) > up_to:
@@ -204,14 +204,14 @@ def high_watermarks(kafka_conf: dict, group: str, source: SourceConfig
             for pl in measure_lag(kafka_conf, group, list(source.topics))}
 
 
-def partitions_behind(config: PipelineConfig, group: str,
+def partitions_behind(pipeline: PipelineConfig, group: str,
                       targets: dict[tuple[str, int], int]) -> dict[str, int]:
     """`topic:partition` -> records below its target that the changelog does not hold
     yet (a target is a high watermark read earlier: a fixed goal, which a busy partition
     reaches while its high watermark moves on)."""
     from binlog_assets.lakehouse.changelog import ChangelogWriter
 
-    writer = ChangelogWriter(config)
+    writer = ChangelogWriter(pipeline)
     behind = {}
     for (topic, partition), high in targets.items():
         done = writer.checkpoint(group, topic, partition) or 0

@@ -59,7 +59,7 @@ class PastWaiter:
     Read anew at every look, a busy partition's high watermark would always be ahead,
     and the wait would never end under a running workload."""
 
-    config: PipelineConfig
+    pipeline: PipelineConfig
     route: ReplicaRoute
     source: SourceConfig
     db: pymysql.Connection
@@ -72,19 +72,19 @@ class PastWaiter:
     def look(self) -> Progress:
         if self._targets is None:
             self._targets = high_watermarks(self.kafka_conf, self.group, self.source)
-        behind = partitions_behind(self.config, self.group, self._targets)
+        behind = partitions_behind(self.pipeline, self.group, self._targets)
         if behind:
             return Progress(False, f"the changelog lags Kafka: {behind}")
         if self._version is None:
-            self._version = changelog_version(self.config)
+            self._version = changelog_version(self.pipeline)
         if self._version is None:
             return Progress(False, "no changelog yet")
-        applied = applied_version(self.config, self.route.replica)
-        pending = unapplied_commits(self.config, self.route, applied, self._version)
+        applied = applied_version(self.pipeline, self.route.replica)
+        pending = unapplied_commits(self.pipeline, self.route, applied, self._version)
         if pending:
             return Progress(False, f"the replica has not applied changelog versions "
                                    f"{pending[:10]}")
-        reached = reached_position(self.config, self.source, self._version)
+        reached = reached_position(self.pipeline, self.source, self._version)
         target = (self.position.file, self.position.pos)
         if reached is not None and reached >= target:
             return Progress(True, f"the changelog reached binlog {_label(reached)}, past "
@@ -104,11 +104,11 @@ class PastWaiter:
                               f"change of the replica's tables")
 
 
-def progress(config: PipelineConfig, route: ReplicaRoute, source: SourceConfig,
+def progress(pipeline: PipelineConfig, route: ReplicaRoute, source: SourceConfig,
              db: pymysql.Connection, position: BinlogPosition, kafka_conf: dict,
              group: str) -> Callable[[], Progress]:
     """A look at the three conditions above, for `wait_past`."""
-    return PastWaiter(config, route, source, db, position, kafka_conf, group).look
+    return PastWaiter(pipeline, route, source, db, position, kafka_conf, group).look
 
 
 def wait_past(look: Callable[[], Progress], timeout: float, poll: float = 0.5) -> Progress:
@@ -121,7 +121,7 @@ def wait_past(look: Callable[[], Progress], timeout: float, poll: float = 0.5) -
         time.sleep(poll)
 
 
-def unapplied_commits(config: PipelineConfig, route: ReplicaRoute, applied: int | None,
+def unapplied_commits(pipeline: PipelineConfig, route: ReplicaRoute, applied: int | None,
                       version: int) -> list[int]:
     """Changelog versions after `applied` up to `version` touching the replica's tables."""
     from deltalake import DeltaTable
@@ -130,7 +130,7 @@ def unapplied_commits(config: PipelineConfig, route: ReplicaRoute, applied: int 
     if first > version:
         return []
     # The latest log: one loaded at a version numbers its history wrongly (delta-rs).
-    log = DeltaTable(delta_rs_uri(changelog_uri(config)))
+    log = DeltaTable(delta_rs_uri(changelog_uri(pipeline)))
     pending = []
     for commit in log.history(log.version() - first + 1):
         if not first <= commit["version"] <= version or \

@@ -50,11 +50,11 @@ class Replayed:
         return out
 
 
-def replayed(config: PipelineConfig, replica: str, table: SourceTable) -> Replayed:
+def replayed(pipeline: PipelineConfig, replica: str, table: SourceTable) -> Replayed:
     """The append-only replica's changes of source table `table`, replayed."""
     from deltalake import DeltaTable, QueryBuilder
 
-    delta = DeltaTable(replica_uri(config, replica))
+    delta = DeltaTable(replica_uri(pipeline, replica))
     present = {f.name.lower(): f.name for f in delta.schema().fields}
     names = [present.get(c.lower()) for c, _ in table.columns]
     select = ", ".join(f'"{n}"' for n in names if n is not None)
@@ -70,7 +70,7 @@ def replayed(config: PipelineConfig, replica: str, table: SourceTable) -> Replay
     positions = rows.column("_position").to_pylist()
     ops = rows.column("_op").to_pylist()
     updates = [p for p, op in zip(positions, ops, strict=True) if op == _UPDATE]
-    befores = _update_befores(config, table, updates, columns, names) if updates else {}
+    befores = _update_befores(pipeline, table, updates, columns, names) if updates else {}
     order = sorted(range(rows.num_rows), key=lambda i: _sort_key(positions[i]))
     out = Replayed()
     for i in order:
@@ -104,7 +104,7 @@ def _column(rows: pa.Table, name: str | None) -> pa.Array:
     return column if plain is None else column.cast(plain)
 
 
-def _update_befores(config: PipelineConfig, table: SourceTable, updates: list[dict],
+def _update_befores(pipeline: PipelineConfig, table: SourceTable, updates: list[dict],
                     columns: list[pa.Array], names: list[str | None]) -> dict[tuple, int]:
     """Change identity -> the CRC of its before-image, for the updates of `table`, read
     from the changelog and typed as the replica's columns."""
@@ -115,7 +115,7 @@ def _update_befores(config: PipelineConfig, table: SourceTable, updates: list[di
     from binlog_assets.lakehouse.replica.driver import converter
 
     wanted = {_identity(p) for p in updates}
-    log = DeltaTable(delta_rs_uri(changelog_uri(config)))
+    log = DeltaTable(delta_rs_uri(changelog_uri(pipeline)))
     found = pa.table(QueryBuilder().register("changelog", log).execute(
         'SELECT "before", pos_phase, pos_file, pos_pos, pos_row FROM changelog '
         f"WHERE \"table\" = '{_escaped(table.name)}' AND op = 'u'").read_all())

@@ -49,7 +49,7 @@ class ChunkResync:
     deleted: int  # replica rows the chunk lacked, now tombstones
 
 
-def resync_table(config: PipelineConfig, replica: str, db: pymysql.Connection,
+def resync_table(pipeline: PipelineConfig, replica: str, db: pymysql.Connection,
                  table: SourceTable, key_range: KeyRange | None = None) -> list[ChunkResync]:
     """Re-sync `key_range` of `table` (None: the whole table, chunk by chunk of
     `parity.chunk_rows`, each at its own snapshot)."""
@@ -58,7 +58,7 @@ def resync_table(config: PipelineConfig, replica: str, db: pymysql.Connection,
                          f"a key range cannot re-sync")
     from deltalake import DeltaTable
 
-    uri = replica_uri(config, replica)
+    uri = replica_uri(pipeline, replica)
     schema = DeltaTable(uri).schema().to_arrow()
     import pyarrow as pa
 
@@ -74,7 +74,7 @@ def resync_table(config: PipelineConfig, replica: str, db: pymysql.Connection,
                 chunk = KeyRange(None, None)
             else:
                 sql, params = next_upper_sql(table.sql_name, table.key, lower,
-                                             config.parity.chunk_rows)
+                                             pipeline.parity.chunk_rows)
                 with db.cursor() as cur:
                     cur.execute(sql, params)
                     found = cur.fetchone()

@@ -14,8 +14,8 @@ from binlog_assets.lakehouse import spark
 from binlog_assets.lakehouse.spark import C1_ONLY, spark_conf
 
 
-def _options(config: PipelineConfig) -> str:
-    return spark_conf(config).get("spark.driver.extraJavaOptions", "")
+def _options(pipeline: PipelineConfig) -> str:
+    return spark_conf(pipeline).get("spark.driver.extraJavaOptions", "")
 
 
 def test_spark_conf_maps_the_archive_only_when_there_is_one(

@@ -76,19 +76,19 @@ def test_schemas_and_ids_survive_a_sigkill_and_restart(
 
 
 def test_the_stack_runs_a_registry_only_for_a_local_url() -> None:
-    def config(url: str | None):
+    def pipeline_for(url: str | None):
         return parse_config({"schema_registry": {"url": url}} if url else {})
 
-    local = local_registry(config("http://127.0.0.1:18081/apis/ccompat/v7"))
+    local = local_registry(pipeline_for("http://127.0.0.1:18081/apis/ccompat/v7"))
     assert local is not None and local.port == 18081
-    assert registry_wanted(config("http://localhost:18081/apis/ccompat/v7/")) == "yes"
-    assert local_registry(config("https://registry.example.com/apis/ccompat/v7")) is None
-    assert registry_wanted(config(None)) == "no"
+    assert registry_wanted(pipeline_for("http://localhost:18081/apis/ccompat/v7/")) == "yes"
+    assert local_registry(pipeline_for("https://registry.example.com/apis/ccompat/v7")) is None
+    assert registry_wanted(pipeline_for(None)) == "no"
     with pytest.raises(ValueError, match=r"answers Confluent's API under /apis/ccompat/v7, "
                                          r"not at /"):
-        local_registry(config("http://127.0.0.1:18081"))
+        local_registry(pipeline_for("http://127.0.0.1:18081"))
     with pytest.raises(ValueError, match="needs http:// and a port"):
-        local_registry(config("http://localhost/apis/ccompat/v7"))
+        local_registry(pipeline_for("http://localhost/apis/ccompat/v7"))
 
 
 def test_a_missing_build_names_the_make_target(tmp_path, monkeypatch) -> None:

@@ -304,10 +304,10 @@ def test_source_stack_is_skipped_for_a_configured_cluster(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("BINLAKE_VAR_DIR", str(tmp_path / "var"))
-    config = parse_config({"kafka": {"bootstrap.servers": "broker-1:9092"}})
+    pipeline = parse_config({"kafka": {"bootstrap.servers": "broker-1:9092"}})
 
     for action in (stack.source_up, stack.source_down, stack.source_status):
-        message = action(config)
+        message = action(pipeline)
         assert message.startswith("source stack: skipped")
         assert "broker-1:9092" in message
     assert not (tmp_path / "var").exists()

@@ -23,15 +23,15 @@ def main() -> None:
     from binlog_assets.lakehouse.replica.builder import ReplicaBuilder
     from binlog_assets.lakehouse.spark import get_spark
 
-    cfg = load_config(sys.argv[1])
+    pipeline = load_config(sys.argv[1])
     began = time.monotonic()
-    spark = get_spark(cfg)
+    spark = get_spark(pipeline)
     started = time.monotonic()
-    builder = ReplicaBuilder(spark, cfg)
+    builder = ReplicaBuilder(spark, pipeline)
     results = {name: builder.apply(name) for name in sorted(shop.REPLICAS)}
     built = time.monotonic()
     conn = MariaDBServer(Path(sys.argv[2])).connect()
-    comparisons = shop.compare(conn, spark, cfg.lakehouse.database)
+    comparisons = shop.compare(conn, spark, pipeline.lakehouse.database)
     executors = [e.host + ":" + str(e.port)
                  for e in spark.sparkContext.statusTracker().getExecutorInfos()]
     print("BUILD-RESULT " + json.dumps({
@@ -42,7 +42,7 @@ def main() -> None:
         "compared": {c.replica: [c.source_rows, c.replica_rows, c.mismatched]
                      for c in comparisons},
         "replica_location": spark.sql(
-            f"DESCRIBE DETAIL `{cfg.lakehouse.database}`.`{sorted(shop.REPLICAS)[0]}`"
+            f"DESCRIBE DETAIL `{pipeline.lakehouse.database}`.`{sorted(shop.REPLICAS)[0]}`"
         ).collect()[0]["location"],
         "session_seconds": round(started - began, 1),
         "build_seconds": round(built - started, 1),

@@ -13,9 +13,9 @@ def main() -> None:
     from binlog_assets.config import load_config
     from binlog_assets.orchestration.consume_runs import ChangelogRunConfig, consume_partitions
 
-    cfg = load_config(sys.argv[1])
-    [outcome] = consume_partitions(cfg, dict(cfg.kafka), [sys.argv[2]], ChangelogRunConfig(),
-                                   group=cfg.kafka["group.id"])
+    pipeline = load_config(sys.argv[1])
+    [outcome] = consume_partitions(pipeline, dict(pipeline.kafka), [sys.argv[2]],
+                                   ChangelogRunConfig(), group=pipeline.kafka["group.id"])
     if outcome.error is not None:
         raise outcome.error
     s = outcome.summary

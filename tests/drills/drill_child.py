@@ -30,7 +30,7 @@ def main() -> None:
     from binlog_assets.orchestration.resources import BinlakeResource
 
     began = time.monotonic()
-    cfg = load_config(config_path)
+    pipeline = load_config(config_path)
     out: dict = {"runs": {}, "replicas": {}}
     with dg.DagsterInstance.get() as instance:
         known = set(instance.get_dynamic_partitions(KAFKA_PARTITIONS_NAME))
@@ -51,7 +51,7 @@ def main() -> None:
                                  "records", "events", "dead_lettered") if name in md}
             fault_point("after_metadata_write")
     # A child that builds no replica starts no Spark JVM: most of a child's time.
-    builder = ReplicaBuilder(get_spark(cfg), cfg) if replicas else None
+    builder = ReplicaBuilder(get_spark(pipeline), pipeline) if replicas else None
     for name in replicas:
         r = builder.apply(name)
         out["replicas"][name] = {"applied_version": r.applied_version, "rows": r.rows,

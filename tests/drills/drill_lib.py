@@ -174,7 +174,7 @@ def coordinate_diff(expected: Counter, got: Counter) -> dict[str, int]:
     }
 
 
-def seeded_build(cfg: PipelineConfig, mariadb, seed: int, statements: int, workdir: Path
+def seeded_build(pipeline: PipelineConfig, mariadb, seed: int, statements: int, workdir: Path
                  ) -> tuple[int, list, float, dict]:
     """The seeded workload through Debezium and one consumer run per shop partition
     (in this process: no Spark), then the replica build and its comparison with MariaDB
@@ -190,13 +190,13 @@ def seeded_build(cfg: PipelineConfig, mariadb, seed: int, statements: int, workd
     from binlog_assets.orchestration.consume_runs import ChangelogRunConfig, consume_partition
 
     config_path = workdir / "binlake.yaml"
-    config_path.write_text(yaml.safe_dump(cfg.model_dump(mode="json", exclude_none=True)))
-    kafka_conf = dict(cfg.kafka)
+    config_path.write_text(yaml.safe_dump(pipeline.model_dump(mode="json", exclude_none=True)))
+    kafka_conf = dict(pipeline.kafka)
     ran = workload(mariadb.connect(), seed, statements)
     ends = wait_published(kafka_conf)
     began = time.monotonic()
-    summaries = [consume_partition(cfg, kafka_conf, key, ChangelogRunConfig(),
-                                   HandlerRegistry(), group=cfg.kafka["group.id"])[0]
+    summaries = [consume_partition(pipeline, kafka_conf, key, ChangelogRunConfig(),
+                                   HandlerRegistry(), group=pipeline.kafka["group.id"])[0]
                  for key in KEYS]
     consume_seconds = time.monotonic() - began
     assert [s.committed_offset for s in summaries] == [ends[k] for k in KEYS]

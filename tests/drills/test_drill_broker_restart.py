@@ -122,8 +122,8 @@ class _Drill:
         data["sources"] = [{"name": name, "topics": [topic], "format": "debezium",
                             "lanes": 4, "max_in_flight": 500,
                             "tables": [{"source": "restart.items", "replica": "items"}]}]
-        self.cfg = cfg = parse_config(data)
-        self.group = cfg.kafka["group.id"]
+        self.pipeline = pipeline = parse_config(data)
+        self.group = pipeline.kafka["group.id"]
         self.registry = HandlerRegistry()
         self.registry.register(r".*", lambda event: time.sleep(0.002), name="slow")
         self.key = f"{topic}:0"
@@ -133,8 +133,8 @@ class _Drill:
     def _first_run(self) -> None:
         try:
             self.outcome["run"] = consume_partition(
-                self.cfg, dict(self.cfg.kafka), self.key, ChangelogRunConfig(max_seconds=600),
-                self.registry, group=self.group)[0]
+                self.pipeline, dict(self.pipeline.kafka), self.key,
+                ChangelogRunConfig(max_seconds=600), self.registry, group=self.group)[0]
         except Exception as e:  # the outcome is what the drill reports
             self.outcome["run"] = e
 
@@ -154,15 +154,15 @@ class _Drill:
     def rerun_and_compare(self, spark, name: str, first: str, extra: dict) -> dict:
         """A rerun to the end, the changelog's coordinates and the replica against the
         model; the figures are recorded as drill `name` and returned."""
-        cfg, topic = self.cfg, self.topic
-        rerun, _sink = consume_partition(cfg, dict(cfg.kafka), self.key, ChangelogRunConfig(),
-                                         self.registry, group=self.group)
-        changelog = changelog_frame(spark, cfg).where(f"topic = '{topic}'")
+        pipeline, topic = self.pipeline, self.topic
+        rerun, _sink = consume_partition(pipeline, dict(pipeline.kafka), self.key,
+                                         ChangelogRunConfig(), self.registry, group=self.group)
+        changelog = changelog_frame(spark, pipeline).where(f"topic = '{topic}'")
         got = changelog_coordinates(changelog)
         diff = coordinate_diff({(topic, 0, o, 0): 1 for o in range(RECORDS)}, got)
-        ReplicaBuilder(spark, cfg).apply("items")
+        ReplicaBuilder(spark, pipeline).apply("items")
         live = {r["id"]: r["v"]
-                for r in spark.table(f"{cfg.lakehouse.database}.items_current").collect()}
+                for r in spark.table(f"{pipeline.lakehouse.database}.items_current").collect()}
         model = self.model
         mismatches = len(set(live.items()) ^ set(model.items()))
         figures = {

@@ -162,14 +162,14 @@ def _poison_drill(pipeline_config: PipelineConfig, spark, examples: int, name: s
         data["sources"] = [{"name": "poison", "topics": [topic], "format": "debezium",
                             "lanes": 4, "max_retries": 1, "dead_letter_topic": dlq,
                             "tables": [{"source": TABLE, "replica": "items"}]}]
-        cfg = parse_config(data)
+        pipeline = parse_config(data)
         recorder = Recorder()
         registry = HandlerRegistry()
         registry.register(r"poison\.items", recorder, name="recorder")
         try:
-            summary, _sink = consume_partition(cfg, dict(cfg.kafka), f"{topic}:0",
+            summary, _sink = consume_partition(pipeline, dict(pipeline.kafka), f"{topic}:0",
                                                ChangelogRunConfig(), registry,
-                                               group=cfg.kafka["group.id"])
+                                               group=pipeline.kafka["group.id"])
         except Exception:
             totals.update(crashes=1)
             raise
@@ -184,7 +184,7 @@ def _poison_drill(pipeline_config: PipelineConfig, spark, examples: int, name: s
                          for h in headers)
         expected = Counter({(topic, 0, o, "decode"): 1 for o in bad}
                            | {(topic, 0, o, "handler"): 1 for o in poison})
-        changelog = changelog_frame(spark, cfg).where(f"topic = '{topic}'")
+        changelog = changelog_frame(spark, pipeline).where(f"topic = '{topic}'")
         diff = coordinate_diff(Counter({(topic, 0, o, 0): 1 for o in good | poison}),
                                changelog_coordinates(changelog))
         originals = {int(dict(m.headers())["binlake.offset"]): m.value() for m in letters

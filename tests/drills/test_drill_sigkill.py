@@ -102,16 +102,16 @@ def _sigkill_drill(trials: int, name: str, keys: tuple[str, ...], replicas: tupl
     # A dead-letter topic of the drill's own: the other drill variant's dead letters,
     # written to the same broker, must not count here.
     dlq = f"drills.dlq.{name}-{uuid.uuid4().hex[:6]}"
-    cfg = shop_config(pipeline_config, "drills", lakehouse=lake, lanes=8,
+    pipeline = shop_config(pipeline_config, "drills", lakehouse=lake, lanes=8,
                       dead_letter_topic=dlq, handlers="drill_handlers:registry")
     config_path = tmp_path / "binlake.yaml"
-    config_path.write_text(yaml.safe_dump(cfg.model_dump(mode="json", exclude_none=True)))
-    kafka_conf = dict(cfg.kafka)
+    config_path.write_text(yaml.safe_dump(pipeline.model_dump(mode="json", exclude_none=True)))
+    kafka_conf = dict(pipeline.kafka)
     create_topics(kafka_conf["bootstrap.servers"], [dlq])
     env = {**os.environ, "DAGSTER_HOME": str(home), "BINLAKE_CONFIG": str(config_path)}
     for var in (ENV_POINT, ENV_HIT, ENV_DELAY):
         env.pop(var, None)
-    tables = lake / "warehouse" / f"{cfg.lakehouse.database}.db"
+    tables = lake / "warehouse" / f"{pipeline.lakehouse.database}.db"
 
     def child(replica_names: tuple[str, ...] = replicas, **fault: str
               ) -> tuple[int, str, str, float]:

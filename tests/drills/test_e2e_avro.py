@@ -115,10 +115,10 @@ def test_debezium_s_avro_converter_through_a_registry(
     data["schema_registry"] = registry_conf
     data["sources"] = [{"name": "shop_avro", "topics": topics, "format": "debezium-avro",
                         "tables": TABLES}]
-    cfg = parse_config(data)
-    summaries = [consume_partition(cfg, dict(cfg.kafka), partition_key(t, 0),
+    pipeline = parse_config(data)
+    summaries = [consume_partition(pipeline, dict(pipeline.kafka), partition_key(t, 0),
                                    ChangelogRunConfig(), HandlerRegistry(),
-                                   group=cfg.kafka["group.id"])[0] for t in topics]
+                                   group=pipeline.kafka["group.id"])[0] for t in topics]
     # The session's JSON connector read the same binlog: each Avro row event must
     # equal the JSON event at its position, values and types alike. (Schema-change
     # events are each connector's own: it lists the tables its history holds, and
@@ -137,10 +137,10 @@ def test_debezium_s_avro_converter_through_a_registry(
     unmatched = [e for e in avro_side if _same_change(e) not in json_side]
     differing = [e for e in avro_side if _same_change(e) in json_side
                  and _content(e) != _content(json_side[_same_change(e)])]
-    builder = ReplicaBuilder(spark, cfg)
+    builder = ReplicaBuilder(spark, pipeline)
     for name in REPLICAS:
         builder.apply(name)
-    comparisons = shop.compare(mariadb.connect(), spark, cfg.lakehouse.database)
+    comparisons = shop.compare(mariadb.connect(), spark, pipeline.lakehouse.database)
 
     figures = {
         "seed": SEED, "statements": statements,

@@ -41,26 +41,26 @@ def test_random_binlog_workload_replicas_equal_source(
     debezium_connect: KafkaConnect, mariadb: MariaDBServer, pipeline_config: PipelineConfig,
     spark,
 ) -> None:
-    cfg = shop_config(pipeline_config, "e2e_binlog")
-    kafka_conf = dict(cfg.kafka)
-    group = cfg.kafka["group.id"]
+    pipeline = shop_config(pipeline_config, "e2e_binlog")
+    kafka_conf = dict(pipeline.kafka)
+    group = pipeline.kafka["group.id"]
     conn = mariadb.connect()
     statements = workload(conn, SEED, STATEMENTS)
     ends = wait_published(kafka_conf)
 
     began = time.monotonic()
-    summaries = [consume_partition(cfg, kafka_conf, key, ChangelogRunConfig(),
+    summaries = [consume_partition(pipeline, kafka_conf, key, ChangelogRunConfig(),
                                    HandlerRegistry(), group=group)[0] for key in KEYS]
     consumed = time.monotonic()
-    builder = ReplicaBuilder(spark, cfg)
+    builder = ReplicaBuilder(spark, pipeline)
     results = [builder.apply(name) for name in REPLICAS]
     built = time.monotonic()
 
     events = sum(s.events for s in summaries)
     records = sum(s.records for s in summaries)
     seconds = built - began
-    comparisons = shop.compare(conn, spark, cfg.lakehouse.database)
-    got = changelog_coordinates(changelog_frame(spark, cfg))
+    comparisons = shop.compare(conn, spark, pipeline.lakehouse.database)
+    got = changelog_coordinates(changelog_frame(spark, pipeline))
     diff = coordinate_diff(kafka_model(kafka_conf, ends), got)
     figures = {
         "seed": SEED, "statements": statements, "kafka_records": records,

@@ -79,9 +79,9 @@ def test_the_redis_cache_equals_its_table_through_kills_and_reruns(
     statements = workload(conn, SEED, STATEMENTS)
     statements += _customer_changes(conn, SEED, CUSTOMER_STATEMENTS)
     ends = wait_published(dict(pipeline_config.kafka))
-    cfg = shop_config(pipeline_config, "cache_e2e", handlers=HANDLERS_SPEC, lanes=8)
+    pipeline = shop_config(pipeline_config, "cache_e2e", handlers=HANDLERS_SPEC, lanes=8)
     config_path = tmp_path / "binlake.yaml"
-    config_path.write_text(yaml.safe_dump(cfg.model_dump(mode="json", exclude_none=True)))
+    config_path.write_text(yaml.safe_dump(pipeline.model_dump(mode="json", exclude_none=True)))
     env = {k: v for k, v in os.environ.items() if k not in (ENV_POINT, ENV_HIT, ENV_DELAY)}
 
     # 1. Killed at the commit point: every handler ran, nothing was committed, so the

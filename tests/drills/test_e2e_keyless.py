@@ -102,24 +102,24 @@ def _kafka_keys(kafka_conf: dict, ends: dict[str, int]) -> set:
     return keys
 
 
-def _consume(cfg: PipelineConfig, run: ChangelogRunConfig | None = None) -> None:
+def _consume(pipeline: PipelineConfig, run: ChangelogRunConfig | None = None) -> None:
     for key in KEYS:
-        consume_partition(cfg, dict(cfg.kafka), key, run or ChangelogRunConfig(),
-                          HandlerRegistry(), group=cfg.kafka["group.id"])
+        consume_partition(pipeline, dict(pipeline.kafka), key, run or ChangelogRunConfig(),
+                          HandlerRegistry(), group=pipeline.kafka["group.id"])
 
 
-def _log(spark, cfg: PipelineConfig) -> Counter:
+def _log(spark, pipeline: PipelineConfig) -> Counter:
     """The logs replica as (op, position, values) rows, each with its count."""
-    rows = spark.table(f"{cfg.lakehouse.database}.logs").collect()
+    rows = spark.table(f"{pipeline.lakehouse.database}.logs").collect()
     return Counter((r["_op"], tuple(r["_position"]), *(r[c] for c in LOG_COLUMNS))
                    for r in rows)
 
 
-def _changelog_log(spark, cfg: PipelineConfig) -> Counter:
+def _changelog_log(spark, pipeline: PipelineConfig) -> Counter:
     """The changes of keyless.logs in the changelog, keyed like `_log`."""
     from binlog_assets.lakehouse.columns import changelog_position
 
-    frame = changelog_frame(spark, cfg).where("`table` = 'keyless.logs'")
+    frame = changelog_frame(spark, pipeline).where("`table` = 'keyless.logs'")
     return Counter((r["op"], tuple(r["p"])) for r in
                    frame.select("op", changelog_position().alias("p")).collect())
 
@@ -128,59 +128,59 @@ def test_keyless_tables_replicate_by_their_configured_rule(
     debezium_connect: KafkaConnect, mariadb: MariaDBServer, pipeline_config: PipelineConfig,
     spark,
 ) -> None:
-    cfg = _config(pipeline_config)
+    pipeline = _config(pipeline_config)
     conn = mariadb.connect()
     logs = _workload(conn)
-    ends = _published(cfg)
+    ends = _published(pipeline)
     # What the test is about: Debezium sends these rows without a Kafka key.
-    assert _kafka_keys(dict(cfg.kafka), ends) == {None}
+    assert _kafka_keys(dict(pipeline.kafka), ends) == {None}
 
-    _consume(cfg)
-    builder = ReplicaBuilder(spark, cfg)
+    _consume(pipeline)
+    builder = ReplicaBuilder(spark, pipeline)
     events = builder.apply("events")
     log = builder.apply("logs")
 
     assert events.key_rule == "key_columns" and events.warning is None
-    assert shop.replica_rows(spark, cfg.lakehouse.database, "events", spec=EVENTS) == \
+    assert shop.replica_rows(spark, pipeline.lakehouse.database, "events", spec=EVENTS) == \
         shop.source_rows(conn, "events", spec=EVENTS)
     assert log.key_rule == "append_only"
     assert "key_columns" in log.warning and "replica_mode: append" in log.warning
-    first = _log(spark, cfg)
+    first = _log(spark, pipeline)
     assert Counter(op for op, *_ in first.elements()) == logs
-    assert Counter((op, pos) for op, pos, *_ in first.elements()) == _changelog_log(spark, cfg)
+    assert Counter((op, pos) for op, pos, *_ in first.elements()) == _changelog_log(spark, pipeline)
     # The asset's row-count check counts the same from the changelog.
-    assert expected_log_rows(spark, cfg, "logs", log.applied_version) == sum(first.values())
+    assert expected_log_rows(spark, pipeline, "logs", log.applied_version) == sum(first.values())
     # The two identical inserts are two rows (two positions), each with its after-image.
     starts = [key for key in first.elements() if key[0] == "c" and key[3] == "start"]
     assert len({pos for _, pos, *_ in starts}) == 2
     assert {tuple(values) for _, _, *values in starts} == {("info", "start", 1)}
 
     # A replay of the topics from offset 0 and a replica rerun add no change twice.
-    _consume(cfg, ChangelogRunConfig(start_offset=0))
+    _consume(pipeline, ChangelogRunConfig(start_offset=0))
     assert builder.apply("logs").written == 0
-    assert _log(spark, cfg) == first
+    assert _log(spark, pipeline) == first
     rebuilt = builder.rebuild("logs")
-    assert rebuilt.key_rule == "append_only" and _log(spark, cfg) == first
+    assert rebuilt.key_rule == "append_only" and _log(spark, pipeline) == first
 
     # New changes after the rerun land once each, for both replicas.
     with conn.cursor() as cur:
         cur.execute("INSERT INTO keyless.logs VALUES ('info', 'later', 9)")
         cur.execute("UPDATE keyless.events SET qty = 0 WHERE code = 'e5'")
-    _published(cfg, after=ends)
-    _consume(cfg)
+    _published(pipeline, after=ends)
+    _consume(pipeline)
     builder.apply("events")
     assert builder.apply("logs").written == 1
-    assert sum(_log(spark, cfg).values()) == sum(first.values()) + 1
-    assert shop.replica_rows(spark, cfg.lakehouse.database, "events", spec=EVENTS) == \
+    assert sum(_log(spark, pipeline).values()) == sum(first.values()) + 1
+    assert shop.replica_rows(spark, pipeline.lakehouse.database, "events", spec=EVENTS) == \
         shop.source_rows(conn, "events", spec=EVENTS)
 
 
-def _published(cfg: PipelineConfig, after: dict[str, int] | None = None) -> dict[str, int]:
+def _published(pipeline: PipelineConfig, after: dict[str, int] | None = None) -> dict[str, int]:
     """End offsets of the keyless topics once Debezium is done (past `after`, if given)."""
     from binlog_assets.dev.demo import wait_for_debezium
 
     for _ in range(10):
-        ends = wait_for_debezium(dict(cfg.kafka), list(TOPICS), settle=2.0)
+        ends = wait_for_debezium(dict(pipeline.kafka), list(TOPICS), settle=2.0)
         if after is None or all(ends[k] > after[k] for k in after):
             return ends
     raise TimeoutError(f"Debezium published nothing past {after}")

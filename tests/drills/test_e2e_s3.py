@@ -49,9 +49,9 @@ def test_seeded_workload_with_the_lakehouse_on_s3(
         s3.create_bucket(BUCKET)
         for k, v in s3.env().items():
             monkeypatch.setenv(k, v)  # this process's delta-rs, and the child's Spark
-        cfg = _s3_config(pipeline_config, tmp_path / "metastore_db")
+        pipeline = _s3_config(pipeline_config, tmp_path / "metastore_db")
         statements, summaries, consume_seconds, result = seeded_build(
-            cfg, mariadb, SEED, STATEMENTS, tmp_path)
+            pipeline, mariadb, SEED, STATEMENTS, tmp_path)
         import boto3
 
         objects = boto3.client("s3", endpoint_url=s3.endpoint,
@@ -75,7 +75,7 @@ def test_seeded_workload_with_the_lakehouse_on_s3(
     }
     drills.record("e2e_s3", figures)
     print(f"\ns3 e2e: {json.dumps(figures)}")
-    assert changelog_uri(cfg).startswith(f"s3a://{BUCKET}/")
+    assert changelog_uri(pipeline).startswith(f"s3a://{BUCKET}/")
     assert result["replica_location"].startswith(f"s3a://{BUCKET}/"), result
     for replica, (source_rows, replica_rows, mismatched) in compared.items():
         assert source_rows > 0 and source_rows == replica_rows and mismatched == 0, \

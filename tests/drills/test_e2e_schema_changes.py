@@ -83,9 +83,9 @@ def _source(conn, table: str) -> tuple[list[str], set[tuple]]:
         return columns, {tuple(_norm(v) for v in row) for row in cur.fetchall()}
 
 
-def _replica(spark, cfg: PipelineConfig, replica: str, columns: list[str] | None = None
+def _replica(spark, pipeline: PipelineConfig, replica: str, columns: list[str] | None = None
              ) -> tuple[list[str], set[tuple]]:
-    df = spark.table(f"`{cfg.lakehouse.database}`.`{replica}_current`")
+    df = spark.table(f"`{pipeline.lakehouse.database}`.`{replica}_current`")
     have = [c for c in df.columns if c not in METADATA]
     picked = columns or have
     rows = {tuple(_norm(r[c]) for c in picked) for r in df.select(*picked).collect()}
@@ -98,17 +98,17 @@ def _run(conn, statements: list[str]) -> None:
             cur.execute(statement)
 
 
-def _consume(cfg: PipelineConfig, expect: list[str]) -> None:
+def _consume(pipeline: PipelineConfig, expect: list[str]) -> None:
     """One bounded run per topic-partition of the source (its regex expanded as the
     discovery sensor does), once the `expect`ed tables' topics exist, up to what
     Debezium has published."""
-    kafka_conf = dict(cfg.kafka)
+    kafka_conf = dict(pipeline.kafka)
     wanted = {PREFIX, *(f"{PREFIX}.{t}" for t in expect)}
     consumer = Consumer({**kafka_conf, "group.id": "ddl-e2e-discovery"})
     try:
         deadline = time.monotonic() + 120
         while True:
-            found = {t for t, _ in topic_partitions(consumer, list(cfg.sources[0].topics))}
+            found = {t for t, _ in topic_partitions(consumer, list(pipeline.sources[0].topics))}
             if wanted <= found:
                 break
             assert time.monotonic() < deadline, (wanted, found)
@@ -117,16 +117,16 @@ def _consume(cfg: PipelineConfig, expect: list[str]) -> None:
         consumer.close()
     ends = wait_for_debezium(kafka_conf, sorted(found), settle=3.0)
     for key in ends:
-        summary, _ = consume_partition(cfg, kafka_conf, key, ChangelogRunConfig(),
-                                       HandlerRegistry(), group=cfg.kafka["group.id"])
+        summary, _ = consume_partition(pipeline, kafka_conf, key, ChangelogRunConfig(),
+                                       HandlerRegistry(), group=pipeline.kafka["group.id"])
         assert summary.committed_offset == ends[key], (key, summary)
 
 
-def _assert_equal(conn, spark, cfg: PipelineConfig, replica: str, source: str) -> None:
+def _assert_equal(conn, spark, pipeline: PipelineConfig, replica: str, source: str) -> None:
     src_columns, src_rows = _source(conn, source)
-    rep_columns, _ = _replica(spark, cfg, replica)
+    rep_columns, _ = _replica(spark, pipeline, replica)
     assert sorted(rep_columns) == sorted(src_columns), (replica, rep_columns, src_columns)
-    _, rep_rows = _replica(spark, cfg, replica, src_columns)
+    _, rep_rows = _replica(spark, pipeline, replica, src_columns)
     assert rep_rows == src_rows, (replica, rep_rows ^ src_rows)
 
 
@@ -134,7 +134,7 @@ def test_schema_changes_through_debezium_follow_each_mode(
     debezium_connect: KafkaConnect, mariadb: MariaDBServer, pipeline_config: PipelineConfig,
     spark,
 ) -> None:
-    cfg = _config(pipeline_config)
+    pipeline = _config(pipeline_config)
     conn = mariadb.connect()
     _run(conn, [
         "SET time_zone = '+00:00'",  # TIMESTAMPs read as the replica holds them: UTC
@@ -163,17 +163,17 @@ def test_schema_changes_through_debezium_follow_each_mode(
                                                          f"{DB2}.t") for i in range(1, 4)),
     ])
     initial = [f"{DB}.{t}" for t in SOURCE_TABLES if t != "items_v2"]
-    _consume(cfg, [*initial, f"{DB2}.t", "ddl_e2e_s1.orders"])
-    builder = ReplicaBuilder(spark, cfg)
+    _consume(pipeline, [*initial, f"{DB2}.t", "ddl_e2e_s1.orders"])
+    builder = ReplicaBuilder(spark, pipeline)
     for replica in ("plain", "items", "strict", "loose", "gone", "kept", "dbwide", "orders",
                     "parted"):
         builder.apply(replica)
     for replica, source in (("plain", "plain"), ("items", "items"), ("strict", "strict"),
                             ("loose", "loose"), ("gone", "gone"), ("kept", "kept"),
                             ("parted", "parted")):
-        _assert_equal(conn, spark, cfg, replica, f"{DB}.{source}")
-    _assert_equal(conn, spark, cfg, "dbwide", f"{DB2}.t")
-    kept_before = _replica(spark, cfg, "kept")
+        _assert_equal(conn, spark, pipeline, replica, f"{DB}.{source}")
+    _assert_equal(conn, spark, pipeline, "dbwide", f"{DB2}.t")
+    kept_before = _replica(spark, pipeline, "kept")
 
     # Phase 1: column changes, with rows changed between them.
     _run(conn, [
@@ -190,9 +190,9 @@ def test_schema_changes_through_debezium_follow_each_mode(
         f"ALTER TABLE {DB}.loose DROP COLUMN note, RENAME COLUMN v TO w",
         f"INSERT INTO {DB}.loose VALUES (10, 7)",
     ])
-    _consume(cfg, initial)
+    _consume(pipeline, initial)
     result = builder.apply("plain")
-    _assert_equal(conn, spark, cfg, "plain", f"{DB}.plain")
+    _assert_equal(conn, spark, pipeline, "plain", f"{DB}.plain")
     changes = set(result.schema_changes)
     assert {"drop column note", f"rename column old_name -> new_name ({DB}.plain)",
             f"rename column new_name -> newer_name ({DB}.plain)"} <= changes, changes
@@ -202,7 +202,7 @@ def test_schema_changes_through_debezium_follow_each_mode(
     with pytest.raises(SchemaEvolutionError, match=r"'strict'.*drop column note"):
         builder.apply("strict")
     builder.apply("loose")
-    loose_columns, loose_rows = _replica(spark, cfg, "loose")
+    loose_columns, loose_rows = _replica(spark, pipeline, "loose")
     assert loose_columns == ["id", "note", "v"], loose_columns  # as it was: ignore
     assert {r[0] for r in loose_rows} == {1, 2, 10}, loose_rows
 
@@ -224,9 +224,9 @@ def test_schema_changes_through_debezium_follow_each_mode(
         "DEFAULT CURRENT_TIMESTAMP",
         f"INSERT INTO {DB}.plain (id, qty, cnt, newer_name) VALUES (20, 1, 4, 'fresh')",
     ])
-    _consume(cfg, initial)
+    _consume(pipeline, initial)
     added = builder.apply("plain")
-    _assert_equal(conn, spark, cfg, "plain", f"{DB}.plain")
+    _assert_equal(conn, spark, pipeline, "plain", f"{DB}.plain")
     assert {f"add column tag ({DB}.plain): older rows hold 'std'",
             f"add column cnt ({DB}.plain): older rows hold 0",
             f"add column newer_name ({DB}.plain): older rows hold NULL",
@@ -244,21 +244,21 @@ def test_schema_changes_through_debezium_follow_each_mode(
         f"DROP TABLE {DB}.gone", f"DROP TABLE {DB}.kept", f"DROP DATABASE {DB2}",
         f"ALTER TABLE {DB}.parted DROP PARTITION p0",
     ])
-    _consume(cfg, [f"{DB}.items_v2"])
+    _consume(pipeline, [f"{DB}.items_v2"])
     items = builder.apply("items")
-    _assert_equal(conn, spark, cfg, "items", f"{DB}.items_v2")
+    _assert_equal(conn, spark, pipeline, "items", f"{DB}.items_v2")
     tables = {r["_source_table"] for r in spark.table(
-        f"`{cfg.lakehouse.database}`.`items_current`").collect()}
+        f"`{pipeline.lakehouse.database}`.`items_current`").collect()}
     assert tables == {"items_v2"}, tables
     assert f"move rows {DB}.items -> {DB}.items_v2" in items.schema_changes, items
     gone = builder.apply("gone")
-    assert _replica(spark, cfg, "gone")[1] == set()
+    assert _replica(spark, pipeline, "gone")[1] == set()
     assert f"drop table {DB}.gone: its rows leave the replica" in gone.schema_changes, gone
     kept = builder.apply("kept")
-    assert _replica(spark, cfg, "kept") == kept_before
+    assert _replica(spark, pipeline, "kept") == kept_before
     assert f"drop table {DB}.kept: rows kept" in kept.schema_changes, kept
     builder.apply("dbwide")
-    assert _replica(spark, cfg, "dbwide")[1] == set()
+    assert _replica(spark, pipeline, "dbwide")[1] == set()
     # Rows a partition drop took are not in the binlog: the apply says to re-snapshot.
     parted = builder.apply("parted")
     assert any(c.startswith(f"DROP PARTITION p0 on {DB}.parted: the source's rows") and
@@ -268,38 +268,38 @@ def test_schema_changes_through_debezium_follow_each_mode(
     again = builder.apply("plain")
     assert (again.schema_changes, again.written) == ((), 0), again
     assert builder.apply("plain").skipped
-    _assert_equal(conn, spark, cfg, "plain", f"{DB}.plain")
+    _assert_equal(conn, spark, pipeline, "plain", f"{DB}.plain")
 
     # Phase 3: a new shard; its topic matches the source's regex, its table the replica's.
-    _assert_shards(conn, spark, cfg, ["ddl_e2e_s1"])
+    _assert_shards(conn, spark, pipeline, ["ddl_e2e_s1"])
     _run(conn, ["CREATE DATABASE ddl_e2e_s2",
                 "CREATE TABLE ddl_e2e_s2.orders (id INT PRIMARY KEY, amount DECIMAL(10,2))",
                 *(f"INSERT INTO ddl_e2e_s2.orders VALUES ({i}, {i}.75)" for i in range(1, 3)),
                 "UPDATE ddl_e2e_s1.orders SET amount = 9.99 WHERE id = 1"])
-    _consume(cfg, ["ddl_e2e_s2.orders"])
+    _consume(pipeline, ["ddl_e2e_s2.orders"])
     builder.apply("orders")
-    _assert_shards(conn, spark, cfg, ["ddl_e2e_s1", "ddl_e2e_s2"])
+    _assert_shards(conn, spark, pipeline, ["ddl_e2e_s1", "ddl_e2e_s2"])
 
     # A rebuild reads the whole changelog in one batch, every DDL above in it, and must
     # come out as the source tables are now, as the applies did step by step.
     rebuilt = builder.rebuild("plain")
-    _assert_equal(conn, spark, cfg, "plain", f"{DB}.plain")
+    _assert_equal(conn, spark, pipeline, "plain", f"{DB}.plain")
     assert {"drop column note", f"rename column old_name -> new_name ({DB}.plain)"
             } <= set(rebuilt.schema_changes), rebuilt.schema_changes
     builder.rebuild("items")
-    _assert_equal(conn, spark, cfg, "items", f"{DB}.items_v2")
+    _assert_equal(conn, spark, pipeline, "items", f"{DB}.items_v2")
     for replica in ("gone", "dbwide"):
         builder.rebuild(replica)
-        assert _replica(spark, cfg, replica)[1] == set(), replica
+        assert _replica(spark, pipeline, replica)[1] == set(), replica
     builder.rebuild("orders")
-    _assert_shards(conn, spark, cfg, ["ddl_e2e_s1", "ddl_e2e_s2"])
+    _assert_shards(conn, spark, pipeline, ["ddl_e2e_s1", "ddl_e2e_s2"])
 
 
-def _assert_shards(conn, spark, cfg: PipelineConfig, shards: list[str]) -> None:
+def _assert_shards(conn, spark, pipeline: PipelineConfig, shards: list[str]) -> None:
     source = {(shard, *row) for shard in shards
               for row in _source(conn, f"{shard}.orders")[1]}
     replica = {(r["_source_db"], r["id"], _norm(r["amount"])) for r in spark.table(
-        f"`{cfg.lakehouse.database}`.`orders_current`").collect()}
+        f"`{pipeline.lakehouse.database}`.`orders_current`").collect()}
     assert replica == source, replica ^ source
 
 
@@ -311,7 +311,7 @@ def test_pt_online_schema_change_cut_over_leaves_the_replica_equal(
     spark,
 ) -> None:
     # The helper's topic comes with the database's regex, as a user would subscribe.
-    cfg = _config(pipeline_config, [PREFIX, rf"^{PREFIX}\.{OSC}\..*"],
+    pipeline = _config(pipeline_config, [PREFIX, rf"^{PREFIX}\.{OSC}\..*"],
                   [{"source": f"{OSC}.orders", "replica": "orders"}])
     conn = mariadb.connect()
     _run(conn, [f"DROP DATABASE IF EXISTS {OSC}", f"CREATE DATABASE {OSC}",
@@ -319,10 +319,10 @@ def test_pt_online_schema_change_cut_over_leaves_the_replica_equal(
                 "note VARCHAR(20), qty INT)",
                 f"INSERT INTO {OSC}.orders VALUES "
                 + ", ".join(f"({i}, {i}.25, 'n{i}', {i % 7})" for i in range(1, 1201))])
-    _consume(cfg, [f"{OSC}.orders"])
-    builder = ReplicaBuilder(spark, cfg)
+    _consume(pipeline, [f"{OSC}.orders"])
+    builder = ReplicaBuilder(spark, pipeline)
     builder.apply("orders")
-    _assert_equal(conn, spark, cfg, "orders", f"{OSC}.orders")
+    _assert_equal(conn, spark, pipeline, "orders", f"{OSC}.orders")
 
     # Writes keep coming while the tool copies in chunks: its triggers bring them over.
     done = threading.Event()
@@ -364,16 +364,16 @@ def test_pt_online_schema_change_cut_over_leaves_the_replica_equal(
     assert writes["n"] > 0
     _run(conn, [f"UPDATE {OSC}.orders SET tag = 'vip' WHERE id <= 10",
                 f"INSERT INTO {OSC}.orders (id, amount, qty) VALUES (5000, 5.00, 5)"])
-    _consume(cfg, [f"{OSC}._orders_new"])
+    _consume(pipeline, [f"{OSC}._orders_new"])
     result = builder.apply("orders")
     assert any(c.startswith(f"table {OSC}._orders_new renamed to {OSC}.orders: the "
                             "replica's rows") for c in result.schema_changes), result
     assert "drop column note" in result.schema_changes, result
-    _assert_equal(conn, spark, cfg, "orders", f"{OSC}.orders")
+    _assert_equal(conn, spark, pipeline, "orders", f"{OSC}.orders")
     assert builder.apply("orders").skipped
     # Built again from the whole changelog, the swap in the same batch as everything.
     builder.rebuild("orders")
-    _assert_equal(conn, spark, cfg, "orders", f"{OSC}.orders")
+    _assert_equal(conn, spark, pipeline, "orders", f"{OSC}.orders")
 
 
 FUZZ = "fuzz_e2e"
@@ -499,7 +499,7 @@ def test_seeded_schema_and_row_changes_keep_replicas_equal(
 ) -> None:
     import random
 
-    cfg = _config(pipeline_config, [PREFIX, rf"^{PREFIX}\.{FUZZ}\..*"],
+    pipeline = _config(pipeline_config, [PREFIX, rf"^{PREFIX}\.{FUZZ}\..*"],
                   [{"source": f"{FUZZ}.t1", "replica": "r1"},
                    {"source": rf"{FUZZ}\.t2(_v\d+)?", "replica": "r2"}])
     conn = mariadb.connect()
@@ -509,15 +509,15 @@ def test_seeded_schema_and_row_changes_keep_replicas_equal(
     work = _Workload(conn, random.Random(seed))
     work.rows("t1")
     work.rows("t2")
-    builder = ReplicaBuilder(spark, cfg)
+    builder = ReplicaBuilder(spark, pipeline)
     done: list[str] = []
 
     def check() -> None:
-        _consume(cfg, [f"{FUZZ}.{t}" for t in sorted(work.written)])
+        _consume(pipeline, [f"{FUZZ}.{t}" for t in sorted(work.written)])
         for replica, role in (("r1", "t1"), ("r2", "t2")):
             builder.apply(replica)
             try:
-                _assert_equal(conn, spark, cfg, replica, work.table(role))
+                _assert_equal(conn, spark, pipeline, replica, work.table(role))
             except AssertionError as e:
                 raise AssertionError(f"seed {seed} after {done}") from e
 
@@ -526,4 +526,4 @@ def test_seeded_schema_and_row_changes_keep_replicas_equal(
         check()
     for replica, role in (("r1", "t1"), ("r2", "t2")):
         builder.rebuild(replica)
-        _assert_equal(conn, spark, cfg, replica, work.table(role))
+        _assert_equal(conn, spark, pipeline, replica, work.table(role))

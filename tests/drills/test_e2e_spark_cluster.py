@@ -60,19 +60,19 @@ def test_seeded_workload_through_a_spark_standalone_cluster(
     cluster.start()
     started = time.monotonic() - began
     try:
-        cfg = _cluster_config(pipeline_config, tmp_path / "lake", cluster.url)
-        assert cfg.spark.master_port == cluster.master.port
+        pipeline = _cluster_config(pipeline_config, tmp_path / "lake", cluster.url)
+        assert pipeline.spark.master_port == cluster.master.port
         statements, summaries, consume_seconds, result = seeded_build(
-            cfg, mariadb, SEED, STATEMENTS, tmp_path)
+            pipeline, mariadb, SEED, STATEMENTS, tmp_path)
         events = sum(s.events for s in summaries)
 
-        profiles = write_profiles(cfg, tmp_path / "dbt-profiles")
+        profiles = write_profiles(pipeline, tmp_path / "dbt-profiles")
         dbt_began = time.monotonic()
         dbt = subprocess.run(
             [str(Path(sys.executable).with_name("dbt")), "build", "--profiles-dir",
              str(profiles), "--target-path", str(tmp_path / "dbt-target")],
             cwd=DBT_PROJECT_DIR, capture_output=True, text=True, timeout=900,
-            env={**os.environ, **dbt_env(cfg)})
+            env={**os.environ, **dbt_env(pipeline)})
         dbt_seconds = time.monotonic() - dbt_began
         assert dbt.returncode == 0, dbt.stdout[-4000:]
         apps = _completed_apps(cluster.master.webui_port)

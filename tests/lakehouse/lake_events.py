@@ -153,8 +153,8 @@ class Partition:
                                  end_offset=self.end if end_offset is None else end_offset)
 
 
-def execute_job(job, config: PipelineConfig, tmp_path: Path):
-    """Run `job` in process with `config` (written as YAML under `tmp_path`) as its
+def execute_job(job, pipeline: PipelineConfig, tmp_path: Path):
+    """Run `job` in process with `pipeline` (written as YAML under `tmp_path`) as its
     `binlake` resource, on an ephemeral instance; its result, which must be a success."""
     import dagster as dg
     import yaml
@@ -162,7 +162,7 @@ def execute_job(job, config: PipelineConfig, tmp_path: Path):
     from binlog_assets.orchestration.resources import BinlakeResource
 
     path = tmp_path / "binlake.yaml"
-    path.write_text(yaml.safe_dump(config.model_dump(mode="json", exclude_none=True)))
+    path.write_text(yaml.safe_dump(pipeline.model_dump(mode="json", exclude_none=True)))
     result = job.execute_in_process(
         resources={"binlake": BinlakeResource(config_path=str(path))},
         instance=dg.DagsterInstance.ephemeral())

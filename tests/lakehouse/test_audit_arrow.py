@@ -51,7 +51,7 @@ def _history(seed: int, sources: list[Source], commits: int) -> list[list[list]]
 
 
 def test_the_arrow_count_equals_the_spark_count_at_every_version(spark, make_config) -> None:
-    config = make_config([{"source": r"shop_\d+\.orders", "replica": "orders"},
+    pipeline = make_config([{"source": r"shop_\d+\.orders", "replica": "orders"},
                           {"source": "shop.items", "replica": "items",
                            "key_columns": ["qty"]},
                           {"source": "shop.logs", "replica": "logs",
@@ -59,18 +59,18 @@ def test_the_arrow_count_equals_the_spark_count_at_every_version(spark, make_con
                           {"source": "shop.users", "replica": "users"}])
     sources = [Source("shop_1.orders"), Source("shop_2.orders"), Source("shop.items"),
                Source("shop.logs"), Source("shop.users")]
-    part = Partition(ChangelogWriter(config))
-    kept = {name: LiveKeys(config, name, append_only=name == "logs")
+    part = Partition(ChangelogWriter(pipeline))
+    kept = {name: LiveKeys(pipeline, name, append_only=name == "logs")
             for name in ("orders", "items", "logs", "users")}
     checked = 0
     for records in _history(7, sources, 14):
         part.write(part.records(records))
-        version = changelog_version(None, config)
+        version = changelog_version(None, pipeline)
         for name, counter in kept.items():
             reference = (expected_log_rows if name == "logs" else expected_live_rows)(
-                spark, config, name, version)
+                spark, pipeline, name, version)
             assert counter.count(version) == reference, (name, version)
-            assert expected_rows(config, name, version,
+            assert expected_rows(pipeline, name, version,
                                  append_only=name == "logs") == reference
             checked += reference
     assert checked > 0
@@ -80,14 +80,14 @@ def test_the_arrow_count_equals_the_spark_count_at_every_version(spark, make_con
 
 def test_an_older_version_or_a_new_table_counts_from_the_snapshot(spark, make_config
                                                                    ) -> None:
-    config = make_config([{"source": "shop.orders", "replica": "orders"}])
+    pipeline = make_config([{"source": "shop.orders", "replica": "orders"}])
     orders = Source("shop.orders")
-    part = Partition(ChangelogWriter(config))
+    part = Partition(ChangelogWriter(pipeline))
     part.write(part.records([[orders.insert(row(1))], [orders.insert(row(2))]]))
-    first = changelog_version(None, config)
+    first = changelog_version(None, pipeline)
     part.write(part.records([[orders.delete(row(1))]]))
-    counter = LiveKeys(config, "orders", append_only=False)
-    assert counter.count(changelog_version(None, config)) == 1
+    counter = LiveKeys(pipeline, "orders", append_only=False)
+    assert counter.count(changelog_version(None, pipeline)) == 1
     assert counter.count(first) == 2 and counter.full_reads == 2
     assert counter.count(-1) == 0
 
@@ -97,16 +97,16 @@ def test_a_count_at_an_older_version_reads_that_versions_commits(make_config) ->
     # commits were that version's: a later commit of other tables' rows then hid this
     # replica's rows from a count at the older version (the follower counts at the version
     # its apply reached, while the changelog has moved on).
-    config = make_config([{"source": "shop.orders", "replica": "orders"},
+    pipeline = make_config([{"source": "shop.orders", "replica": "orders"},
                           {"source": "shop.products", "replica": "products"}])
     orders, products = Source("shop.orders"), Source("shop.products")
-    part = Partition(ChangelogWriter(config))
+    part = Partition(ChangelogWriter(pipeline))
     part.write(part.records([[orders.insert(row(1))], [products.insert(row(7))]]))
-    at = changelog_version(None, config)
+    at = changelog_version(None, pipeline)
     for i in (2, 3):
         part.write(part.records([[orders.insert(row(i))]]))
-    assert changelog_version(None, config) == at + 2
-    assert expected_rows(config, "products", at, append_only=False) == 1
-    assert LiveKeys(config, "products", append_only=False).count(at) == 1
-    counter = LiveKeys(config, "orders", append_only=False)
+    assert changelog_version(None, pipeline) == at + 2
+    assert expected_rows(pipeline, "products", at, append_only=False) == 1
+    assert LiveKeys(pipeline, "products", append_only=False).count(at) == 1
+    counter = LiveKeys(pipeline, "orders", append_only=False)
     assert [counter.count(v) for v in (at, at + 1, at + 2)] == [1, 2, 3]

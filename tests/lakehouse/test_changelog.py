@@ -51,8 +51,8 @@ def test_decimals_are_written_in_plain_digits() -> None:
 
 
 def test_write_appends_every_field_once(spark, make_config: MakeConfig) -> None:
-    config = make_config(TABLES)
-    part = Partition(ChangelogWriter(config))
+    pipeline = make_config(TABLES)
+    part = Partition(ChangelogWriter(pipeline))
     src = Source("shop.orders")
     # A Maxwell-like event: no declared types, so the writer records the values' types.
     untyped = ChangeEvent("shop.orders", "c", (7,), ("id",), None,
@@ -60,12 +60,12 @@ def test_write_appends_every_field_once(spark, make_config: MakeConfig) -> None:
                           Position(1, 3, 4, 0), None)
     events = part.records([[src.insert(row(1, "2.50", "a", 3))], [untyped]])
 
-    assert changelog_checkpoint(config, GROUP, "binlog", 0) is None
+    assert changelog_checkpoint(pipeline, GROUP, "binlog", 0) is None
     version = part.write(events)
-    assert version == changelog_version(spark, config)
-    assert changelog_checkpoint(config, GROUP, "binlog", 0) == 2
+    assert version == changelog_version(spark, pipeline)
+    assert changelog_checkpoint(pipeline, GROUP, "binlog", 0) == 2
 
-    rows = changelog_frame(spark, config).orderBy("offset").collect()
+    rows = changelog_frame(spark, pipeline).orderBy("offset").collect()
     assert [r["offset"] for r in rows] == [0, 1]
     first, second = rows
     assert (first["topic"], first["partition"], first["row_index"]) == ("binlog", 0, 0)
@@ -86,8 +86,8 @@ def test_write_appends_every_field_once(spark, make_config: MakeConfig) -> None:
 
 def test_retried_and_overlapping_writes_add_nothing_twice(spark, make_config: MakeConfig
                                                           ) -> None:
-    config = make_config(TABLES)
-    part = Partition(ChangelogWriter(config))
+    pipeline = make_config(TABLES)
+    part = Partition(ChangelogWriter(pipeline))
     src = Source("shop.orders")
     events = part.records([[src.insert(row(i))] for i in range(8)])
 
@@ -96,53 +96,53 @@ def test_retried_and_overlapping_writes_add_nothing_twice(spark, make_config: Ma
     # The same range again (a retry after a crash before the Kafka commit): skipped.
     assert part.write(events[:5], end_offset=5) is None
     assert part.write(events[:3], end_offset=3) is None
-    assert changelog_version(spark, config) == first
+    assert changelog_version(spark, pipeline) == first
     # A range overlapping the written one: only offsets from the checkpoint on land.
     second = part.write(events, end_offset=8)
     assert second == first + 1
-    offsets = [r["offset"] for r in changelog_frame(spark, config).select("offset").collect()]
+    offsets = [r["offset"] for r in changelog_frame(spark, pipeline).select("offset").collect()]
     assert sorted(offsets) == list(range(8))
-    assert changelog_checkpoint(config, GROUP, "binlog", 0) == 8
+    assert changelog_checkpoint(pipeline, GROUP, "binlog", 0) == 8
 
 
 def test_empty_range_still_moves_the_checkpoint(spark, make_config: MakeConfig) -> None:
-    config = make_config(TABLES)
-    part = Partition(ChangelogWriter(config))
+    pipeline = make_config(TABLES)
+    part = Partition(ChangelogWriter(pipeline))
     events = part.records([[Source("shop.orders").insert(row(1))]])
     part.write(events, end_offset=1)
-    assert register_changelog(spark, config)
-    name = f"{config.lakehouse.database}.changelog"
+    assert register_changelog(spark, pipeline)
+    name = f"{pipeline.lakehouse.database}.changelog"
     files = spark.sql(f"DESCRIBE DETAIL {name}").first()["numFiles"]
     # Offsets 1..9 held no change (transaction markers, skipped records).
     version = part.write([], end_offset=10)
     assert version is not None
-    assert changelog_checkpoint(config, GROUP, "binlog", 0) == 10
-    assert changelog_frame(spark, config).count() == 1
+    assert changelog_checkpoint(pipeline, GROUP, "binlog", 0) == 10
+    assert changelog_frame(spark, pipeline).count() == 1
     assert spark.sql(f"DESCRIBE DETAIL {name}").first()["numFiles"] == files
     assert part.write([], end_offset=10) is None
 
 
 def test_partitions_and_groups_keep_their_own_checkpoints(spark, make_config: MakeConfig
                                                           ) -> None:
-    config = make_config(TABLES)
-    writer = ChangelogWriter(config)
+    pipeline = make_config(TABLES)
+    writer = ChangelogWriter(pipeline)
     p0, p1 = Partition(writer, 0), Partition(writer, 1)
     src = Source("shop.orders")
     p0.write(p0.records([[src.insert(row(1))], [src.insert(row(2))]]))
     p1.write(p1.records([[src.insert(row(3))]]))
-    assert changelog_checkpoint(config, GROUP, "binlog", 0) == 2
-    assert changelog_checkpoint(config, GROUP, "binlog", 1) == 1
-    assert changelog_checkpoint(config, "other-group", "binlog", 0) is None
+    assert changelog_checkpoint(pipeline, GROUP, "binlog", 0) == 2
+    assert changelog_checkpoint(pipeline, GROUP, "binlog", 1) == 1
+    assert changelog_checkpoint(pipeline, "other-group", "binlog", 0) is None
 
 
 def test_write_refuses_events_outside_its_range(spark, make_config: MakeConfig) -> None:
-    config = make_config(TABLES)
-    part = Partition(ChangelogWriter(config))
+    pipeline = make_config(TABLES)
+    part = Partition(ChangelogWriter(pipeline))
     events = part.records([[Source("shop.orders").insert(row(1))]])
     with pytest.raises(ValueError, match="not below end_offset"):
         part.write(events, end_offset=0)
     with pytest.raises(ValueError, match=r"binlog\[0\] in a write for binlog\[3\]"):
-        ChangelogWriter(config).write(events, None, group_id=GROUP, topic="binlog",
+        ChangelogWriter(pipeline).write(events, None, group_id=GROUP, topic="binlog",
                                              partition=3, end_offset=5)
 
 
@@ -153,8 +153,8 @@ def _groups(survey: list[list]) -> list[tuple]:
 
 def test_each_commit_carries_the_survey_a_scan_of_its_rows_gives(spark, make_config: MakeConfig
                                                                  ) -> None:
-    config = make_config(TABLES)
-    part = Partition(ChangelogWriter(config))
+    pipeline = make_config(TABLES)
+    part = Partition(ChangelogWriter(pipeline))
     orders, items = Source("shop.orders"), Source("shop.items")
     untyped = ChangeEvent("shop.orders", "c", (9,), ("id",), None, {"id": 9, "ok": True},
                           Position(1, 3, 4, 0), None)
@@ -168,8 +168,8 @@ def test_each_commit_carries_the_survey_a_scan_of_its_rows_gives(spark, make_con
     second = part.write(events[6:])
     assert first is not None and second == first + 1
 
-    got = read_survey(spark, config, first - 1, second)
-    scanned = survey_of_frame(read_changelog(spark, config, first - 1, second))
+    got = read_survey(spark, pipeline, first - 1, second)
+    scanned = survey_of_frame(read_changelog(spark, pipeline, first - 1, second))
     assert _groups(got) == _groups(scanned)
     # Groups span commits: the orders inserts of both commits (declared types changed by
     # the DDL in between, so two groups) and one for the untyped insert.
@@ -177,7 +177,7 @@ def test_each_commit_carries_the_survey_a_scan_of_its_rows_gives(spark, make_con
     assert sorted(g[5] for g in inserts) == [1, 1, 2]
     rows = [event_row(e, None, datetime.now()) for e in events[6:]]
     times = source_times(rows)
-    assert read_survey(spark, config, second - 1, second) == [
+    assert read_survey(spark, pipeline, second - 1, second) == [
         SurveyGroup(*g, times.get(g[0])) for g in survey_of_rows(rows)]
     # Each table's latest source time, the untyped insert's (no time) left out.
     assert {g.table: g.source_ts for g in got} == {
@@ -187,8 +187,8 @@ def test_each_commit_carries_the_survey_a_scan_of_its_rows_gives(spark, make_con
 
 def test_a_range_reads_what_its_commits_added_as_parquet_files(spark, make_config: MakeConfig
                                                                 ) -> None:
-    config = make_config(TABLES)
-    part = Partition(ChangelogWriter(config))
+    pipeline = make_config(TABLES)
+    part = Partition(ChangelogWriter(pipeline))
     src = Source("shop.orders")
     events = part.records([[src.insert(row(i))] for i in range(6)]
                           + [src.update(row(2), row(7, "4.00"))])  # delete + create
@@ -196,49 +196,49 @@ def test_a_range_reads_what_its_commits_added_as_parquet_files(spark, make_confi
     second = part.write(events[2:4], end_offset=4)
     third = part.write(events[4:])
     assert (second, third) == (first + 1, first + 2)
-    name = f"{config.lakehouse.database}.changelog"
+    name = f"{pipeline.lakehouse.database}.changelog"
 
     def rows(frame) -> list:
         return sorted(tuple(r) for r in frame.collect())
 
     for after, up_to in ((first, second), (first, third), (second, third), (first - 1, first)):
-        got = read_changelog(spark, config, after, up_to)
+        got = read_changelog(spark, pipeline, after, up_to)
         feed = (spark.read.format("delta").option("readChangeFeed", "true")
                 .option("startingVersion", after + 1).option("endingVersion", up_to)
                 .table(name).drop("_change_type", "_commit_version", "_commit_timestamp"))
         assert got.schema == feed.schema
         assert rows(got) == rows(feed)
-    assert sorted(r["offset"] for r in read_changelog(spark, config, first, third).collect()) \
+    assert sorted(r["offset"] for r in read_changelog(spark, pipeline, first, third).collect()) \
         == [2, 3, 4, 5, 6, 6]
     # Scanned as Parquet (columnar), not through the feed relation's conversion to Rows.
-    plan = read_changelog(spark, config, first, third)._jdf.queryExecution() \
+    plan = read_changelog(spark, pipeline, first, third)._jdf.queryExecution() \
         .executedPlan().toString()
     assert "FileScan parquet" in plan and "DeltaCDFRelation" not in plan
 
 
 def test_a_range_with_a_commit_without_survey_is_scanned(spark, make_config: MakeConfig
                                                          ) -> None:
-    config = make_config(TABLES)
-    part = Partition(ChangelogWriter(config))
+    pipeline = make_config(TABLES)
+    part = Partition(ChangelogWriter(pipeline))
     src = Source("shop.orders")
     first = part.write(part.records([[src.insert(row(1))]]))
     # Appended by something other than ChangelogWriter (Spark): no survey in its metadata.
-    assert register_changelog(spark, config)
+    assert register_changelog(spark, pipeline)
     other = replace(Source("shop.other").insert(row(1)), topic="elsewhere")
     (spark.createDataFrame([event_row(other, None, datetime.now())], changelog_schema())
      .write.format("delta").mode("append")
-     .saveAsTable(f"{config.lakehouse.database}.changelog"))
+     .saveAsTable(f"{pipeline.lakehouse.database}.changelog"))
     third = part.write(part.records([[src.insert(row(2))]]))
     assert third == first + 2
 
-    assert read_survey(spark, config, first - 1, first) is not None
-    assert read_survey(spark, config, first - 1, third) is None
-    assert read_survey(spark, config, first + 1, third) is not None
+    assert read_survey(spark, pipeline, first - 1, first) is not None
+    assert read_survey(spark, pipeline, first - 1, third) is None
+    assert read_survey(spark, pipeline, first + 1, third) is not None
     # From the table's creation on (a first apply reads the whole table).
-    whole = read_survey(spark, config, None, first)
-    assert _groups(whole) == _groups(survey_of_frame(read_changelog(spark, config, None,
+    whole = read_survey(spark, pipeline, None, first)
+    assert _groups(whole) == _groups(survey_of_frame(read_changelog(spark, pipeline, None,
                                                                     first)))
-    assert read_survey(spark, config, None, third) is None
+    assert read_survey(spark, pipeline, None, third) is None
 
 
 def test_a_commit_with_too_many_groups_carries_no_survey() -> None:

@@ -140,9 +140,9 @@ def _route(mode="evolve", source=r"db\.t\d"):
     from binlog_assets.config import parse_config
     from binlog_assets.lakehouse.replica.routes import replica_route
 
-    cfg = parse_config({"sources": [{"name": "s", "topics": ["x"], "tables": [
+    pipeline = parse_config({"sources": [{"name": "s", "topics": ["x"], "tables": [
         {"source": source, "replica": "r", "schema_evolution": mode}]}]})
-    return replica_route(cfg, "r")
+    return replica_route(pipeline, "r")
 
 
 def _survey(tables, declared=(), table_columns=None):

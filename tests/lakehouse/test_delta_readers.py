@@ -47,8 +47,8 @@ def _plain(value):  # rows of either reader, in one shape
     return value
 
 
-def _write_and_apply(spark, config) -> tuple[ReplicaBuilder, str]:
-    part, builder = Partition(ChangelogWriter(config)), ReplicaBuilder(spark, config)
+def _write_and_apply(spark, pipeline) -> tuple[ReplicaBuilder, str]:
+    part, builder = Partition(ChangelogWriter(pipeline)), ReplicaBuilder(spark, pipeline)
     src = Source("shop.orders")
     records = [[src.insert(row(i, amount=f"{i}.25", note=f"n{i}"))] for i in range(1, 6)]
     records += [src.update(row(2, note="n2"), row(2, amount="9.99", note="two")),
@@ -62,17 +62,17 @@ def _write_and_apply(spark, config) -> tuple[ReplicaBuilder, str]:
                                           "extra": "x"})],
                              src.update(row(4), {**row(4, note="four"), "extra": "y"})]))
     builder.apply("orders")
-    return builder, config.lakehouse.database
+    return builder, pipeline.lakehouse.database
 
 
 def test_every_table_opens_in_delta_rs_with_the_rows_spark_sees(
         spark, make_config: MakeConfig) -> None:
     from deltalake import DeltaTable
 
-    config = make_config([{"source": "shop.orders", "replica": "orders", "history": True}])
-    builder, db = _write_and_apply(spark, config)
+    pipeline = make_config([{"source": "shop.orders", "replica": "orders", "history": True}])
+    builder, db = _write_and_apply(spark, pipeline)
     tables = {f"{db}.{t}": table_location(spark, db, t) for t in ("orders", "orders_history")}
-    tables[f"{db}.changelog"] = changelog_uri(config)
+    tables[f"{db}.changelog"] = changelog_uri(pipeline)
     for name, uri in tables.items():
         protocol = DeltaTable(delta_rs_uri(uri)).protocol()
         assert not protocol.reader_features, (name, protocol)
@@ -90,9 +90,9 @@ def test_narrower_features_are_an_opt_in_that_delta_rs_readers_refuse(
         spark, make_config: MakeConfig) -> None:
     from deltalake import DeltaTable
 
-    config = make_config([{"source": "shop.orders", "replica": "orders"}],
+    pipeline = make_config([{"source": "shop.orders", "replica": "orders"}],
                          table_features=list(FEATURE_PROPERTIES))
-    _, db = _write_and_apply(spark, config)
+    _, db = _write_and_apply(spark, pipeline)
     properties = table_detail(spark, db, "orders")["properties"]
     assert {properties.get(k) for k, _ in FEATURE_PROPERTIES.values()} == {"true", "name"}
     uri = delta_rs_uri(table_location(spark, db, "orders"))
@@ -106,13 +106,13 @@ def test_a_column_name_only_column_mapping_can_hold_is_named(
         spark, make_config: MakeConfig) -> None:
     types = {"id": "bigint", "unit price": "decimal(10,2)"}
     event = Source("shop.items", types=types).insert({"id": 1, "unit price": "2.50"})
-    config = make_config([{"source": "shop.items", "replica": "items"}])
-    part = Partition(ChangelogWriter(config))
+    pipeline = make_config([{"source": "shop.items", "replica": "items"}])
+    part = Partition(ChangelogWriter(pipeline))
     part.write(part.records([[event]]))
     with pytest.raises(UnsafeIdentifierError,
                        match=r"table 'lake_\w+\.items': column\(s\) \['unit price'\]"
                              r".*column_mapping"):
-        ReplicaBuilder(spark, config).apply("items")
+        ReplicaBuilder(spark, pipeline).apply("items")
 
     mapped = make_config([{"source": "shop.items", "replica": "items"}],
                          table_features=["column_mapping"])
@@ -130,9 +130,9 @@ def test_a_location_lookup_runs_no_spark_job(spark, make_config: MakeConfig) -> 
     checksum file beside it) reconstructs its metadata in a job of its own."""
     from binlog_assets.lakehouse.delta_log import forget
 
-    config = make_config([{"source": "shop.orders", "replica": "orders"}],
+    pipeline = make_config([{"source": "shop.orders", "replica": "orders"}],
                          driver_commit_rows=0)
-    _builder, db = _write_and_apply(spark, config)
+    _builder, db = _write_and_apply(spark, pipeline)
     forget(spark, db, "orders")
     context = spark.sparkContext
     context.setJobGroup("location-lookup", "location-lookup")

@@ -11,9 +11,9 @@ from binlog_assets.orchestration.table_metadata import replica_definition_metada
 
 
 def test_history_orders_versions_by_position(spark, make_config: MakeConfig) -> None:
-    config = make_config([{"source": "shop.orders", "replica": "orders", "history": True}])
-    db = config.lakehouse.database
-    part, builder = Partition(ChangelogWriter(config)), ReplicaBuilder(spark, config)
+    pipeline = make_config([{"source": "shop.orders", "replica": "orders", "history": True}])
+    db = pipeline.lakehouse.database
+    part, builder = Partition(ChangelogWriter(pipeline)), ReplicaBuilder(spark, pipeline)
     src = Source("shop.orders")
     one_a, one_b, one_late = row(1, note="a"), row(1, note="b"), row(1, note="late")
     c1 = src.insert(one_a)
@@ -63,15 +63,15 @@ def test_history_orders_versions_by_position(spark, make_config: MakeConfig) -> 
                        for f in spark.table(f"{db}.orders_history").schema.fields}
     assert "_valid_to" in history and "_valid_to" not in {
         c.name for c in md["dagster/column_schema"].schema.columns}
-    assert replica_definition_metadata(config, "orders")["history_table"] == \
+    assert replica_definition_metadata(pipeline, "orders")["history_table"] == \
         f"{db}.orders_history"
 
 
 def test_history_keeps_columns_named_like_its_working_columns(
         spark, make_config: MakeConfig) -> None:
-    config = make_config([{"source": "shop.orders", "replica": "orders", "history": True}])
-    db = config.lakehouse.database
-    part, builder = Partition(ChangelogWriter(config)), ReplicaBuilder(spark, config)
+    pipeline = make_config([{"source": "shop.orders", "replica": "orders", "history": True}])
+    db = pipeline.lakehouse.database
+    part, builder = Partition(ChangelogWriter(pipeline)), ReplicaBuilder(spark, pipeline)
     src = Source("shop.orders", types={"id": "bigint", "_stored": "string", "_id": "string"})
     one = {"id": 1, "_stored": "s1", "_id": "i1"}
     two = {"id": 1, "_stored": "s2", "_id": "i2"}

@@ -21,9 +21,9 @@ def _rows(spark, name: str) -> list:
 @pytest.mark.long  # 92 s on 2 cores; the nightly job's path
 def test_compaction_keeps_rows_and_replicas_follow_after_it(
         spark, make_config: MakeConfig, tmp_path) -> None:
-    config = make_config([{"source": "shop.orders", "replica": "orders", "history": True}])
-    db = config.lakehouse.database
-    part, builder = Partition(ChangelogWriter(config)), ReplicaBuilder(spark, config)
+    pipeline = make_config([{"source": "shop.orders", "replica": "orders", "history": True}])
+    db = pipeline.lakehouse.database
+    part, builder = Partition(ChangelogWriter(pipeline)), ReplicaBuilder(spark, pipeline)
     src = Source("shop.orders")
     for i in range(1, 7):  # one small commit and one apply each: many small files
         records = [[src.insert(row(i, note=f"n{i}"))]]
@@ -33,17 +33,17 @@ def test_compaction_keeps_rows_and_replicas_follow_after_it(
         builder.apply("orders")
     tables = [f"{db}.orders", f"{db}.orders_history", f"{db}.orders_current"]
     before = {t: _rows(spark, t) for t in tables}
-    changelog_rows = spark.read.format("delta").load(changelog_uri(config)).count()
-    assert live_files(changelog_uri(config))[0] >= 6
+    changelog_rows = spark.read.format("delta").load(changelog_uri(pipeline)).count()
+    assert live_files(changelog_uri(pipeline))[0] >= 6
 
-    upkeep = compact_changelog(config, vacuum=True)
+    upkeep = compact_changelog(pipeline, vacuum=True)
     assert upkeep.files_before >= 6 and upkeep.files_after == 1
     assert upkeep.bytes_after > 0 and not upkeep.note
-    assert spark.read.format("delta").load(changelog_uri(config)).count() == changelog_rows
+    assert spark.read.format("delta").load(changelog_uri(pipeline)).count() == changelog_rows
     for table in (("orders",), ("orders_history",)):
         location = table_location(spark, db, *table)
         files = live_files(location)[0]
-        done = compact_table(spark, config, (db, *table))
+        done = compact_table(spark, pipeline, (db, *table))
         assert (done.files_before, done.files_after) == (files, 1), done
         # VACUUM keeps 7 days of versions: what compaction replaced stays on disk.
         assert done.files_vacuumed == 0
@@ -53,14 +53,14 @@ def test_compaction_keeps_rows_and_replicas_follow_after_it(
     # from the commits' metadata (no scan), and the replica follows new changes.
     applied = builder.applied_version("orders")
     part.write(part.records([[src.delete(row(3))], [src.insert(row(7, note="n7"))]]))
-    assert read_survey(spark, config, applied, changelog_version(spark, config)) is not None
+    assert read_survey(spark, pipeline, applied, changelog_version(spark, pipeline)) is not None
     builder.apply("orders")
     live = {r["id"]: r["note"] for r in spark.table(f"{db}.orders_current").collect()}
     assert live == {1: "again 2", 2: "again 3", 4: "again 5", 5: "again 6", 6: "n6",
                     7: "n7"}
 
     # The job records files and bytes before and after on each table's asset.
-    result = execute_job(lakehouse_maintenance_job, config, tmp_path)
+    result = execute_job(lakehouse_maintenance_job, pipeline, tmp_path)
     seen = {(o.asset_key.to_user_string(), o.metadata["table"].value): o.metadata
             for o in result.get_asset_observation_events()
             for o in [o.event_specific_data.asset_observation]}

@@ -21,27 +21,27 @@ from binlog_assets.lakehouse.replica.builder import ReplicaBuilder
 ORDERS = [{"source": "shop.orders", "replica": "orders"}]
 
 
-def live(spark, config: PipelineConfig, replica: str = "orders",
+def live(spark, pipeline: PipelineConfig, replica: str = "orders",
          columns: tuple[str, ...] = ("id", "amount", "note")) -> dict:
     """The replica's live rows: key -> the other `columns`."""
-    rows = spark.table(f"{config.lakehouse.database}.{replica}_current").collect()
+    rows = spark.table(f"{pipeline.lakehouse.database}.{replica}_current").collect()
     return {r[columns[0]]: tuple(r[c] for c in columns[1:]) for r in rows}
 
 
-def content(spark, config: PipelineConfig, replica: str = "orders") -> list[tuple]:
+def content(spark, pipeline: PipelineConfig, replica: str = "orders") -> list[tuple]:
     """Every row of the replica table, every column (metadata included), sorted."""
     return sorted(tuple(r) for r in
-                  spark.table(f"{config.lakehouse.database}.{replica}").collect())
+                  spark.table(f"{pipeline.lakehouse.database}.{replica}").collect())
 
 
-def setup(spark, config: PipelineConfig) -> tuple[Partition, ReplicaBuilder]:
-    return Partition(ChangelogWriter(config)), ReplicaBuilder(spark, config)
+def setup(spark, pipeline: PipelineConfig) -> tuple[Partition, ReplicaBuilder]:
+    return Partition(ChangelogWriter(pipeline)), ReplicaBuilder(spark, pipeline)
 
 
 def test_reapplying_an_applied_range_leaves_the_replica_identical(
         spark, make_config_each_path: MakeConfig) -> None:
-    config = make_config_each_path(ORDERS)
-    part, builder = setup(spark, config)
+    pipeline = make_config_each_path(ORDERS)
+    part, builder = setup(spark, pipeline)
     src = Source("shop.orders")
     a, b = row(1, "1.00", "a"), row(2, "2.00", "b")
     events = part.records([[src.insert(a)], [src.insert(b)], src.update(a, row(1, "1.50", "a2")),
@@ -49,7 +49,7 @@ def test_reapplying_an_applied_range_leaves_the_replica_identical(
     part.write(events)
     first = builder.apply("orders")
     assert (first.rows, first.upserts, first.deletes, first.written) == (4, 3, 1, 2)
-    before = content(spark, config)
+    before = content(spark, pipeline)
 
     again = builder.apply("orders")
     assert again.skipped and again.applied_version == first.applied_version
@@ -60,15 +60,15 @@ def test_reapplying_an_applied_range_leaves_the_replica_identical(
     replay = builder.apply("orders")
     assert replay.applied_version == first.applied_version + 1
     assert (replay.rows, replay.written) == (4, 0)
-    assert content(spark, config) == before
+    assert content(spark, pipeline) == before
     assert builder.apply("orders", up_to_version=first.applied_version).skipped
-    assert live(spark, config) == {1: (Decimal("1.50"), "a2")}
+    assert live(spark, pipeline) == {1: (Decimal("1.50"), "a2")}
 
 
 def test_late_older_update_cannot_resurrect_a_deleted_row(spark, make_config_each_path: MakeConfig
                                                           ) -> None:
-    config = make_config_each_path(ORDERS)
-    part, builder = setup(spark, config)
+    pipeline = make_config_each_path(ORDERS)
+    part, builder = setup(spark, pipeline)
     src = Source("shop.orders")
     a = row(1, "1.00", "a")
     created = src.insert(a)
@@ -79,28 +79,28 @@ def test_late_older_update_cannot_resurrect_a_deleted_row(spark, make_config_eac
     part.write(part.records([late]))  # ...but arrives after it
     result = builder.apply("orders")
     assert (result.upserts, result.written) == (1, 0)
-    assert live(spark, config) == {}
-    (tomb,) = spark.table(f"{config.lakehouse.database}.orders").collect()
+    assert live(spark, pipeline) == {}
+    (tomb,) = spark.table(f"{pipeline.lakehouse.database}.orders").collect()
     assert tomb["_op"] == "d" and tomb["_position"]["pos"] == deleted.position.pos
 
 
 def test_tombstones_are_purged_after_the_window(spark, make_config_each_path: MakeConfig) -> None:
-    config = make_config_each_path(ORDERS, retention_hours=1 / 3600)  # one second
-    part, builder = setup(spark, config)
+    pipeline = make_config_each_path(ORDERS, retention_hours=1 / 3600)  # one second
+    part, builder = setup(spark, pipeline)
     src = Source("shop.orders")
     part.write(part.records([[src.insert(row(1))], [src.delete(row(1))]]))
     assert builder.apply("orders").tombstones == 0
-    assert spark.table(f"{config.lakehouse.database}.orders").where("_op = 'd'").count() == 1
+    assert spark.table(f"{pipeline.lakehouse.database}.orders").where("_op = 'd'").count() == 1
     time.sleep(1.5)
     part.write(part.records([[src.insert(row(2))]]))
     assert builder.apply("orders").tombstones == 1
-    assert [r["id"] for r in spark.table(f"{config.lakehouse.database}.orders").collect()] == [2]
+    assert [r["id"] for r in spark.table(f"{pipeline.lakehouse.database}.orders").collect()] == [2]
 
 
 def test_truncate_clears_older_rows_and_drops_later_arriving_older_changes(
         spark, make_config_each_path: MakeConfig) -> None:
-    config = make_config_each_path(ORDERS)
-    part, builder = setup(spark, config)
+    pipeline = make_config_each_path(ORDERS)
+    part, builder = setup(spark, pipeline)
     src = Source("shop.orders")
     early = [[src.insert(row(i))] for i in (1, 2, 3)]
     late_insert = src.insert(row(4))  # before the truncate, delivered after it
@@ -113,41 +113,41 @@ def test_truncate_clears_older_rows_and_drops_later_arriving_older_changes(
     part.write(part.records([[truncate], [after]]))
     result = builder.apply("orders")
     assert result.truncated == 3
-    assert set(live(spark, config)) == {5, 6}
+    assert set(live(spark, pipeline)) == {5, 6}
     part.write(part.records([[late_insert]]))
     builder.apply("orders")
-    assert set(live(spark, config)) == {5, 6}
-    markers = spark.table(f"{config.lakehouse.database}.orders").where("_op = 't'").collect()
+    assert set(live(spark, pipeline)) == {5, 6}
+    markers = spark.table(f"{pipeline.lakehouse.database}.orders").where("_op = 't'").collect()
     assert [(m["id"], m["_position"]["pos"]) for m in markers] == [(None,
                                                                     truncate.position.pos)]
 
 
 def test_primary_key_change_deletes_the_old_key(spark, make_config_each_path: MakeConfig) -> None:
-    config = make_config_each_path(ORDERS)
-    part, builder = setup(spark, config)
+    pipeline = make_config_each_path(ORDERS)
+    part, builder = setup(spark, pipeline)
     src = Source("shop.orders")
     a = row(1, "1.00", "a")
     part.write(part.records([[src.insert(a)], src.update(a, {**a, "id": 11})]))
     builder.apply("orders")
-    assert live(spark, config) == {11: (Decimal("1.00"), "a")}
+    assert live(spark, pipeline) == {11: (Decimal("1.00"), "a")}
 
 
 def test_key_override_handles_a_key_change_the_decoder_did_not_split(
         spark, make_config_each_path: MakeConfig) -> None:
-    config = make_config_each_path([{"source": "shop.orders", "replica": "orders",
+    pipeline = make_config_each_path([{"source": "shop.orders", "replica": "orders",
                            "key_columns": ["note"]}])
-    part, builder = setup(spark, config)
+    part, builder = setup(spark, pipeline)
     src = Source("shop.orders")  # events keyed by id, as the decoder saw them
     a = row(1, "1.00", "old-no")
     moved = row(1, "1.00", "new-no")
     part.write(part.records([[src.insert(a)], src.update(a, moved)]))
     builder.apply("orders")
-    assert live(spark, config, columns=("note", "id")) == {"new-no": (1,)}
+    assert live(spark, pipeline, columns=("note", "id")) == {"new-no": (1,)}
 
 
 def test_shards_with_equal_ids_stay_apart(spark, make_config_each_path: MakeConfig) -> None:
-    config = make_config_each_path([{"source": r"shop_\d+\.orders", "replica": "orders"}])
-    part, builder = setup(spark, config)
+    pipeline = make_config_each_path([{"source": r"shop_\d+\.orders", "replica": "orders"}])
+    part, builder = setup(spark, pipeline)
     one, two, other = Source("shop_1.orders"), Source("shop_2.orders"), Source("shop_1.items")
     part.write(part.records([[one.insert(row(7, "1.00", "one"))],
                              [two.insert(row(7, "2.00", "two"))],
@@ -156,7 +156,7 @@ def test_shards_with_equal_ids_stay_apart(spark, make_config_each_path: MakeConf
                              [two.insert(row(7, "2.50", "two again"))]]))
     result = builder.apply("orders")
     assert result.rows == 4
-    rows = spark.table(f"{config.lakehouse.database}.orders_current").collect()
+    rows = spark.table(f"{pipeline.lakehouse.database}.orders_current").collect()
     assert sorted((r["_source_db"], r["_source_table"], r["id"], r["note"]) for r in rows) == [
         ("shop_1", "orders", 7, "one"), ("shop_2", "orders", 7, "two again")]
 
@@ -173,12 +173,12 @@ def _hostile_event(values: dict, position: int, types: dict) -> ChangeEvent:
 def test_hostile_names_are_replicated_as_data(spark, make_config_each_path: MakeConfig) -> None:
     # Names like these need column mapping, an opt-in (a replica without it refuses
     # them by name: tests/lakehouse/test_delta_readers.py).
-    config = make_config_each_path([{"source": re.escape(HOSTILE_TABLE), "replica": "weird"}],
+    pipeline = make_config_each_path([{"source": re.escape(HOSTILE_TABLE), "replica": "weird"}],
                                    table_features=["column_mapping"])
-    db = config.lakehouse.database
-    part, builder = setup(spark, config)
+    db = pipeline.lakehouse.database
+    part, builder = setup(spark, pipeline)
     part.writer.ensure_table()
-    assert register_changelog(spark, config)  # creates the database the victim lives in
+    assert register_changelog(spark, pipeline)  # creates the database the victim lives in
     spark.sql(f"CREATE TABLE {db}.victim (x int) USING delta")
     types = {"id": "bigint", **{c: "string" for c in HOSTILE_COLUMNS}}
     values = {"id": 1, **{c: f"value of {c}" for c in HOSTILE_COLUMNS}}
@@ -196,23 +196,23 @@ def test_unusable_names_are_rejected_before_anything_runs(
         spark, make_config_each_path: MakeConfig, column: str) -> None:
     # Names like these need column mapping, an opt-in (a replica without it refuses
     # them by name: tests/lakehouse/test_delta_readers.py).
-    config = make_config_each_path([{"source": re.escape(HOSTILE_TABLE), "replica": "weird"}],
+    pipeline = make_config_each_path([{"source": re.escape(HOSTILE_TABLE), "replica": "weird"}],
                                    table_features=["column_mapping"])
-    part, builder = setup(spark, config)
+    part, builder = setup(spark, pipeline)
     types = {"id": "bigint", "dot.ted": "string", column: "string"}
     event = _hostile_event({"id": 1, "dot.ted": "x", column: "y"}, 10, types)
     part.write(part.records([[event]]))
     with pytest.raises(UnsafeIdentifierError, match=re.escape(repr(column)) + "|differ only"):
         builder.apply("weird")
-    assert not spark.catalog.tableExists(f"{config.lakehouse.database}.weird")
+    assert not spark.catalog.tableExists(f"{pipeline.lakehouse.database}.weird")
     assert builder.applied_version("weird") is None
 
 
 @pytest.mark.parametrize("column", ["_rank", "_RANK_", "_image", "_stored"])
 def test_columns_named_like_the_applys_working_columns_are_data(
         spark, make_config_each_path: MakeConfig, column: str) -> None:
-    config = make_config_each_path(ORDERS)
-    part, builder = setup(spark, config)
+    pipeline = make_config_each_path(ORDERS)
+    part, builder = setup(spark, pipeline)
     src = Source("shop.orders", types={"id": "bigint", column: "string"})
     part.write(part.records([[src.insert({"id": 1, column: "one"}),
                               src.insert({"id": 2, column: "two"})]]))
@@ -221,15 +221,15 @@ def test_columns_named_like_the_applys_working_columns_are_data(
                              [src.delete({"id": 2, column: "two"})],
                              [src.insert({"id": 3, column: "three"})]]))
     builder.apply("orders")
-    assert live(spark, config, columns=("id", column)) == {1: ("uno",), 3: ("three",)}
+    assert live(spark, pipeline, columns=("id", column)) == {1: ("uno",), 3: ("three",)}
 
 
 def test_key_columns_named_like_the_applys_working_columns_are_keys(
         spark, make_config_each_path: MakeConfig) -> None:
     # `_image` holds a change's JSON image and `_wm` a truncate's watermark while an
     # apply runs; a source key of those names must stay a key (a truncate brings `_wm`).
-    config = make_config_each_path(ORDERS)
-    part, builder = setup(spark, config)
+    pipeline = make_config_each_path(ORDERS)
+    part, builder = setup(spark, pipeline)
     src = Source("shop.orders", types={"_image": "bigint", "_wm": "string", "v": "string"},
                  key_columns=("_image", "_wm"))
     one, two = {"_image": 1, "_wm": "a", "v": "one"}, {"_image": 2, "_wm": "b", "v": "two"}
@@ -241,31 +241,31 @@ def test_key_columns_named_like_the_applys_working_columns_are_keys(
     part.write(part.records([src.update(one, {**one, "v": "uno"}),
                              [src.delete({"_image": 3, "_wm": "c", "v": "three"})]]))
     builder.apply("orders")
-    assert live(spark, config, columns=("_image", "_wm", "v")) == {1: ("a", "uno")}
-    keys = spark.table(f"{config.lakehouse.database}.orders").select("_image", "_wm")
+    assert live(spark, pipeline, columns=("_image", "_wm", "v")) == {1: ("a", "uno")}
+    keys = spark.table(f"{pipeline.lakehouse.database}.orders").select("_image", "_wm")
     # The truncate's marker, the live row and the delete's tombstone.
     assert {tuple(r) for r in keys.collect()} == {(None, None), (1, "a"), (3, "c")}
 
 
 def test_rebuild_reproduces_the_live_rows(spark, make_config_each_path: MakeConfig) -> None:
-    config = make_config_each_path(ORDERS)
-    part, builder = setup(spark, config)
+    pipeline = make_config_each_path(ORDERS)
+    part, builder = setup(spark, pipeline)
     src = Source("shop.orders")
     a = row(1, "1.00", "a")
     part.write(part.records([[src.insert(a)], [src.insert(row(2))]]))
     builder.apply("orders")
     part.write(part.records([src.update(a, row(1, "1.25", "b")), [src.delete(row(2))]]))
     builder.apply("orders")
-    expected = live(spark, config)
+    expected = live(spark, pipeline)
     result = builder.rebuild("orders")
-    assert result.applied_version == changelog_version(spark, config) and result.rows == 4
-    assert live(spark, config) == expected == {1: (Decimal("1.25"), "b")}
+    assert result.applied_version == changelog_version(spark, pipeline) and result.rows == 4
+    assert live(spark, pipeline) == expected == {1: (Decimal("1.25"), "b")}
 
 
 def test_a_row_change_without_a_key_value_fails_the_apply_naming_it(
         spark, make_config: MakeConfig) -> None:
-    config = make_config(ORDERS)
-    part, builder = setup(spark, config)
+    pipeline = make_config(ORDERS)
+    part, builder = setup(spark, pipeline)
     src = Source("shop.orders")
     keyless = ChangeEvent("shop.orders", "c", (), ("id",), None,
                           {"amount": Decimal("1.00"), "note": "x", "qty": 1},
@@ -309,9 +309,9 @@ def test_an_apply_with_nothing_for_a_replica_commits_nothing(
         spark, make_config: MakeConfig) -> None:
     from binlog_assets.lakehouse.delta_log import table_version
 
-    config = make_config([*ORDERS, {"source": "shop.customers", "replica": "customers"}])
-    db = config.lakehouse.database
-    part, builder = setup(spark, config)
+    pipeline = make_config([*ORDERS, {"source": "shop.customers", "replica": "customers"}])
+    db = pipeline.lakehouse.database
+    part, builder = setup(spark, pipeline)
     orders, customers = Source("shop.orders"), Source("shop.customers")
     part.write(part.records([[orders.insert(row(1, "1.00", "a"))],
                              [customers.insert(row(7))]]))
@@ -320,14 +320,14 @@ def test_an_apply_with_nothing_for_a_replica_commits_nothing(
     # Only customers change: the orders replica is current without a commit of its own.
     part.write(part.records([[customers.insert(row(8))], [customers.insert(row(9))]]))
     quiet = builder.apply("orders")
-    assert quiet.applied_version == changelog_version(spark, config)
+    assert quiet.applied_version == changelog_version(spark, pipeline)
     assert (quiet.rows, quiet.written) == (0, 0)
     assert table_version(spark, db, "orders") == before
     # The next change of orders applies from where the replica's commits left off.
     part.write(part.records([orders.update(row(1, "1.00", "a"), row(1, "2.00", "b")),
                              [orders.insert(row(2))]]))
     builder.apply("orders")
-    assert live(spark, config) == {1: (Decimal("2.00"), "b"), 2: (Decimal("1.00"), "n")}
+    assert live(spark, pipeline) == {1: (Decimal("2.00"), "b"), 2: (Decimal("1.00"), "n")}
     assert table_version(spark, db, "orders") == before + 1
 
 
@@ -339,9 +339,9 @@ def test_a_new_replica_is_created_with_its_rows_in_one_commit(
     from binlog_assets.lakehouse.replica.plan import KEY_PROPERTY, TRUNCATED_PROPERTY
     from binlog_assets.lakehouse.transactions import APP_ID
 
-    config = make_config(ORDERS, driver_commit_rows=0)
-    db = config.lakehouse.database
-    part, builder = setup(spark, config)
+    pipeline = make_config(ORDERS, driver_commit_rows=0)
+    db = pipeline.lakehouse.database
+    part, builder = setup(spark, pipeline)
     src = Source("shop.orders")
     part.write(part.records([[src.insert(row(1, "1.00", "a"))], [src.truncate()],
                              [src.insert(row(2, "2.00", "b"))]]))
@@ -352,7 +352,7 @@ def test_a_new_replica_is_created_with_its_rows_in_one_commit(
     assert log.transaction_version(APP_ID) == result.applied_version
     props = log.metadata().configuration
     assert props[KEY_PROPERTY] == '["id"]' and props[TRUNCATED_PROPERTY] == "true"
-    assert live(spark, config) == {2: (Decimal("2.00"), "b")}
+    assert live(spark, pipeline) == {2: (Decimal("2.00"), "b")}
     assert builder.apply("orders").skipped
 
 
@@ -366,9 +366,9 @@ def test_a_new_small_replica_is_created_by_spark_and_filled_by_delta_rs(
     from binlog_assets.lakehouse.replica.plan import KEY_PROPERTY, TRUNCATED_PROPERTY
     from binlog_assets.lakehouse.transactions import APP_ID
 
-    config = make_config(ORDERS)
-    db = config.lakehouse.database
-    part, builder = setup(spark, config)
+    pipeline = make_config(ORDERS)
+    db = pipeline.lakehouse.database
+    part, builder = setup(spark, pipeline)
     src = Source("shop.orders")
     part.write(part.records([[src.insert(row(1, "1.00", "a"))], [src.truncate()],
                              [src.insert(row(2, "2.00", "b"))]]))
@@ -386,13 +386,13 @@ def test_a_new_small_replica_is_created_by_spark_and_filled_by_delta_rs(
     assert spark.table(f"{db}.orders").count() == 0
 
     monkeypatch.undo()
-    result = ReplicaBuilder(spark, config).apply("orders")
+    result = ReplicaBuilder(spark, pipeline).apply("orders")
     assert (result.written, result.key_rule) == (2, "primary_key")
     log = open_log(table_location(spark, db, "orders"))
     assert log.version() == 1
     assert log.transaction_version(APP_ID) == result.applied_version
     assert [h["operation"] for h in log.history()] == ["WRITE", "CREATE TABLE"]
-    assert live(spark, config) == {2: (Decimal("2.00"), "b")}
+    assert live(spark, pipeline) == {2: (Decimal("2.00"), "b")}
     assert builder.apply("orders").skipped
 
 
@@ -410,9 +410,9 @@ def test_files_of_a_creation_killed_before_the_catalog_knew_it_do_not_block_the_
 
     from binlog_assets.lakehouse.delta_log import delta_rs_uri, ensure_database
 
-    config = make_config(ORDERS, driver_commit_rows=driver_rows)
-    db = config.lakehouse.database
-    part, builder = setup(spark, config)
+    pipeline = make_config(ORDERS, driver_commit_rows=driver_rows)
+    db = pipeline.lakehouse.database
+    part, builder = setup(spark, pipeline)
     src = Source("shop.orders")
     part.write(part.records([[src.insert(row(1, "1.00", "a"))]]))
     ensure_database(spark, db)
@@ -424,7 +424,7 @@ def test_files_of_a_creation_killed_before_the_catalog_knew_it_do_not_block_the_
     (debris / "part-00000-killed.snappy.parquet").write_bytes(b"PAR1")
     result = builder.apply("orders")
     assert (result.written, result.key_rule) == (1, "primary_key")
-    assert live(spark, config) == {1: (Decimal("1.00"), "a")}
+    assert live(spark, pipeline) == {1: (Decimal("1.00"), "a")}
     assert not (debris / "part-00000-killed.snappy.parquet").exists()
 
 
@@ -436,9 +436,9 @@ def test_a_batch_that_changes_no_row_still_moves_the_applied_version(
     from binlog_assets.lakehouse.delta_log import txn_version
     from binlog_assets.lakehouse.transactions import APP_ID
 
-    config = make_config_each_path(ORDERS)
-    db = config.lakehouse.database
-    part, builder = setup(spark, config)
+    pipeline = make_config_each_path(ORDERS)
+    db = pipeline.lakehouse.database
+    part, builder = setup(spark, pipeline)
     src = Source("shop.orders")
     part.write(part.records([[src.insert(row(1, "1.00", "a"))]]))
     builder.apply("orders")
@@ -448,25 +448,25 @@ def test_a_batch_that_changes_no_row_still_moves_the_applied_version(
     assert (result.rows, result.written) == (1, 0)
     assert txn_version(spark, db, "orders", APP_ID) == result.applied_version
     assert builder.apply("orders").skipped
-    assert live(spark, config) == {1: (Decimal("1.00"), "a")}
+    assert live(spark, pipeline) == {1: (Decimal("1.00"), "a")}
 
 
 def test_a_missing_view_of_live_rows_comes_back_with_the_next_apply(
         spark, make_config: MakeConfig) -> None:
     """A crash between the replica's first commit and its view leaves a replica that is
     up to date and has no view: the next apply, with nothing to do, makes it."""
-    config = make_config(ORDERS)
-    db = config.lakehouse.database
-    part, builder = setup(spark, config)
+    pipeline = make_config(ORDERS)
+    db = pipeline.lakehouse.database
+    part, builder = setup(spark, pipeline)
     src = Source("shop.orders")
     part.write(part.records([[src.insert(row(1, "1.00", "a"))]]))
     builder.apply("orders")
     spark.sql(f"DROP VIEW {db}.orders_current")
     # A later run is a process of its own, which knows no view yet.
     known_views(spark).clear()
-    again = ReplicaBuilder(spark, config).apply("orders")
+    again = ReplicaBuilder(spark, pipeline).apply("orders")
     assert again.skipped
-    assert live(spark, config) == {1: (Decimal("1.00"), "a")}
+    assert live(spark, pipeline) == {1: (Decimal("1.00"), "a")}
 
 
 @pytest.mark.parametrize(("driver_rows", "creates"), [(None, "create_table"),
@@ -480,12 +480,12 @@ def test_a_replica_created_by_another_builder_meanwhile_is_applied_on_top(
     Spark's CTAS."""
     from binlog_assets.lakehouse.replica import builder as replica_module
 
-    config = make_config(ORDERS, driver_commit_rows=driver_rows)
-    part, first = setup(spark, config)
-    other = ReplicaBuilder(spark, config)
+    pipeline = make_config(ORDERS, driver_commit_rows=driver_rows)
+    part, first = setup(spark, pipeline)
+    other = ReplicaBuilder(spark, pipeline)
     src = Source("shop.orders")
     part.write(part.records([[src.insert(row(1, "1.00", "a"))]]))
-    raced = changelog_version(spark, config)
+    raced = changelog_version(spark, pipeline)
     real = getattr(replica_module, creates)
     calls = []
 
@@ -502,4 +502,4 @@ def test_a_replica_created_by_another_builder_meanwhile_is_applied_on_top(
     result = first.apply("orders")
     assert len(calls) == 2  # the first builder's (refused), the other one's
     assert result.applied_version == raced + 1 and result.written == 1
-    assert live(spark, config) == {1: (Decimal("1.00"), "a"), 2: (Decimal("2.00"), "b")}
+    assert live(spark, pipeline) == {1: (Decimal("1.00"), "a"), 2: (Decimal("2.00"), "b")}

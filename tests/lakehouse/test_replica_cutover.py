@@ -36,8 +36,8 @@ def ddl(src: Source, table: str, text: str, types: dict[str, str]) -> ChangeEven
                        ddl=text, column_types=dict(types))
 
 
-def live(spark, config, columns: tuple[str, ...]) -> dict:
-    rows = spark.table(f"{config.lakehouse.database}.orders_current").collect()
+def live(spark, pipeline, columns: tuple[str, ...]) -> dict:
+    rows = spark.table(f"{pipeline.lakehouse.database}.orders_current").collect()
     return {r["id"]: tuple(r[c] for c in columns) for r in rows}
 
 
@@ -67,12 +67,12 @@ def online_schema_change(src: Source) -> tuple[list, list, list]:
 
 
 def setup(spark, make: MakeConfig) -> tuple:
-    config = make([{"source": "shop.orders", "replica": "orders"}])
-    part, builder = Partition(ChangelogWriter(config)), ReplicaBuilder(spark, config)
+    pipeline = make([{"source": "shop.orders", "replica": "orders"}])
+    part, builder = Partition(ChangelogWriter(pipeline)), ReplicaBuilder(spark, pipeline)
     src = Source("shop.orders")
     part.write(part.records([[src.insert(row(i, f"{i}.00", "abc"[i - 1]))] for i in (1, 2, 3)]))
     builder.apply("orders")
-    return config, part, builder, src
+    return pipeline, part, builder, src
 
 
 SWAPPED = {1: (Decimal("1.00"), "vip"), 2: (Decimal("2.50"), "std"), 4: (Decimal("4.00"), "std")}
@@ -81,14 +81,14 @@ SWAPPED = {1: (Decimal("1.00"), "vip"), 2: (Decimal("2.50"), "std"), 4: (Decimal
 @pytest.mark.parametrize("split", [False, True], ids=["one-apply", "swap-then-later"])
 def test_a_swapped_in_helper_becomes_the_replica(spark, make_config_each_path: MakeConfig,
                                                  split: bool) -> None:
-    config, part, builder, src = setup(spark, make_config_each_path)
+    pipeline, part, builder, src = setup(spark, make_config_each_path)
     first, late, then = online_schema_change(src)
     before = part.records(first[:-1] + late + first[-1:])
     after = part.records(then)
     part.write(before, end_offset=before[-1].offset + 1)
     if split:
         swapped = builder.apply("orders")
-        assert live(spark, config, ("amount", "tag")) == {
+        assert live(spark, pipeline, ("amount", "tag")) == {
             1: (Decimal("1.00"), "std"), 2: (Decimal("2.50"), "std")}
         part.write(after)
         later = builder.apply("orders")
@@ -102,9 +102,9 @@ def test_a_swapped_in_helper_becomes_the_replica(spark, make_config_each_path: M
     assert "drop column note" in swapped.schema_changes, swapped
     # The swap is not a drop of `orders`, and there is nothing to re-snapshot.
     assert not [c for c in swapped.schema_changes if "drop table" in c or "re-snapshot" in c]
-    columns = spark.table(f"{config.lakehouse.database}.orders_current").columns
+    columns = spark.table(f"{pipeline.lakehouse.database}.orders_current").columns
     assert [c for c in columns if not c.startswith("_")] == ["id", "amount", "qty", "tag"]
-    assert live(spark, config, ("amount", "tag")) == SWAPPED
+    assert live(spark, pipeline, ("amount", "tag")) == SWAPPED
     again = builder.apply("orders")
     assert again.skipped
     # A change of `orders` from before the swap, arriving late, stays out.
@@ -114,15 +114,15 @@ def test_a_swapped_in_helper_becomes_the_replica(spark, make_config_each_path: M
                                           before[1].position, 1_700_000_000_000,
                                           column_types=dict(TYPES))]]))
     assert builder.apply("orders").written == 0
-    assert 9 not in live(spark, config, ("amount",))
+    assert 9 not in live(spark, pipeline, ("amount",))
 
 
 def test_a_swap_without_the_helper_in_the_changelog_says_to_resnapshot(
         spark, make_config: MakeConfig) -> None:
     # The default on_drop (truncate): the rename of `orders` away is half of the swap,
     # so its rows stay (the closest the replica can be) rather than all leave.
-    config = make_config([{"source": "shop.orders", "replica": "orders"}])
-    part, builder = Partition(ChangelogWriter(config)), ReplicaBuilder(spark, config)
+    pipeline = make_config([{"source": "shop.orders", "replica": "orders"}])
+    part, builder = Partition(ChangelogWriter(pipeline)), ReplicaBuilder(spark, pipeline)
     src = Source("shop.orders")
     part.write(part.records([[src.insert(row(1))]]))
     builder.apply("orders")
@@ -133,27 +133,27 @@ def test_a_swap_without_the_helper_in_the_changelog_says_to_resnapshot(
             "are not in the replica (re-snapshot shop.orders to bring them)"
             ) in result.schema_changes, result
     assert not [c for c in result.schema_changes if "drop table" in c], result
-    assert set(live(spark, config, ("amount",))) == {1}
+    assert set(live(spark, pipeline, ("amount",))) == {1}
 
 
 def test_helper_changes_arriving_after_the_swap_are_brought_in(
         spark, make_config_each_path: MakeConfig) -> None:
     """The helper's topic lags the schema-change topic: two of its changes from before
     the rename reach the changelog after the apply that did the swap."""
-    config, part, builder, src = setup(spark, make_config_each_path)
+    pipeline, part, builder, src = setup(spark, make_config_each_path)
     first, late, then = online_schema_change(src)
     helper_topic = Partition(part.writer, partition=1)
     part.write(part.records(first + then))
     swapped = builder.apply("orders")
     assert any(c.endswith("(3 changes read)") for c in swapped.schema_changes), swapped
-    assert live(spark, config, ("amount", "tag")) == {
+    assert live(spark, pipeline, ("amount", "tag")) == {
         **SWAPPED, 2: (Decimal("2.00"), "std"), 3: (Decimal("3.00"), "std")}
     helper_topic.write(helper_topic.records(late))
     again = builder.apply("orders")
     assert ("table shop._orders_new renamed to shop.orders: the replica's rows of shop.orders "
             "are shop._orders_new's as of the rename (5 changes read, again for changes of "
             "shop._orders_new that arrived after it)") in again.schema_changes, again
-    assert live(spark, config, ("amount", "tag")) == SWAPPED
+    assert live(spark, pipeline, ("amount", "tag")) == SWAPPED
     # A third generation still yields to the later change of row 1 and replaces the second.
     helper_topic.write(helper_topic.records([[ChangeEvent(
         "shop._orders_new", "u", (1,), ("id",), helper_row(1, "1.00"),
@@ -161,5 +161,5 @@ def test_helper_changes_arriving_after_the_swap_are_brought_in(
         column_types=dict(HELPER_TYPES))]]))
     third = builder.apply("orders")
     assert any(c.endswith("arrived after it)") for c in third.schema_changes), third
-    assert live(spark, config, ("amount", "tag")) == SWAPPED
+    assert live(spark, pipeline, ("amount", "tag")) == SWAPPED
     assert builder.apply("orders").skipped

@@ -125,16 +125,16 @@ def _batches(source: Source) -> list[list]:
     return [first, second]
 
 
-def _content(spark, config: PipelineConfig) -> list[tuple]:
-    frame = spark.table(f"{config.lakehouse.database}.wide").drop("_applied_at")
+def _content(spark, pipeline: PipelineConfig) -> list[tuple]:
+    frame = spark.table(f"{pipeline.lakehouse.database}.wide").drop("_applied_at")
     frame = frame.withColumn("ts", F.unix_micros("ts")).withColumn(
         "_source_ts", F.unix_micros("_source_ts"))
     return sorted(tuple(r) for r in frame.collect())
 
 
-def _build(spark, config: PipelineConfig, batches: list[list]) -> list:
-    part = Partition(ChangelogWriter(config))
-    builder = ReplicaBuilder(spark, config)
+def _build(spark, pipeline: PipelineConfig, batches: list[list]) -> list:
+    part = Partition(ChangelogWriter(pipeline))
+    builder = ReplicaBuilder(spark, pipeline)
     results = []
     for batch in batches:
         part.write(part.records(batch))
@@ -184,23 +184,23 @@ def test_a_value_the_driver_does_not_type_sends_the_whole_batch_to_spark(
         (1, "1.0E20")]
 
 
-def _content_of(spark, config: PipelineConfig) -> list[tuple]:
+def _content_of(spark, pipeline: PipelineConfig) -> list[tuple]:
     return sorted(tuple(r) for r in spark.table(
-        f"{config.lakehouse.database}.wide").select("id", "s").collect())
+        f"{pipeline.lakehouse.database}.wide").select("id", "s").collect())
 
 
 def test_a_changelog_range_is_read_once_and_extended_for_the_next_cycle(
         make_config: MakeConfig) -> None:
-    config = make_config(WIDE)
+    pipeline = make_config(WIDE)
     orders, users = Source("shop.orders"), Source("shop.users")
-    part = Partition(ChangelogWriter(config))
+    part = Partition(ChangelogWriter(pipeline))
     for i in range(1, 4):
         part.write(part.records([[orders.insert({"id": i})], [users.insert({"id": i})]]))
     # Versions 1-3 hold one commit each (version 0 made the table).
     offsets = lambda rows: sorted(rows.column("offset").to_pylist())  # noqa: E731
-    assert offsets(changes_of(config, 0, 3, ["shop.orders"], ROW_OPS)) == [0, 2, 4]
-    assert offsets(changes_of(config, 1, 3, ["shop.users"], ROW_OPS)) == [3, 5]
+    assert offsets(changes_of(pipeline, 0, 3, ["shop.orders"], ROW_OPS)) == [0, 2, 4]
+    assert offsets(changes_of(pipeline, 1, 3, ["shop.users"], ROW_OPS)) == [3, 5]
     part.write(part.records([[orders.insert({"id": 9})]]))
-    assert offsets(changes_of(config, 3, 4, ["shop.orders"], ROW_OPS)) == [6]
-    assert offsets(changes_of(config, 2, 4, ["shop.orders", "shop.users"], ROW_OPS)) == [4, 5, 6]
-    assert offsets(changes_of(config, None, 4, ["shop.orders"], ROW_OPS)) == [0, 2, 4, 6]
+    assert offsets(changes_of(pipeline, 3, 4, ["shop.orders"], ROW_OPS)) == [6]
+    assert offsets(changes_of(pipeline, 2, 4, ["shop.orders", "shop.users"], ROW_OPS)) == [4, 5, 6]
+    assert offsets(changes_of(pipeline, None, 4, ["shop.orders"], ROW_OPS)) == [0, 2, 4, 6]

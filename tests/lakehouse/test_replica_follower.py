@@ -38,13 +38,13 @@ from binlog_assets.orchestration.shared import SPARK_POOL
 
 
 def test_a_follower_run_applies_each_commit_as_it_lands(spark, make_config, tmp_path) -> None:
-    config = make_config([{"source": "shop.orders", "replica": "orders"},
+    pipeline = make_config([{"source": "shop.orders", "replica": "orders"},
                           {"source": "shop.products", "replica": "products"}],
                          dagster={"replica_poll_seconds": 0.2})
     path = tmp_path / "binlake.yaml"
-    path.write_text(yaml.safe_dump(config.model_dump(mode="json", exclude_none=True)))
+    path.write_text(yaml.safe_dump(pipeline.model_dump(mode="json", exclude_none=True)))
     orders, products = Source("shop.orders"), Source("shop.products")
-    part = Partition(ChangelogWriter(config))
+    part = Partition(ChangelogWriter(pipeline))
     part.write(part.records([[orders.insert(row(1))], [products.insert(row(7))]]))
     seen: list[int] = []
 
@@ -86,7 +86,7 @@ def test_a_follower_run_applies_each_commit_as_it_lands(spark, make_config, tmp_
     versions = [md["applied_changelog_version"].value for name, md in by_replica
                 if name == "orders"]
     assert versions == sorted(versions) and len(set(versions)) == 3
-    db = config.lakehouse.database
+    db = pipeline.lakehouse.database
     assert {r["id"] for r in spark.table(f"{db}.orders_current").collect()} == {1, 2, 3}
     evaluations = result.get_asset_check_evaluations()
     checks = {e.asset_key.path[-1]: e for e in evaluations if e.check_name == ROW_COUNT_CHECK}
@@ -104,12 +104,12 @@ def test_a_follower_run_applies_each_commit_as_it_lands(spark, make_config, tmp_
 
 def test_a_follower_runs_check_is_seen_before_the_run_ends_and_catches_a_lost_row(
         spark, make_config, tmp_path) -> None:
-    config = make_config([{"source": "shop.orders", "replica": "orders"}],
+    pipeline = make_config([{"source": "shop.orders", "replica": "orders"}],
                          dagster={"replica_poll_seconds": 0.2})
     path = tmp_path / "binlake.yaml"
-    path.write_text(yaml.safe_dump(config.model_dump(mode="json", exclude_none=True)))
+    path.write_text(yaml.safe_dump(pipeline.model_dump(mode="json", exclude_none=True)))
     orders = Source("shop.orders")
-    part = Partition(ChangelogWriter(config))
+    part = Partition(ChangelogWriter(pipeline))
     part.write(part.records([[orders.insert(row(1))], [orders.insert(row(2))]]))
     check_key = dg.AssetCheckKey(replica_key("orders"), ROW_COUNT_CHECK)
     seen: list[tuple[bool, int, str]] = []  # (passed, replica rows, the run's status)
@@ -130,7 +130,7 @@ def test_a_follower_runs_check_is_seen_before_the_run_ends_and_catches_a_lost_ro
                              run.status.value))
                 if len(seen) == 1:
                     # A row lost behind binlake's back, then a new change of the table.
-                    spark.sql(f"DELETE FROM {config.lakehouse.database}.orders WHERE id = 1")
+                    spark.sql(f"DELETE FROM {pipeline.lakehouse.database}.orders WHERE id = 1")
                     part.write(part.records([[orders.insert(row(3))]]))
             time.sleep(0.1)
         instance.event_log_storage.claim_concurrency_slot(SPARK_POOL, "rebuild", "replicas")
@@ -222,25 +222,25 @@ def test_the_loop_applies_workers_replicas_at_once() -> None:
 
 
 def test_the_surveys_name_the_replicas_that_new_versions_touch(make_config) -> None:
-    config = make_config([{"source": "shop.orders", "replica": "orders"},
+    pipeline = make_config([{"source": "shop.orders", "replica": "orders"},
                           {"source": "shop.products", "replica": "products"},
                           {"source": "shop.users", "replica": "users"}])
-    routes = replica_routes(config)
+    routes = replica_routes(pipeline)
     orders, products = Source("shop.orders"), Source("shop.products")
-    part = Partition(ChangelogWriter(config))
+    part = Partition(ChangelogWriter(pipeline))
     part.write(part.records([[orders.insert(row(1))], [products.insert(row(1))]]))
-    first = changelog_version(None, config)
+    first = changelog_version(None, pipeline)
     part.write(part.records([[orders.insert(row(2))]]))
-    second = changelog_version(None, config)
-    assert replicas_touched(config, routes, first, second) == {"orders"}
+    second = changelog_version(None, pipeline)
+    assert replicas_touched(pipeline, routes, first, second) == {"orders"}
     part.write(part.records([products.update(row(1), row(1, note="x")),
                              [orders.truncate()]]))
-    assert replicas_touched(config, routes, second, changelog_version(None, config)
+    assert replicas_touched(pipeline, routes, second, changelog_version(None, pipeline)
                             ) == {"orders", "products"}
     # A schema change may rename a table into any replica: every replica looks.
-    third = changelog_version(None, config)
+    third = changelog_version(None, pipeline)
     part.write(part.records([[products.ddl({**products.types, "extra": "int"})]]))
-    assert replicas_touched(config, routes, third, changelog_version(None, config)) is None
+    assert replicas_touched(pipeline, routes, third, changelog_version(None, pipeline)) is None
 
 
 def test_a_replica_whose_apply_fails_is_left_and_the_others_go_on() -> None:
@@ -261,14 +261,14 @@ def test_a_replica_whose_apply_fails_is_left_and_the_others_go_on() -> None:
 
 def test_a_follower_run_with_a_broken_replica_follows_the_others_then_fails(
         spark, make_config, tmp_path) -> None:
-    config = make_config([{"source": "shop.orders", "replica": "broken",
+    pipeline = make_config([{"source": "shop.orders", "replica": "broken",
                            "key_columns": ["nope"]},
                           {"source": "shop.orders", "replica": "orders"}],
                          dagster={"replica_poll_seconds": 0.2})
     path = tmp_path / "binlake.yaml"
-    path.write_text(yaml.safe_dump(config.model_dump(mode="json", exclude_none=True)))
+    path.write_text(yaml.safe_dump(pipeline.model_dump(mode="json", exclude_none=True)))
     orders = Source("shop.orders")
-    part = Partition(ChangelogWriter(config))
+    part = Partition(ChangelogWriter(pipeline))
     part.write(part.records([[orders.insert(row(1))], [orders.insert(row(2))]]))
     with dg.instance_for_test() as instance:
         result = follow_replicas_job.execute_in_process(
@@ -302,10 +302,10 @@ def test_the_follower_hands_the_spark_pool_over_to_a_waiting_run() -> None:
 def test_the_sensor_keeps_one_follower_going_only_when_configured(make_config, tmp_path
                                                                    ) -> None:
     def tick(instance, seconds: float):
-        config = make_config([{"source": "shop.orders", "replica": "orders"}],
+        pipeline = make_config([{"source": "shop.orders", "replica": "orders"}],
                              dagster={"replica_follow_seconds": seconds})
         path = tmp_path / f"binlake-{seconds}.yaml"
-        path.write_text(yaml.safe_dump(config.model_dump(mode="json", exclude_none=True)))
+        path.write_text(yaml.safe_dump(pipeline.model_dump(mode="json", exclude_none=True)))
         return replica_follower_sensor(dg.build_sensor_context(
             instance=instance, resources={"binlake": BinlakeResource(config_path=str(path))}))
 

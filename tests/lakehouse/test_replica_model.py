@@ -129,30 +129,30 @@ def check_against_model(spark, pipeline_config: PipelineConfig, workload: dict,
     paths = data.draw(st.lists(st.sampled_from(sorted(APPLY_PATHS)),
                                min_size=len(ranges), max_size=len(ranges)), label="paths")
 
-    config = config_for(pipeline_config, [ROUTE])
-    part = Partition(ChangelogWriter(config))
-    builder = ReplicaBuilder(spark, config)
+    pipeline = config_for(pipeline_config, [ROUTE])
+    part = Partition(ChangelogWriter(pipeline))
+    builder = ReplicaBuilder(spark, pipeline)
     events = part.records(arrival)
     for i, (lo, hi) in enumerate(ranges):
         chunk = [e for e in events if lo <= e.offset < hi]
         assert part.write(chunk, end_offset=hi) is not None
         if i == retry:
             assert part.write(chunk, end_offset=hi) is None
-        lakehouse = config.lakehouse.model_copy(update=APPLY_PATHS[paths[i]])
-        ReplicaBuilder(spark, config.model_copy(update={"lakehouse": lakehouse})
+        lakehouse = pipeline.lakehouse.model_copy(update=APPLY_PATHS[paths[i]])
+        ReplicaBuilder(spark, pipeline.model_copy(update={"lakehouse": lakehouse})
                        ).apply("orders")
 
-    live = spark.table(f"{config.lakehouse.database}.orders_current").select(
+    live = spark.table(f"{pipeline.lakehouse.database}.orders_current").select(
         "_source_db", "_source_table", "id", "amount", "note", "qty").collect()
     got = {(r["_source_db"], r["_source_table"], r["id"]):
            (r["amount"], r["note"], r["qty"]) for r in live}
     want = {k: (v["amount"], v["note"], v["qty"]) for k, v in expected.items()}
     assert len(live) == len(got), "a key occurs more than once among the live rows"
     assert got == want
-    keys = spark.table(f"{config.lakehouse.database}.orders").groupBy(
+    keys = spark.table(f"{pipeline.lakehouse.database}.orders").groupBy(
         "_source_db", "_source_table", "id").count().where("count > 1").count()
     assert keys == 0
     assert all(isinstance(v[0], Decimal) for v in got.values())
     # The row-count check's independent reduction of the changelog agrees with the model.
-    assert expected_live_rows(spark, config, "orders",
+    assert expected_live_rows(spark, pipeline, "orders",
                               builder.applied_version("orders")) == len(want)

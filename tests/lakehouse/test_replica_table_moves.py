@@ -20,8 +20,8 @@ def rename(src: Source, old: str, new: str) -> ChangeEvent:
 @pytest.mark.parametrize("applied", ["before", "one-batch", "new-replica"])
 def test_rows_of_a_renamed_table_move_to_its_new_name(
         spark, make_config_each_path: MakeConfig, applied: str) -> None:
-    config = make_config_each_path([{"source": r"shop\.items(_v2)?", "replica": "items"}])
-    part, builder = Partition(ChangelogWriter(config)), ReplicaBuilder(spark, config)
+    pipeline = make_config_each_path([{"source": r"shop\.items(_v2)?", "replica": "items"}])
+    part, builder = Partition(ChangelogWriter(pipeline)), ReplicaBuilder(spark, pipeline)
     src = Source("shop.items")
     part.write(part.records([[src.insert(row(1, note="a"))]]))
     if applied != "new-replica":
@@ -35,6 +35,6 @@ def test_rows_of_a_renamed_table_move_to_its_new_name(
     result = builder.apply("items")
     if applied != "new-replica":  # a new replica is built as its tables are now
         assert "move rows shop.items -> shop.items_v2" in result.schema_changes, result
-    rows = spark.table(f"{config.lakehouse.database}.items_current").collect()
+    rows = spark.table(f"{pipeline.lakehouse.database}.items_current").collect()
     assert sorted((r["_source_table"], r["id"], r["note"]) for r in rows) == [
         ("items_v2", 1, "a"), ("items_v2", 2, "b2"), ("items_v2", 3, "c")]

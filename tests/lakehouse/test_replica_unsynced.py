@@ -65,14 +65,14 @@ def test_only_a_replica_behind_its_tables_shows_unsynced(spark, make_config, tmp
     # handler of the process under logging's lock: a consumer run started in a thread
     # while the follower run logs deadlocks the two. This test's runs need no YAML handlers.
     monkeypatch.setattr(dg.DagsterInstance, "get_yaml_python_handlers", lambda self: [])
-    config = make_config([{"source": "shop.orders", "replica": "orders"},
+    pipeline = make_config([{"source": "shop.orders", "replica": "orders"},
                           {"source": "shop.products", "replica": "products"}],
                          dagster={"replica_poll_seconds": 0.2})
     path = tmp_path / "binlake.yaml"
-    path.write_text(yaml.safe_dump(config.model_dump(mode="json", exclude_none=True)))
+    path.write_text(yaml.safe_dump(pipeline.model_dump(mode="json", exclude_none=True)))
     resources = {"binlake": BinlakeResource(config_path=str(path))}
-    graph = AssetGraph.from_assets([changelog, build_replica_assets(config)])
-    writer = ChangelogWriter(config)
+    graph = AssetGraph.from_assets([changelog, build_replica_assets(pipeline)])
+    writer = ChangelogWriter(pipeline)
     orders, products = Source("shop.orders"), Source("shop.products")
     on_orders, on_products = Partition(writer, topic="orders"), Partition(writer,
                                                                            topic="products")

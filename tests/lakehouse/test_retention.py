@@ -22,19 +22,19 @@ from binlog_assets.orchestration.maintenance import lakehouse_maintenance_job
 from binlog_assets.orchestration.replica_reports import row_count_check
 
 
-def _with_retention(config: PipelineConfig, days: int = 1) -> PipelineConfig:
-    data = config.model_dump(mode="json", exclude_none=True)
+def _with_retention(pipeline: PipelineConfig, days: int = 1) -> PipelineConfig:
+    data = pipeline.model_dump(mode="json", exclude_none=True)
     data["lakehouse"]["changelog_retention_days"] = days
     return parse_config(data)
 
 
-def _offsets(config: PipelineConfig) -> list[int]:
-    table = DeltaTable(changelog_uri(config)).to_pyarrow_table(columns=["offset"])
+def _offsets(pipeline: PipelineConfig) -> list[int]:
+    table = DeltaTable(changelog_uri(pipeline)).to_pyarrow_table(columns=["offset"])
     return sorted(table.column("offset").to_pylist())
 
 
-def _live(spark, config: PipelineConfig, replica: str) -> dict[int, str]:
-    rows = spark.table(f"{config.lakehouse.database}.{replica}_current").collect()
+def _live(spark, pipeline: PipelineConfig, replica: str) -> dict[int, str]:
+    rows = spark.table(f"{pipeline.lakehouse.database}.{replica}_current").collect()
     return {r["id"]: r["note"] for r in rows}
 
 
@@ -51,12 +51,12 @@ def test_retention_removes_only_rows_every_replica_applied(
         spark, make_config: MakeConfig) -> None:
     # Tombstones purged at once: a removed insert that came back to a replica would
     # bring its deleted row back to life.
-    config = _with_retention(make_config(
+    pipeline = _with_retention(make_config(
         [{"source": "shop.orders", "replica": "orders", "history": True},
          {"source": "shop.customers", "replica": "customers"}],
         retention_hours=1e-4))
-    db = config.lakehouse.database
-    part, builder = Partition(ChangelogWriter(config)), ReplicaBuilder(spark, config)
+    db = pipeline.lakehouse.database
+    part, builder = Partition(ChangelogWriter(pipeline)), ReplicaBuilder(spark, pipeline)
     orders, customers = Source("shop.orders"), Source("shop.customers")
 
     part.write(part.records([[orders.insert(row(1))], [orders.insert(row(2))],
@@ -74,26 +74,26 @@ def test_retention_removes_only_rows_every_replica_applied(
     time.sleep(0.5)  # past the tombstone window
 
     # Everything but offsets 6-7 is old; customers applied only the first commit's.
-    applied, waiting = applied_by_every_replica(builder, changelog_version(spark, config))
+    applied, waiting = applied_by_every_replica(builder, changelog_version(spark, pipeline))
     assert waiting == [] and applied == builder.applied_version("customers")
     app_id = changelog_app_id(GROUP, TOPIC, 0)
-    kept = retain_changelog(config, applied, now=mark + timedelta(days=1))
+    kept = retain_changelog(pipeline, applied, now=mark + timedelta(days=1))
     assert (kept.rows_removed, kept.files_removed, kept.files_rewritten) == (3, 1, 0), kept
-    assert _offsets(config) == [3, 4, 5, 6, 7]
-    assert DeltaTable(changelog_uri(config)).transaction_version(app_id) == 8
+    assert _offsets(pipeline) == [3, 4, 5, 6, 7]
+    assert DeltaTable(changelog_uri(pipeline)).transaction_version(app_id) == 8
 
     # The replica behind gets what it had not applied, and nothing comes back to the other.
     builder.apply("customers")
-    assert _live(spark, config, "customers") == {1: "c1b", 2: "c2"}
+    assert _live(spark, pipeline, "customers") == {1: "c1b", 2: "c2"}
     part.write(part.records([[orders.insert(row(4, note="n4"))]]))  # offset 8
     builder.apply("orders")
     builder.apply("customers")
-    assert _live(spark, config, "orders") == {1: "u1", 3: "n3", 4: "n4"}
+    assert _live(spark, pipeline, "orders") == {1: "u1", 3: "n3", 4: "n4"}
 
     # Compaction mixes the old rows (3-5) with young ones (6-8) in one file; once every
     # replica applied past it (a replica with no new row keeps its applied version),
     # retention rewrites that file with its young rows.
-    compact_changelog(config, vacuum=False)
+    compact_changelog(pipeline, vacuum=False)
     part.write(part.records([[orders.insert(row(5, note="n5"))],
                              [customers.insert(row(3, note="c3"))]]))  # offsets 9-10
     builder.apply("orders")
@@ -101,20 +101,20 @@ def test_retention_removes_only_rows_every_replica_applied(
     replicas = ("orders", "orders_history", "customers")
     before = {t: sorted(map(repr, spark.table(f"{db}.{t}").drop("_applied_at").collect()))
               for t in replicas}
-    applied, _ = applied_by_every_replica(builder, changelog_version(spark, config))
-    retention_version = changelog_version(spark, config) + 1
-    kept = retain_changelog(config, applied, now=mark + timedelta(days=1))
+    applied, _ = applied_by_every_replica(builder, changelog_version(spark, pipeline))
+    retention_version = changelog_version(spark, pipeline) + 1
+    kept = retain_changelog(pipeline, applied, now=mark + timedelta(days=1))
     assert (kept.rows_removed, kept.files_removed, kept.files_rewritten) == (3, 0, 1), kept
     assert kept.files_after == kept.files_before  # one file rewritten, the young one kept
-    assert _offsets(config) == [6, 7, 8, 9, 10]
+    assert _offsets(pipeline) == [6, 7, 8, 9, 10]
 
     # The change feed sees no row in the retention commit, its survey is empty, and the
     # checkpoint survives a Delta checkpoint of the log too.
     assert added_rows(spark, db, "changelog", retention_version, retention_version).count() == 0
-    assert read_survey(spark, config, retention_version - 1, retention_version) == []
-    table = DeltaTable(changelog_uri(config))
+    assert read_survey(spark, pipeline, retention_version - 1, retention_version) == []
+    table = DeltaTable(changelog_uri(pipeline))
     table.create_checkpoint()
-    assert DeltaTable(changelog_uri(config)).transaction_version(app_id) == 11
+    assert DeltaTable(changelog_uri(pipeline)).transaction_version(app_id) == 11
 
     # Replicas apply across the retention commit: only the new change lands, nothing
     # removed or rewritten comes back (key 2's tombstone is gone, its insert too).
@@ -124,7 +124,7 @@ def test_retention_removes_only_rows_every_replica_applied(
     after = {t: sorted(map(repr, spark.table(f"{db}.{t}").drop("_applied_at").collect()))
              for t in replicas}
     assert after["customers"] == before["customers"]
-    assert _live(spark, config, "orders") == {1: "u1", 3: "n3b", 4: "n4", 5: "n5"}
+    assert _live(spark, pipeline, "orders") == {1: "u1", 3: "n3b", 4: "n4", 5: "n5"}
     assert len(after["orders_history"]) == len(before["orders_history"]) + 1
 
     # Key 1's every change is gone from the changelog, not from the replica: with
@@ -136,21 +136,21 @@ def test_retention_removes_only_rows_every_replica_applied(
 
 def test_a_replica_that_applied_nothing_holds_retention_back(
         spark, make_config: MakeConfig, tmp_path) -> None:
-    config = _with_retention(make_config(
+    pipeline = _with_retention(make_config(
         [{"source": "shop.orders", "replica": "orders"},
          {"source": "shop.customers", "replica": "customers"}]))
-    part, builder = Partition(ChangelogWriter(config)), ReplicaBuilder(spark, config)
+    part, builder = Partition(ChangelogWriter(pipeline)), ReplicaBuilder(spark, pipeline)
     orders = Source("shop.orders")
     part.write(part.records([[orders.insert(row(1))], [orders.insert(row(2))]]))
     builder.apply("orders")  # customers has no table: no row of its source came yet
 
-    applied, waiting = applied_by_every_replica(builder, changelog_version(spark, config))
-    assert applied is None and waiting == [f"`{config.lakehouse.database}`.`customers`"]
-    kept = retain_changelog(config, applied, now=datetime.now(UTC) + timedelta(days=30))
-    assert kept.rows_removed == 0 and _offsets(config) == [0, 1]
+    applied, waiting = applied_by_every_replica(builder, changelog_version(spark, pipeline))
+    assert applied is None and waiting == [f"`{pipeline.lakehouse.database}`.`customers`"]
+    kept = retain_changelog(pipeline, applied, now=datetime.now(UTC) + timedelta(days=30))
+    assert kept.rows_removed == 0 and _offsets(pipeline) == [0, 1]
 
     # The job reports what retention did (here: nothing, and why) on the changelog.
-    result = execute_job(lakehouse_maintenance_job, config, tmp_path)
+    result = execute_job(lakehouse_maintenance_job, pipeline, tmp_path)
     retention = [o.metadata for e in result.get_asset_observation_events()
                  for o in [e.event_specific_data.asset_observation]
                  if "step" in o.metadata]

@@ -45,11 +45,11 @@ def s3_config(s3: S3Server, monkeypatch: pytest.MonkeyPatch) -> PipelineConfig:
                                        "database": "s3fence"}})
 
 
-def _sink(config: PipelineConfig, writer: ChangelogWriter, part: Partition, checkpoint_of
+def _sink(pipeline: PipelineConfig, writer: ChangelogWriter, part: Partition, checkpoint_of
           ) -> FencedChangelogSink:
     return FencedChangelogSink(writer, checkpoint_of, group="g", topic=part.topic,
                                partition=part.partition, expected=None,
-                               lakehouse=config.lakehouse.path)
+                               lakehouse=pipeline.lakehouse.path)
 
 
 def test_two_runs_racing_on_s3_end_with_one_fenced(s3_config: PipelineConfig) -> None:

@@ -95,16 +95,16 @@ def test_columns_differing_only_in_case_are_refused() -> None:
 
 # -- on real Spark + Delta -------------------------------------------------------------
 
-def _schema(spark, config, replica: str = "orders") -> dict[str, str]:
-    table = spark.table(f"{config.lakehouse.database}.{replica}")
+def _schema(spark, pipeline, replica: str = "orders") -> dict[str, str]:
+    table = spark.table(f"{pipeline.lakehouse.database}.{replica}")
     return {f.name: f.dataType.simpleString() for f in table.schema
             if not f.name.startswith("_")}
 
 
 def test_evolve_follows_ddl_and_new_fields_and_drops_with_the_source(
         spark, make_config_each_path: MakeConfig) -> None:
-    config = make_config_each_path([{"source": "shop.orders", "replica": "orders"}])
-    part, builder = Partition(ChangelogWriter(config)), ReplicaBuilder(spark, config)
+    pipeline = make_config_each_path([{"source": "shop.orders", "replica": "orders"}])
+    part, builder = Partition(ChangelogWriter(pipeline)), ReplicaBuilder(spark, pipeline)
     src = Source("shop.orders")
     part.write(part.records([[src.insert(row(1, "1.00", "a", 5))]]))
     builder.apply("orders")
@@ -115,14 +115,14 @@ def test_evolve_follows_ddl_and_new_fields_and_drops_with_the_source(
     result = builder.apply("orders")
     assert result.schema_changes == ("add color string", "widen amount decimal(10,2) -> "
                                      "decimal(12,3)", "widen qty int -> bigint")
-    assert _schema(spark, config) == {"id": "bigint", "amount": "decimal(12,3)",
+    assert _schema(spark, pipeline) == {"id": "bigint", "amount": "decimal(12,3)",
                                       "note": "string", "qty": "bigint", "color": "string"}
 
     # A field no declaration names, in an after-image: added with its value's type.
     fresh = {**row(2, "2.00", "b", 6), "color": "red", "extra": 42}
     part.write(part.records([[src.insert(fresh)]]))
     builder.apply("orders")
-    assert _schema(spark, config)["extra"] == "bigint"
+    assert _schema(spark, pipeline)["extra"] == "bigint"
 
     # A number becoming text is no in-place widening: the table is rewritten once. The
     # column `color` is dropped at the source (and `extra` is in no definition): under
@@ -132,17 +132,17 @@ def test_evolve_follows_ddl_and_new_fields_and_drops_with_the_source(
     part.write(part.records([[ddl], [src.insert(third)]]))
     result = builder.apply("orders")
     assert {"drop column color", "drop column extra"} <= set(result.schema_changes), result
-    assert _schema(spark, config) == {"id": "bigint", "amount": "decimal(12,3)",
+    assert _schema(spark, pipeline) == {"id": "bigint", "amount": "decimal(12,3)",
                                       "note": "string", "qty": "string"}
     rows = {r["id"]: r["qty"] for r in
-            spark.table(f"{config.lakehouse.database}.orders_current").collect()}
+            spark.table(f"{pipeline.lakehouse.database}.orders_current").collect()}
     assert rows == {1: "5", 2: "6", 3: "three"}
 
 
 def test_exception_mode_stops_before_writing(spark, make_config_each_path: MakeConfig) -> None:
-    config = make_config_each_path([{"source": "shop.orders", "replica": "orders",
+    pipeline = make_config_each_path([{"source": "shop.orders", "replica": "orders",
                            "schema_evolution": "exception"}])
-    part, builder = Partition(ChangelogWriter(config)), ReplicaBuilder(spark, config)
+    part, builder = Partition(ChangelogWriter(pipeline)), ReplicaBuilder(spark, pipeline)
     src = Source("shop.orders")
     part.write(part.records([[src.insert(row(1))]]))
     applied = builder.apply("orders").applied_version
@@ -150,16 +150,16 @@ def test_exception_mode_stops_before_writing(spark, make_config_each_path: MakeC
     part.write(part.records([[src.insert({**row(2), "color": "red"})]]))
     with pytest.raises(SchemaEvolutionError, match="'orders'.*new column 'color' string"):
         builder.apply("orders")
-    assert "color" not in _schema(spark, config)
+    assert "color" not in _schema(spark, pipeline)
     assert builder.applied_version("orders") == applied
-    assert spark.table(f"{config.lakehouse.database}.orders").count() == 1
+    assert spark.table(f"{pipeline.lakehouse.database}.orders").count() == 1
 
 
 def test_ignore_mode_applies_rows_without_new_columns(spark, make_config_each_path: MakeConfig
                                                       ) -> None:
-    config = make_config_each_path([{"source": "shop.orders", "replica": "orders",
+    pipeline = make_config_each_path([{"source": "shop.orders", "replica": "orders",
                            "schema_evolution": "ignore"}])
-    part, builder = Partition(ChangelogWriter(config)), ReplicaBuilder(spark, config)
+    part, builder = Partition(ChangelogWriter(pipeline)), ReplicaBuilder(spark, pipeline)
     src = Source("shop.orders")
     part.write(part.records([[src.insert(row(1))]]))
     builder.apply("orders")
@@ -167,7 +167,7 @@ def test_ignore_mode_applies_rows_without_new_columns(spark, make_config_each_pa
     part.write(part.records([[src.insert({**row(2, "2.00", "b"), "color": "red"})]]))
     result = builder.apply("orders")
     assert result.schema_changes == () and result.written == 1
-    assert "color" not in _schema(spark, config)
+    assert "color" not in _schema(spark, pipeline)
     notes = {r["id"]: r["note"] for r in
-             spark.table(f"{config.lakehouse.database}.orders_current").collect()}
+             spark.table(f"{pipeline.lakehouse.database}.orders_current").collect()}
     assert notes == {1: "n", 2: "b"}

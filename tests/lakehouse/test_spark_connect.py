@@ -48,21 +48,21 @@ def remote_config(pipeline_config: PipelineConfig, tmp_path_factory: pytest.Temp
     # A lakehouse of its own: its embedded catalog belongs to the server's JVM.
     data["lakehouse"]["path"] = str(tmp_path_factory.mktemp("connect-lake"))
     data["spark"]["remote"] = f"sc://127.0.0.1:{free_port()}"
-    config = parse_config(data)
-    server = SparkConnectServer.for_config(config, tmp_path_factory.mktemp("spark-connect"))
+    pipeline = parse_config(data)
+    server = SparkConnectServer.for_config(pipeline, tmp_path_factory.mktemp("spark-connect"))
     seconds = server.start()
-    print(f"\nspark connect server {config.spark.remote} ready in {seconds:.1f}s")
+    print(f"\nspark connect server {pipeline.spark.remote} ready in {seconds:.1f}s")
     try:
-        yield config
+        yield pipeline
     finally:
         server.stop()
 
 
-def scenario(spark, config: PipelineConfig) -> tuple[list[str], list[str], dict[int, str]]:
+def scenario(spark, pipeline: PipelineConfig) -> tuple[list[str], list[str], dict[int, str]]:
     """Inserts, updates, a delete, a truncate and re-inserts over three applies: the
     replica's and the history's rows (as text, without the apply's wall-clock times)
     and the live rows' amounts."""
-    part, builder = Partition(ChangelogWriter(config)), ReplicaBuilder(spark, config)
+    part, builder = Partition(ChangelogWriter(pipeline)), ReplicaBuilder(spark, pipeline)
     src = Source("shop.orders")
     a, b, c = row(1, "1.00", "a"), row(2, "2.00", "b"), row(3, "3.00", "c")
     # A column added with a default: rows older than the ADD hold it (an expression the
@@ -77,7 +77,7 @@ def scenario(spark, config: PipelineConfig) -> tuple[list[str], list[str], dict[
     part.write(part.records([[src.truncate()], [src.insert(row(4, "4.00", "d"))],
                              src.update(row(4, "4.00", "d"), row(4, "4.40", "d"))]))
     builder.apply("orders")
-    db = config.lakehouse.database
+    db = pipeline.lakehouse.database
 
     def text(table: str) -> list[str]:
         return sorted(str(tuple(r)) for r in spark.table(table).drop("_applied_at").collect())

@@ -73,11 +73,11 @@ def dagster_dev_env(pipeline_config: PipelineConfig, tmp_path: Path, source: dic
     return env, workspace
 
 
-def changelog_coordinates(cfg: PipelineConfig) -> Counter:
+def changelog_coordinates(pipeline: PipelineConfig) -> Counter:
     """(partition, offset) -> rows of the changelog (delta-rs), empty before its first write."""
     from deltalake import DeltaTable
 
-    uri = delta_rs_uri(changelog_uri(cfg))
+    uri = delta_rs_uri(changelog_uri(pipeline))
     if not DeltaTable.is_deltatable(uri):
         return Counter()
     rows = DeltaTable(uri).to_pyarrow_table(columns=["partition", "offset"]).to_pylist()

@@ -93,7 +93,7 @@ def _produce(broker: KafkaBroker, registry: SchemaRegistry) -> str:
 
 def _config(broker: KafkaBroker, registry: SchemaRegistry, topic: str, tmp_path: Path,
             **settings: str) -> Path:
-    config = {
+    pipeline = {
         "kafka": {"bootstrap.servers": broker.bootstrap_servers,
                   "group.id": f"g-{uuid.uuid4().hex[:6]}", "auto.offset.reset": "earliest"},
         "schema_registry": {"url": registry.url,
@@ -103,7 +103,7 @@ def _config(broker: KafkaBroker, registry: SchemaRegistry, topic: str, tmp_path:
         "sources": [{"name": "shop_avro", "topics": [topic], "format": "debezium-avro"}],
     }
     path = tmp_path / "binlake.yaml"
-    path.write_text(yaml.safe_dump(config))
+    path.write_text(yaml.safe_dump(pipeline))
     return path
 
 
@@ -196,7 +196,7 @@ def test_an_unknown_schema_id_stops_its_partition_and_the_others_go_on(
             producer.produce(topic, partition=partition, key=orjson.dumps({"id": i}),
                              value=value)
     assert producer.flush(30) == 0
-    config = {
+    pipeline = {
         "kafka": {"bootstrap.servers": kafka_broker.bootstrap_servers,
                   "group.id": f"g-{uuid.uuid4().hex[:6]}", "auto.offset.reset": "earliest"},
         "schema_registry": {"url": schema_registry.ccompat_url},
@@ -204,7 +204,7 @@ def test_an_unknown_schema_id_stops_its_partition_and_the_others_go_on(
         "sources": [{"name": "shop_avro", "topics": [topic], "format": "debezium-avro"}],
     }
     path = tmp_path / "binlake.yaml"
-    path.write_text(yaml.safe_dump(config))
+    path.write_text(yaml.safe_dump(pipeline))
     keys = [partition_key(topic, 0), partition_key(topic, 1)]
     with dg.instance_for_test() as instance:
         instance.add_dynamic_partitions(KAFKA_PARTITIONS_NAME, keys)

@@ -95,8 +95,8 @@ def test_a_follower_run_consumes_records_as_they_arrive(
                                   {"name": "follow", "topics": [topic]},
                                   dagster={"changelog_follow_seconds": 600,
                                            "changelog_poll_seconds": 0.2})
-    cfg = load_config(config_path)
-    group = cfg.kafka["group.id"]
+    pipeline = load_config(config_path)
+    group = pipeline.kafka["group.id"]
     keys = [partition_key(topic, p) for p in range(3)]
     resource = BinlakeResource(config_path=str(config_path))
     produce_inserts(bootstrap, topic, {0: 5, 1: 4, 2: 3})
@@ -127,9 +127,9 @@ def test_a_follower_run_consumes_records_as_they_arrive(
         producer.join()
         assert result.success
 
-        writer = ChangelogWriter(cfg)
+        writer = ChangelogWriter(pipeline)
         assert [writer.checkpoint(group, topic, p) for p in range(3)] == [11, 6, None]
-        committed = {pl.partition: pl.committed for pl in measure_lag(dict(cfg.kafka), group,
+        committed = {pl.partition: pl.committed for pl in measure_lag(dict(pipeline.kafka), group,
                                                                        [topic])}
         assert committed == {0: 11, 1: 6, 2: None}
         for key, ends in ((keys[0], [5, 11]), (keys[1], [4, 6])):
@@ -138,5 +138,5 @@ def test_a_follower_run_consumes_records_as_they_arrive(
             assert offsets == ends, key  # one materialization per round that read records
         assert _materializations(instance, keys[2]) == []
         # Every record in the changelog once, none of the held partition's.
-        assert changelog_coordinates(cfg) == Counter(
+        assert changelog_coordinates(pipeline) == Counter(
             [(0, o) for o in range(11)] + [(1, o) for o in range(6)])

@@ -59,17 +59,17 @@ def test_an_interrupted_run_commits_what_its_handlers_finished_and_ends(
     # sixth: the run ended at the running events instead.
     assert ended < 8, f"the run ended {ended:.1f}s after its interrupt: {err[-3000:]}"
 
-    cfg = load_config(config_path)
-    group = cfg.kafka["group.id"]
-    writer = ChangelogWriter(cfg)
+    pipeline = load_config(config_path)
+    group = pipeline.kafka["group.id"]
+    writer = ChangelogWriter(pipeline)
     changelog = {p: writer.checkpoint(group, topic, p) for p in PER_PARTITION}
-    kafka = {pl.partition: pl.committed for pl in measure_lag(dict(cfg.kafka), group, [topic])}
+    kafka = {pl.partition: pl.committed for pl in measure_lag(dict(pipeline.kafka), group, [topic])}
     assert kafka == changelog, (kafka, changelog)
     # The sixth partition was never started; the others committed a part of theirs.
     assert changelog[5] is None, changelog
     assert all(0 < changelog[p] < 600 for p in range(5)), changelog
     # Exactly the committed prefix of each partition is in the changelog, once.
-    assert changelog_coordinates(cfg) == Counter(
+    assert changelog_coordinates(pipeline) == Counter(
         {(p, o): 1 for p in range(5) for o in range(changelog[p])})
     # What was committed is what the handlers finished, each event once.
     assert Counter((p, o) for _pid, p, o in handled_events(handled)) == Counter(
@@ -93,6 +93,6 @@ def test_an_interrupted_run_commits_what_its_handlers_finished_and_ends(
     assert rerun.returncode == 0, rerun.stderr[-4000:]
     (line,) = [ln for ln in rerun.stdout.splitlines() if ln.startswith("CONSUME-RESULT ")]
     assert json.loads(line.split(" ", 1)[1])["success"], rerun.stderr[-4000:]
-    assert changelog_coordinates(cfg) == Counter(
+    assert changelog_coordinates(pipeline) == Counter(
         {(p, o): 1 for p, n in PER_PARTITION.items() for o in range(n)})
     assert {p: writer.checkpoint(group, topic, p) for p in PER_PARTITION} == PER_PARTITION

@@ -63,12 +63,12 @@ def test_one_run_consumes_a_range_of_partitions_without_a_jvm(
     assert not [argv for argv in result["launched"]
                 if any("java" in a or "spark" in a for a in argv)], result["launched"]
 
-    cfg = load_config(config_path)
-    writer = ChangelogWriter(cfg)
-    group = cfg.kafka["group.id"]
+    pipeline = load_config(config_path)
+    writer = ChangelogWriter(pipeline)
+    group = pipeline.kafka["group.id"]
     assert {p: writer.checkpoint(group, topic, p) for p in PER_PARTITION} == {0: 7, 1: None,
                                                                              2: 5}
-    committed = {pl.partition: pl.committed for pl in measure_lag(dict(cfg.kafka), group,
+    committed = {pl.partition: pl.committed for pl in measure_lag(dict(pipeline.kafka), group,
                                                                    [topic])}
     assert committed == {0: 7, 1: None, 2: 5}
     with dg.DagsterInstance.from_config(str(home)) as instance:
@@ -235,9 +235,9 @@ def test_a_run_with_worker_processes_reports_every_partition_and_exits_0(
     result, proc = _child(env, keys[0], keys[-1])
     assert proc.returncode == 0, proc.stderr[-4000:]
     assert result["success"] and result["pyspark"] == [], proc.stderr[-4000:]
-    cfg = load_config(config_path)
-    writer = ChangelogWriter(cfg)
-    assert {p: writer.checkpoint(cfg.kafka["group.id"], topic, p)
+    pipeline = load_config(config_path)
+    writer = ChangelogWriter(pipeline)
+    assert {p: writer.checkpoint(pipeline.kafka["group.id"], topic, p)
             for p in per_partition} == {p: n or None for p, n in per_partition.items()}
     with dg.DagsterInstance.from_config(str(home)) as instance:
         logs = [e.user_message for e in instance.all_logs(result["run_id"])]

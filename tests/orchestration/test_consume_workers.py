@@ -34,11 +34,11 @@ def _setup(pipeline_config: PipelineConfig, tmp_path: Path) -> tuple[Path, list[
     return handlers_run(pipeline_config, tmp_path, "workers", PER_PARTITION, lanes=1)
 
 
-def _exactly_once(cfg: PipelineConfig, keys: list[str]) -> None:
-    coordinates = changelog_coordinates(cfg)
+def _exactly_once(pipeline: PipelineConfig, keys: list[str]) -> None:
+    coordinates = changelog_coordinates(pipeline)
     assert coordinates == Counter({(p, o): 1 for p, n in PER_PARTITION.items()
                                    for o in range(n)})
-    writer, group = ChangelogWriter(cfg), cfg.kafka["group.id"]
+    writer, group = ChangelogWriter(pipeline), pipeline.kafka["group.id"]
     topic = keys[0].rsplit(":", 1)[0]
     assert {p: writer.checkpoint(group, topic, p) for p in PER_PARTITION} == PER_PARTITION
 
@@ -51,8 +51,8 @@ def test_worker_processes_are_used_only_for_a_large_backlog(monkeypatch) -> None
 
     def count(run: ChangelogRunConfig | None = None, keys: list[str] = keys,
               **dagster: int | None) -> int:
-        cfg = parse_config({"dagster": {"worker_backlog_records": 1100, **dagster}})
-        return worker_processes(cfg, {}, keys, run or ChangelogRunConfig(), "g")
+        pipeline = parse_config({"dagster": {"worker_backlog_records": 1100, **dagster}})
+        return worker_processes(pipeline, {}, keys, run or ChangelogRunConfig(), "g")
 
     assert count() == 1  # one per core beyond the first, at most one per other partition
     assert count(keys=["t:0", "t:1", "t:2"]) == 2
@@ -90,9 +90,9 @@ def test_a_large_backlog_is_shared_with_a_worker_process(
         pipeline_config: PipelineConfig, tmp_path: Path, monkeypatch) -> None:
     config_path, keys, handled = _setup(pipeline_config, tmp_path)
     monkeypatch.setenv("BINLAKE_TEST_HANDLED", str(handled))
-    cfg = load_config(config_path)
-    outcomes = consume_partitions(cfg, dict(cfg.kafka), keys, ChangelogRunConfig(),
-                                  group=cfg.kafka["group.id"], parallel=1)
+    pipeline = load_config(config_path)
+    outcomes = consume_partitions(pipeline, dict(pipeline.kafka), keys, ChangelogRunConfig(),
+                                  group=pipeline.kafka["group.id"], parallel=1)
     assert [o.error for o in outcomes] == [None] * len(keys)
     assert [o.summary.committed_offset for o in outcomes] == list(PER_PARTITION.values())
     remote = [o for o in outcomes if isinstance(o.sink, SinkTotals)]
@@ -100,7 +100,7 @@ def test_a_large_backlog_is_shared_with_a_worker_process(
     for o in outcomes:
         assert o.sink.rows == o.summary.events == o.summary.committed_offset
         assert o.sink.version is not None
-    _exactly_once(cfg, keys)
+    _exactly_once(pipeline, keys)
     # Each event handled once, by the process that consumed its partition.
     events = handled_events(handled)
     assert Counter((p, o) for _, p, o in events) == Counter(
@@ -119,12 +119,13 @@ def test_a_worker_that_dies_fails_its_partition_only(
     config_path, keys, handled = _setup(pipeline_config, tmp_path)
     monkeypatch.setenv("BINLAKE_TEST_HANDLED", str(handled))
     monkeypatch.setenv("BINLAKE_TEST_HANDLER_MS", "5")
-    cfg = load_config(config_path)
+    pipeline = load_config(config_path)
     outcomes = []
 
     def run() -> None:
-        outcomes.extend(consume_partitions(cfg, dict(cfg.kafka), keys, ChangelogRunConfig(),
-                                           group=cfg.kafka["group.id"], parallel=1))
+        outcomes.extend(consume_partitions(pipeline, dict(pipeline.kafka), keys,
+                                           ChangelogRunConfig(),
+                                           group=pipeline.kafka["group.id"], parallel=1))
 
     runner = threading.Thread(target=run)
     runner.start()
@@ -143,10 +144,10 @@ def test_a_worker_that_dies_fails_its_partition_only(
         n for k, n in zip(keys, PER_PARTITION.values(), strict=True) if k != failed[0].key]
     # Nothing is lost: the next run resumes the failed partition from the changelog.
     monkeypatch.setenv("BINLAKE_TEST_HANDLER_MS", "0")
-    again = consume_partitions(cfg, dict(cfg.kafka), keys, ChangelogRunConfig(),
-                               group=cfg.kafka["group.id"], parallel=1)
+    again = consume_partitions(pipeline, dict(pipeline.kafka), keys, ChangelogRunConfig(),
+                               group=pipeline.kafka["group.id"], parallel=1)
     assert [o.error for o in again] == [None] * len(keys)
-    _exactly_once(cfg, keys)
+    _exactly_once(pipeline, keys)
 
 
 def _gone(pid: int) -> bool:
@@ -183,8 +184,8 @@ def test_a_worker_stops_when_its_run_is_killed(pipeline_config: PipelineConfig,
     finally:
         if child.poll() is None:
             child.kill()
-    cfg = load_config(config_path)
-    assert sum(changelog_coordinates(cfg).values()) < sum(PER_PARTITION.values())
+    pipeline = load_config(config_path)
+    assert sum(changelog_coordinates(pipeline).values()) < sum(PER_PARTITION.values())
     # The next run takes over from the changelog: every event in it exactly once.
     env["BINLAKE_TEST_HANDLER_MS"] = "0"
     rerun = subprocess.run([sys.executable, str(CHILD), str(config_path), *keys], env=env,
@@ -194,4 +195,4 @@ def test_a_worker_stops_when_its_run_is_killed(pipeline_config: PipelineConfig,
                if line.startswith("WORKERS-RESULT ")]
     assert [(r["error"], r["committed"]) for r in results] == [
         (None, n) for n in PER_PARTITION.values()]
-    _exactly_once(cfg, keys)
+    _exactly_once(pipeline, keys)

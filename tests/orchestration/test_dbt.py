@@ -28,19 +28,19 @@ from jobs import dbt_hourly_schedule
 
 
 def _profile(tmp_path: Path, **spark) -> tuple[dict, object]:
-    cfg = parse_config({"lakehouse": {"path": str(tmp_path / "lake"), "database": "shopdb"},
+    pipeline = parse_config({"lakehouse": {"path": str(tmp_path / "lake"), "database": "shopdb"},
                         "spark": spark})
-    directory = write_profiles(cfg, tmp_path / "dbt")
-    return yaml.safe_load((directory / "profiles.yml").read_text()), cfg
+    directory = write_profiles(pipeline, tmp_path / "dbt")
+    return yaml.safe_load((directory / "profiles.yml").read_text()), pipeline
 
 
 def test_profile_uses_the_pipelines_warehouse_and_marts_schema(tmp_path: Path) -> None:
-    profile, cfg = _profile(tmp_path)
+    profile, pipeline = _profile(tmp_path)
     out = profile["binlake"]["outputs"]["local"]
     assert (out["type"], out["method"], out["schema"]) == ("spark", "session", "shopdb_marts")
-    assert out["server_side_parameters"] == spark_conf(cfg)
+    assert out["server_side_parameters"] == spark_conf(pipeline)
     assert str(tmp_path / "lake") in out["server_side_parameters"]["spark.sql.warehouse.dir"]
-    assert dbt_env(cfg) == {"BINLAKE_DATABASE": "shopdb"}
+    assert dbt_env(pipeline) == {"BINLAKE_DATABASE": "shopdb"}
 
 
 def test_profile_over_spark_connect_names_only_the_server(tmp_path: Path) -> None:
@@ -63,10 +63,10 @@ def test_each_database_gets_its_own_manifest_and_table_names(
     monkeypatch.setenv("BINLAKE_VAR_DIR", str(tmp_path / "var"))
     names = {}
     for database in ("dbtswitch_a", "dbtswitch_b"):
-        cfg = parse_config({"lakehouse": {"path": str(tmp_path / "lake"),
+        pipeline = parse_config({"lakehouse": {"path": str(tmp_path / "lake"),
                                           "database": database}})
         try:
-            assets, _resource = build_dbt_assets(cfg)
+            assets, _resource = build_dbt_assets(pipeline)
         finally:
             shutil.rmtree(DBT_PROJECT_DIR / "target" / database, ignore_errors=True)
         spec = next(s for s in assets.specs if s.key == dg.AssetKey("customer_revenue"))
@@ -97,10 +97,10 @@ def dbt_models(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dg.AssetsDe
     database = "dbtui"
     with pytest.MonkeyPatch.context() as monkeypatch:
         monkeypatch.setenv("BINLAKE_VAR_DIR", str(tmp_path / "var"))
-        cfg = parse_config({"lakehouse": {"path": str(tmp_path / "lake"),
+        pipeline = parse_config({"lakehouse": {"path": str(tmp_path / "lake"),
                                           "database": database}})
         try:
-            assets, _resource = build_dbt_assets(cfg)
+            assets, _resource = build_dbt_assets(pipeline)
             yield assets
         finally:
             shutil.rmtree(DBT_PROJECT_DIR / "target" / database, ignore_errors=True)

@@ -79,7 +79,7 @@ def _race(pipeline_config: PipelineConfig, spark) -> tuple[int, int, int, int]:
     data["kafka"]["group.id"] = f"g-{uuid.uuid4().hex[:6]}"
     data["sources"] = [{"name": "fence", "topics": [topic], "format": "debezium", "lanes": 4,
                         "max_in_flight": 500}]
-    cfg = parse_config(data)
+    pipeline = parse_config(data)
     key = partition_key(topic, 0)
 
     # Both runs resolve the same checkpoint and race for the same range. (Two Dagster
@@ -91,9 +91,9 @@ def _race(pipeline_config: PipelineConfig, spark) -> tuple[int, int, int, int]:
     def launch(i: int) -> None:
         start.wait()
         try:
-            outcomes[i] = consume_partition(cfg, dict(cfg.kafka), key,
+            outcomes[i] = consume_partition(pipeline, dict(pipeline.kafka), key,
                                             ChangelogRunConfig(), slow_registry(),
-                                            group=cfg.kafka["group.id"])[0]
+                                            group=pipeline.kafka["group.id"])[0]
         except Exception as e:  # the outcome is what the test checks
             outcomes[i] = e
 
@@ -109,7 +109,7 @@ def _race(pipeline_config: PipelineConfig, spark) -> tuple[int, int, int, int]:
     assert isinstance(fenced[0], FencedRunError), repr(fenced[0])
     assert committed[0].committed_offset == n
 
-    rows = changelog_frame(spark, cfg).where(f"topic = '{topic}'")
+    rows = changelog_frame(spark, pipeline).where(f"topic = '{topic}'")
     count = rows.count()
     distinct = rows.select("partition", "offset", "row_index").distinct().count()
     assert count == n

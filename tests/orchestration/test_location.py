@@ -26,10 +26,10 @@ def _config(tmp_path: Path, **more: object):
 
 
 def test_every_asset_is_in_the_one_group(tmp_path: Path) -> None:
-    config = _config(tmp_path)
-    groups = {spec.group_name for spec in kafka_source_specs(config)}
+    pipeline = _config(tmp_path)
+    groups = {spec.group_name for spec in kafka_source_specs(pipeline)}
     groups |= {spec.group_name for spec in changelog.specs}
-    groups |= {spec.group_name for spec in build_replica_assets(config).specs}
+    groups |= {spec.group_name for spec in build_replica_assets(pipeline).specs}
     assert groups == {ASSET_GROUP}
     assert BinlakeDbtTranslator().get_group_name({}) == ASSET_GROUP
 

@@ -99,22 +99,22 @@ def e2e_env(pipeline_config: PipelineConfig, tmp_path: Path):
     shutil.copy(REPO_ROOT / "setup" / "dagster.yaml", home / "dagster.yaml")
     run = uuid.uuid4().hex[:6]
     topics = {name: f"e2e-{run}-{name}" for name in TABLES}
-    config = pipeline_config.model_dump(mode="json", exclude_none=True)
-    config["kafka"]["group.id"] = f"binlake-e2e-{run}"
-    config["lakehouse"] = {"path": str(tmp_path / "lake"), "database": DB}
+    pipeline = pipeline_config.model_dump(mode="json", exclude_none=True)
+    pipeline["kafka"]["group.id"] = f"binlake-e2e-{run}"
+    pipeline["lakehouse"] = {"path": str(tmp_path / "lake"), "database": DB}
     # The test launches the consumer runs itself: the lag sensor must not.
-    config["dagster"] = {"lag_threshold": 10**9, "max_staleness_seconds": 10**9}
-    config["sources"] = [{
+    pipeline["dagster"] = {"lag_threshold": 10**9, "max_staleness_seconds": 10**9}
+    pipeline["sources"] = [{
         "name": "shop", "format": "debezium", "topics": sorted(topics.values()),
         "tables": [{"source": "shop.customers", "replica": "customers"},
                    {"source": "shop.products", "replica": "products"},
                    {"source": r"shop_\d+\.orders", "replica": "orders"}],
     }]
     path = tmp_path / "binlake.yaml"
-    path.write_text(yaml.safe_dump(config))
+    path.write_text(yaml.safe_dump(pipeline))
     env = {**os.environ, "DAGSTER_HOME": str(home), "BINLAKE_CONFIG": str(path),
            "BINLAKE_VAR_DIR": str(tmp_path / "var")}
-    return topics, config, env, home, tmp_path / "lake"
+    return topics, pipeline, env, home, tmp_path / "lake"
 
 
 def _wait(what: str, predicate, timeout: float, daemon: subprocess.Popen, log: Path):
@@ -145,8 +145,8 @@ def _failure(instance: dg.DagsterInstance, run_id: str) -> str:
 @pytest.mark.long
 @pytest.mark.timeout(2400)  # 4 Spark runs, then replicas and dbt, one JVM at a time
 def test_events_to_replicas_to_dbt_through_backfill_and_automation(e2e_env, spark) -> None:
-    topics, config, env, home, lake = e2e_env
-    bootstrap = config["kafka"]["bootstrap.servers"]
+    topics, pipeline, env, home, lake = e2e_env
+    bootstrap = pipeline["kafka"]["bootstrap.servers"]
     create_topics(bootstrap, list(topics.values()))
     producer = Producer({"bootstrap.servers": bootstrap})
     ends = {}
@@ -241,7 +241,7 @@ def test_events_to_replicas_to_dbt_through_backfill_and_automation(e2e_env, spar
         daemon.wait(60)
 
     # Kafka agrees with the metadata.
-    c = Consumer({"bootstrap.servers": bootstrap, "group.id": config["kafka"]["group.id"]})
+    c = Consumer({"bootstrap.servers": bootstrap, "group.id": pipeline["kafka"]["group.id"]})
     committed = c.committed([TopicPartition(t, 0) for t in topics.values()], timeout=30)
     c.close()
     assert {partition_key(tp.topic, 0): tp.offset for tp in committed} == ends

@@ -40,37 +40,37 @@ def _setup(pipeline_config: PipelineConfig) -> tuple[PipelineConfig, str]:
     return parse_config(data), topic
 
 
-def _run(cfg: PipelineConfig, spark, topic: str, run_config: ChangelogRunConfig
+def _run(pipeline: PipelineConfig, spark, topic: str, run_config: ChangelogRunConfig
          ) -> tuple[list[int], object]:
     seen: list[int] = []
     registry = HandlerRegistry()
     registry.register(r".*", lambda event: seen.append(event.after["id"]), name="record")
-    summary, _ = consume_partition(cfg, dict(cfg.kafka), partition_key(topic, 0),
-                                   run_config, registry, group=cfg.kafka["group.id"])
+    summary, _ = consume_partition(pipeline, dict(pipeline.kafka), partition_key(topic, 0),
+                                   run_config, registry, group=pipeline.kafka["group.id"])
     return sorted(seen), summary
 
 
 def test_replay_from_an_offset_and_from_a_timestamp(pipeline_config, spark) -> None:
-    cfg, topic = _setup(pipeline_config)
-    seen, summary = _run(cfg, spark, topic, ChangelogRunConfig())
+    pipeline, topic = _setup(pipeline_config)
+    seen, summary = _run(pipeline, spark, topic, ChangelogRunConfig())
     assert seen == list(range(N))
     assert summary.committed_offset == N
 
     # Nothing new: a plain run reads nothing.
-    seen, summary = _run(cfg, spark, topic, ChangelogRunConfig())
+    seen, summary = _run(pipeline, spark, topic, ChangelogRunConfig())
     assert seen == [] and summary.start_offset == N
 
-    seen, summary = _run(cfg, spark, topic, ChangelogRunConfig(start_offset=25))
+    seen, summary = _run(pipeline, spark, topic, ChangelogRunConfig(start_offset=25))
     assert seen == list(range(25, N))
     assert summary.start_offset == 25 and summary.committed_offset == N
 
     # The first record stamped at or after T0 + 12.5 s is offset 13.
-    seen, summary = _run(cfg, spark, topic,
+    seen, summary = _run(pipeline, spark, topic,
                          ChangelogRunConfig(start_timestamp_ms=T0 + 12_500))
     assert seen == list(range(13, N))
     assert summary.start_offset == 13
 
-    rows = changelog_frame(spark, cfg).where(f"topic = '{topic}'")
+    rows = changelog_frame(spark, pipeline).where(f"topic = '{topic}'")
     assert rows.count() == N  # the replays appended nothing twice
     assert rows.select("offset").distinct().count() == N
-    assert changelog_checkpoint(cfg, cfg.kafka["group.id"], topic, 0) == N
+    assert changelog_checkpoint(pipeline, pipeline.kafka["group.id"], topic, 0) == N

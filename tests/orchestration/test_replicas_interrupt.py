@@ -71,9 +71,9 @@ def test_an_interrupted_replica_build_ends_at_the_apply_in_progress(
                    "path": str(tmp_path / "lake"), "database": "many"},
         spark={**pipeline_config.spark.model_dump(mode="json", exclude_none=True),
                "parallel_replicas": 1})
-    cfg = load_config(config_path)
-    (outcome,) = consume_partitions(cfg, dict(cfg.kafka), [partition_key(topic, 0)],
-                                    ChangelogRunConfig(), group=cfg.kafka["group.id"])
+    pipeline = load_config(config_path)
+    (outcome,) = consume_partitions(pipeline, dict(pipeline.kafka), [partition_key(topic, 0)],
+                                    ChangelogRunConfig(), group=pipeline.kafka["group.id"])
     assert outcome.error is None and outcome.summary.committed_offset == TABLES * ROWS
     home = tmp_path / "dagster"
     home.mkdir()

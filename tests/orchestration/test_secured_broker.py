@@ -55,7 +55,7 @@ def _setup(broker: KafkaBroker, tmp_path: Path) -> tuple[str, Path]:
         producer.produce(topic, key=orjson.dumps({"id": i}), value=_debezium(i))
     producer.produce(topic, key=b"bad", value=b"{not json")  # dead-lettered
     assert producer.flush(30) == 0
-    config = {
+    pipeline = {
         "kafka": {"bootstrap.servers": broker.sasl_bootstrap_servers,
                   "security.protocol": "SASL_PLAINTEXT", "sasl.mechanisms": "SCRAM-SHA-512",
                   "sasl.username": USER, "sasl.password": "${" + PASSWORD_ENV + "}",
@@ -65,7 +65,7 @@ def _setup(broker: KafkaBroker, tmp_path: Path) -> tuple[str, Path]:
         "sources": [{"name": "sec", "topics": [topic], "format": "debezium"}],
     }
     path = tmp_path / "binlake.yaml"
-    path.write_text(yaml.safe_dump(config))
+    path.write_text(yaml.safe_dump(pipeline))
     return topic, path
 
 

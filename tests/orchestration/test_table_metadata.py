@@ -23,27 +23,27 @@ from binlog_assets.orchestration.table_metadata import (
 
 
 def test_table_assets_name_their_tables_columns_and_sources(binlake_env: Path) -> None:
-    from binlog_assets.definitions import PIPELINE_CONFIG, defs
+    from binlog_assets.definitions import PIPELINE, defs
     from binlog_assets.lakehouse.changelog import CHANGELOG_COLUMNS, changelog_uri
 
     graph = defs.resolve_asset_graph()
-    db = PIPELINE_CONFIG.lakehouse.database
+    db = PIPELINE.lakehouse.database
     changelog = graph.get(dg.AssetKey("changelog"))
     md = changelog.metadata
     assert md["dagster/table_name"] == f"{db}.changelog"
-    assert md["dagster/uri"].value == changelog_uri(PIPELINE_CONFIG)
+    assert md["dagster/uri"].value == changelog_uri(PIPELINE)
     columns = md["dagster/column_schema"].columns
     assert [(c.name, c.type) for c in columns] == list(CHANGELOG_COLUMNS)
     assert all(c.description == CHANGELOG_COLUMN_DOCS[c.name] for c in columns)
     # Every source's topics are an asset upstream of the changelog.
-    sources = {dg.AssetKey(["kafka", s.name]) for s in PIPELINE_CONFIG.sources}
+    sources = {dg.AssetKey(["kafka", s.name]) for s in PIPELINE.sources}
     assert changelog.parent_keys == sources
     for key in sources:
         assert graph.get(key).is_external
     from binlog_assets.orchestration.replica_reports import replica_names
 
-    assert replica_names(PIPELINE_CONFIG)
-    for name in replica_names(PIPELINE_CONFIG):
+    assert replica_names(PIPELINE)
+    for name in replica_names(PIPELINE):
         replica = graph.get(dg.AssetKey(["replica", name])).metadata
         assert replica["dagster/table_name"] == f"{db}.{name}"
         assert replica["dagster/uri"].value.endswith(f"{db}.db/{name}")
@@ -82,10 +82,10 @@ def test_type_names_of_nested_types() -> None:
 def test_assets_name_their_owners_and_link_to_their_code(tmp_path: Path) -> None:
     from binlog_assets.environment import REPO_ROOT
 
-    config = yaml.safe_load((REPO_ROOT / "binlake.yaml").read_text())
-    config["dagster"]["owners"] = ["data@example.com", "team:lakehouse"]
+    pipeline = yaml.safe_load((REPO_ROOT / "binlake.yaml").read_text())
+    pipeline["dagster"]["owners"] = ["data@example.com", "team:lakehouse"]
     path = tmp_path / "binlake.yaml"
-    path.write_text(yaml.safe_dump(config))
+    path.write_text(yaml.safe_dump(pipeline))
     # In a fresh interpreter: the definitions module reads its config once, at import.
     probe = ("import json; import dagster as dg; from binlog_assets.definitions import defs;"
              "g = defs.resolve_asset_graph();"

@@ -12,9 +12,10 @@ def main() -> None:
     from binlog_assets.config import load_config
     from binlog_assets.orchestration.consume_runs import ChangelogRunConfig, consume_partitions
 
-    cfg = load_config(sys.argv[1])
-    outcomes = consume_partitions(cfg, dict(cfg.kafka), sys.argv[2:], ChangelogRunConfig(),
-                                  group=cfg.kafka["group.id"], parallel=1)
+    pipeline = load_config(sys.argv[1])
+    outcomes = consume_partitions(pipeline, dict(pipeline.kafka), sys.argv[2:],
+                                  ChangelogRunConfig(), group=pipeline.kafka["group.id"],
+                                  parallel=1)
     for o in outcomes:
         print("WORKERS-RESULT " + json.dumps({
             "key": o.key, "error": None if o.error is None else repr(o.error),

@@ -29,28 +29,28 @@ def _config(**parity):
 
 
 def test_replicas_with_a_source_connection_get_a_parity_check_and_a_job() -> None:
-    cfg = _config()
+    pipeline = _config()
     # `c`'s source has no connection; `log` (a log of changes) is checked by replaying it.
-    assert checked_replicas(cfg) == ["a", "log"]
-    job = parity_job(cfg)
-    defs = dg.Definitions(assets=[build_replica_assets(cfg)],
-                          asset_checks=build_parity_checks(cfg), jobs=[job],
+    assert checked_replicas(pipeline) == ["a", "log"]
+    job = parity_job(pipeline)
+    defs = dg.Definitions(assets=[build_replica_assets(pipeline)],
+                          asset_checks=build_parity_checks(pipeline), jobs=[job],
                           resources={"binlake": BinlakeResource()})
     resolved = defs.resolve_job_def(PARITY_JOB_NAME)
     assert resolved.asset_layer.asset_graph.asset_check_keys >= {
         dg.AssetCheckKey(dg.AssetKey(["replica", "a"]), PARITY_CHECK)}
     assert resolved.asset_layer.selected_asset_keys == set()  # checks only, no build
-    assert parity_schedule(cfg, job) is None  # no schedule unless configured
+    assert parity_schedule(pipeline, job) is None  # no schedule unless configured
 
 
 def test_the_schedule_is_off_until_turned_on() -> None:
-    cfg = _config(schedule="0 3 * * *")
-    schedule = parity_schedule(cfg, parity_job(cfg))
+    pipeline = _config(schedule="0 3 * * *")
+    schedule = parity_schedule(pipeline, parity_job(pipeline))
     assert schedule.cron_schedule == "0 3 * * *"
     assert schedule.default_status == dg.DefaultScheduleStatus.STOPPED
 
 
 def test_no_connection_no_check() -> None:
-    cfg = parse_config({"sources": [{"name": "s", "topics": ["t"],
+    pipeline = parse_config({"sources": [{"name": "s", "topics": ["t"],
                                      "tables": [{"source": "d.t", "replica": "r"}]}]})
-    assert build_parity_checks(cfg) == [] and parity_job(cfg) is None
+    assert build_parity_checks(pipeline) == [] and parity_job(pipeline) is None

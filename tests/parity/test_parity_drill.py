@@ -61,7 +61,7 @@ def drill(debezium_connect: KafkaConnect, mariadb: MariaDBServer,
                        "password": PASSWORD},
         "tables": [{"source": "drill.acc", "replica": "acc"},
                    {"source": "drill.part", "replica": "part"}]}]
-    cfg = parse_config(data)
+    pipeline = parse_config(data)
     with mariadb.connect().cursor() as cur:
         for stmt in SCHEMA:
             cur.execute(stmt)
@@ -73,55 +73,55 @@ def drill(debezium_connect: KafkaConnect, mariadb: MariaDBServer,
         cur.execute("CREATE USER IF NOT EXISTS %s@'%%' IDENTIFIED BY %s", (USER, PASSWORD))
         cur.execute("GRANT SELECT ON drill.* TO %s@'%%'", (USER,))
         cur.execute("GRANT BINLOG MONITOR ON *.* TO %s@'%%'", (USER,))
-    _consume(cfg)
-    _apply(cfg, spark)
-    return cfg
+    _consume(pipeline)
+    _apply(pipeline, spark)
+    return pipeline
 
 
-def _consume(cfg: PipelineConfig, start: dict[str, int] | None = None) -> None:
-    kafka_conf = dict(cfg.kafka)
+def _consume(pipeline: PipelineConfig, start: dict[str, int] | None = None) -> None:
+    kafka_conf = dict(pipeline.kafka)
     wait_for_debezium(kafka_conf, list(TOPICS), settle=1.0)
     for topic in TOPICS:
         run = ChangelogRunConfig(start_offset=(start or {}).get(topic))
-        consume_partition(cfg, kafka_conf, partition_key(topic, 0), run, HandlerRegistry(),
-                          group=cfg.kafka["group.id"])
+        consume_partition(pipeline, kafka_conf, partition_key(topic, 0), run, HandlerRegistry(),
+                          group=pipeline.kafka["group.id"])
 
 
-def _apply(cfg: PipelineConfig, spark) -> None:
-    builder = ReplicaBuilder(spark, cfg)
+def _apply(pipeline: PipelineConfig, spark) -> None:
+    builder = ReplicaBuilder(spark, pipeline)
     for name in ("acc", "part"):
         builder.apply(name)
 
 
-def _check(cfg: PipelineConfig, replica: str):
-    return check_replica(cfg, replica, dict(cfg.kafka), cfg.kafka["group.id"])
+def _check(pipeline: PipelineConfig, replica: str):
+    return check_replica(pipeline, replica, dict(pipeline.kafka), pipeline.kafka["group.id"])
 
 
-def _resync(cfg: PipelineConfig, replica: str) -> None:
-    db = connect(cfg.sources[0].connection)
+def _resync(pipeline: PipelineConfig, replica: str) -> None:
+    db = connect(pipeline.sources[0].connection)
     try:
-        for table in source_tables(db, replica_route(cfg, replica)):
-            resync_table(cfg, replica, db, table)
+        for table in source_tables(db, replica_route(pipeline, replica)):
+            resync_table(pipeline, replica, db, table)
     finally:
         db.close()
 
 
-def _end_offset(cfg: PipelineConfig, topic: str) -> int:
+def _end_offset(pipeline: PipelineConfig, topic: str) -> int:
     from confluent_kafka import Consumer, TopicPartition
 
-    consumer = Consumer({**cfg.kafka, "group.id": "drill-ends"})
+    consumer = Consumer({**pipeline.kafka, "group.id": "drill-ends"})
     try:
         return consumer.get_watermark_offsets(TopicPartition(topic, 0), timeout=30)[1]
     finally:
         consumer.close()
 
 
-def _found_then_repaired(cfg: PipelineConfig, replica: str, keys: list[str]) -> None:
-    report = _check(cfg, replica)
+def _found_then_repaired(pipeline: PipelineConfig, replica: str, keys: list[str]) -> None:
+    report = _check(pipeline, replica)
     assert not report.passed, report.summary()
     assert report.sample_keys(100) == keys, report.summary()
-    _resync(cfg, replica)
-    report = _check(cfg, replica)
+    _resync(pipeline, replica)
+    report = _check(pipeline, replica)
     assert report.passed, (report.summary(), report.mismatches)
 
 

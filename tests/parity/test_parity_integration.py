@@ -129,22 +129,22 @@ def _config(base: PipelineConfig, port: int) -> PipelineConfig:
 @pytest.fixture(scope="module")
 def built(debezium_connect: KafkaConnect, mariadb: MariaDBServer,
           pipeline_config: PipelineConfig, spark) -> PipelineConfig:
-    cfg = _config(pipeline_config, mariadb.port)
+    pipeline = _config(pipeline_config, mariadb.port)
     conn = mariadb.connect()
     _workload(conn)
-    kafka_conf = dict(cfg.kafka)
+    kafka_conf = dict(pipeline.kafka)
     wait_for_debezium(kafka_conf, list(TOPICS), settle=2.0)
     for topic in TOPICS:
-        consume_partition(cfg, kafka_conf, partition_key(topic, 0), ChangelogRunConfig(),
-                          HandlerRegistry(), group=cfg.kafka["group.id"])
-    builder = ReplicaBuilder(spark, cfg)
+        consume_partition(pipeline, kafka_conf, partition_key(topic, 0), ChangelogRunConfig(),
+                          HandlerRegistry(), group=pipeline.kafka["group.id"])
+    builder = ReplicaBuilder(spark, pipeline)
     for name in ("items", "lines", "orders", "events", "logs"):
         builder.apply(name)
-    return cfg
+    return pipeline
 
 
-def _check(cfg: PipelineConfig, replica: str):
-    return check_replica(cfg, replica, dict(cfg.kafka), cfg.kafka["group.id"])
+def _check(pipeline: PipelineConfig, replica: str):
+    return check_replica(pipeline, replica, dict(pipeline.kafka), pipeline.kafka["group.id"])
 
 
 def test_an_exact_replica_checks_equal(built: PipelineConfig) -> None:
@@ -197,13 +197,13 @@ def test_a_row_changed_between_the_two_reads_is_checked_again_not_reported(
     assert report.rechecked == 1  # (28, 53] differed once: the replica was newer
 
 
-def _catch_up(cfg: PipelineConfig, spark, replica: str) -> None:
-    kafka_conf = dict(cfg.kafka)
+def _catch_up(pipeline: PipelineConfig, spark, replica: str) -> None:
+    kafka_conf = dict(pipeline.kafka)
     wait_for_debezium(kafka_conf, list(TOPICS), settle=1.0)
     for topic in TOPICS:
-        consume_partition(cfg, kafka_conf, partition_key(topic, 0), ChangelogRunConfig(),
-                          HandlerRegistry(), group=cfg.kafka["group.id"])
-    ReplicaBuilder(spark, cfg).apply(replica)
+        consume_partition(pipeline, kafka_conf, partition_key(topic, 0), ChangelogRunConfig(),
+                          HandlerRegistry(), group=pipeline.kafka["group.id"])
+    ReplicaBuilder(spark, pipeline).apply(replica)
 
 
 def test_rows_edited_in_the_delta_table_are_found_and_named_by_key(
@@ -329,7 +329,7 @@ def test_a_resync_repairs_the_ranges_and_later_streamed_changes_still_win(
     assert _check(built, "items").passed
 
 
-def _route(cfg: PipelineConfig, replica: str):
+def _route(pipeline: PipelineConfig, replica: str):
     from binlog_assets.lakehouse.replica.routes import replica_route
 
-    return replica_route(cfg, replica)
+    return replica_route(pipeline, replica)

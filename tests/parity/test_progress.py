@@ -16,12 +16,12 @@ def test_the_reached_position_counts_only_commits_up_to_the_version(tmp_path: Pa
     """delta-rs numbers the history of a log loaded at a version from that version while
     listing the latest commits: read so, a later commit's position passed for an earlier
     version's, and the check compared a replica that had not applied it."""
-    cfg = parse_config({
+    pipeline = parse_config({
         "kafka": {"group.id": "g"}, "lakehouse": {"path": str(tmp_path), "database": "d"},
         "sources": [{"name": "s", "topics": ["s.db.t", "s.db.u"],
                      "tables": [{"source": "db.t", "replica": "t"},
                                 {"source": "db.u", "replica": "u"}]}]})
-    writer = ChangelogWriter(cfg)
+    writer = ChangelogWriter(pipeline)
     versions = []
     for offset, (topic, table, pos) in enumerate(
             [("s.db.t", "db.t", 100), ("s.db.u", "db.u", 200), ("s.db.t", "db.t", 300)]):
@@ -31,12 +31,12 @@ def test_the_reached_position_counts_only_commits_up_to_the_version(tmp_path: Pa
                             column_types={"id": "int"})
         versions.append(writer.write([event], None, group_id="g", topic=topic, partition=0,
                                      end_offset=offset + 1))
-    source = cfg.sources[0]
-    assert reached_position(cfg, source, versions[0]) == (4, 100)
-    assert reached_position(cfg, source, versions[1]) == (4, 200)
-    assert reached_position(cfg, source, versions[2]) == (4, 300)
+    source = pipeline.sources[0]
+    assert reached_position(pipeline, source, versions[0]) == (4, 100)
+    assert reached_position(pipeline, source, versions[1]) == (4, 200)
+    assert reached_position(pipeline, source, versions[2]) == (4, 300)
     # Commits touching replica `t`: the first and the third.
-    route = replica_route(cfg, "t")
-    assert unapplied_commits(cfg, route, None, versions[1]) == [versions[0]]
-    assert unapplied_commits(cfg, route, versions[0], versions[2]) == [versions[2]]
-    assert unapplied_commits(cfg, route, versions[2], versions[2]) == []
+    route = replica_route(pipeline, "t")
+    assert unapplied_commits(pipeline, route, None, versions[1]) == [versions[0]]
+    assert unapplied_commits(pipeline, route, versions[0], versions[2]) == [versions[2]]
+    assert unapplied_commits(pipeline, route, versions[2], versions[2]) == []

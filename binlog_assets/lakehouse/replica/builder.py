@@ -135,13 +135,13 @@ _WM_DB, _WM_TABLE, _WM = (working_column(n) for n in ("wm_db", "wm_table", "wm")
 class ReplicaBuilder:
     """Builds the replicas of one pipeline config from its changelog."""
 
-    def __init__(self, spark: SparkSession, config: PipelineConfig) -> None:
+    def __init__(self, spark: SparkSession, pipeline: PipelineConfig) -> None:
         # A session of our own: the transaction-id settings must not leak into the
         # caller's session (nor the caller's into ours). It shares the catalog.
-        self.spark = new_session(spark, config)
+        self.spark = new_session(spark, pipeline)
         share_lookups(spark, self.spark)
-        self.config = config
-        self.database = config.lakehouse.database
+        self.pipeline = pipeline
+        self.database = pipeline.lakehouse.database
         self._lock = threading.Lock()
 
     def table_name(self, replica: str) -> tuple[str, str]:
@@ -159,7 +159,7 @@ class ReplicaBuilder:
 
     def rebuild(self, replica: str) -> ReplicaResult:
         """Drop the replica (and its view and history) and apply the whole changelog."""
-        route = replica_route(self.config, replica)
+        route = replica_route(self.pipeline, replica)
         self.spark.sql(f"DROP VIEW IF EXISTS {qualified(*self.current_view_name(replica))}")
         known_views(self.spark).discard(self.current_view_name(replica))
         tables = [self.table_name(replica)]
@@ -173,7 +173,7 @@ class ReplicaBuilder:
     def apply(self, replica: str, *, up_to_version: int | None = None) -> ReplicaResult:
         """Apply changelog versions above the replica's applied version, up to `up_to_version`
         (default: the changelog's current version)."""
-        route = replica_route(self.config, replica)
+        route = replica_route(self.pipeline, replica)
         with self._lock, log_scope():
             try:
                 return self._apply(route, up_to_version)
@@ -185,7 +185,7 @@ class ReplicaBuilder:
 
     def _apply(self, route: ReplicaRoute, up_to_version: int | None) -> ReplicaResult:
         spark = self.spark
-        up_to = changelog_version(spark, self.config) if up_to_version is None else up_to_version
+        up_to = changelog_version(spark, self.pipeline) if up_to_version is None else up_to_version
         replica_table = self.table_name(route.replica)
         exists = table_exists(spark, *replica_table)
         props, files, location = self._detail(replica_table) if exists else ({}, 0, "")
@@ -207,17 +207,17 @@ class ReplicaBuilder:
         start = None if None in starts else min(starts)
 
         # Read by Spark only when the batch needs it: a driver apply reads it as Arrow.
-        batch = LazyRange(lambda: read_changelog(spark, self.config, start, up_to))
-        survey = survey_batch(spark, self.config, batch.frame, route, start, up_to)
+        batch = LazyRange(lambda: read_changelog(spark, self.pipeline, start, up_to))
+        survey = survey_batch(spark, self.pipeline, batch.frame, route, start, up_to)
         # A small batch in one partition: its reduce then needs no shuffle (a stage and
         # a job of its own, most of a small apply's Spark time).
-        batch.single = survey.rows <= self.config.lakehouse.driver_commit_rows
+        batch.single = survey.rows <= self.pipeline.lakehouse.driver_commit_rows
         # A new replica (a first build, a rebuild) follows the DDL too: it is built as its
         # source tables are at the batch's end.
         ddl = read_ddl(batch.frame(), route) if survey.ddl else DdlPlan()
         note_adds(survey, ddl)
         # An append-only replica is the log of its tables' changes: a swap adds none.
-        cutovers = (plan_cutovers(spark, self.config, ddl, route, survey, batch.frame(), props,
+        cutovers = (plan_cutovers(spark, self.pipeline, ddl, route, survey, batch.frame(), props,
                                   up_to)
                     if (ddl.table_renames or CUTOVERS_PROPERTY in props)
                     and stored_rule != APPEND_ONLY else [])
@@ -244,7 +244,7 @@ class ReplicaBuilder:
         columns = (self._source_columns(replica_table) if new is None else
                    {f.name: f.dataType for f in new.schema if f.name not in METADATA_COLUMNS})
         if in_driver(route, survey, rule, props, sources, new, cutovers,
-                     self.config.lakehouse.driver_commit_rows):
+                     self.pipeline.lakehouse.driver_commit_rows):
             with suppress(NotInDriver):  # else Spark's way below, for the whole batch
                 return self._driver_apply(route, survey, rule, changes, columns, start, up_to,
                                           props, location, files, new)
@@ -298,7 +298,7 @@ class ReplicaBuilder:
                             truncated=truncated,
                             tombstones=purge_tombstones(
                                 spark, replica_table, now, props,
-                                self.config.lakehouse.tombstone_retention_hours))
+                                self.pipeline.lakehouse.tombstone_retention_hours))
 
     def _driver_apply(self, route: ReplicaRoute, survey: Survey, rule: Rule, changes: list[str],
                       columns: dict[str, T.DataType], start: int | None, up_to: int,
@@ -312,7 +312,7 @@ class ReplicaBuilder:
         table = self.table_name(route.replica)
         schema = new.schema if new is not None else (
             pa.schema(open_log(location).schema().to_arrow()))
-        rows = driver_rows(self.config, start, up_to, survey, rule.key, columns, schema, now)
+        rows = driver_rows(self.pipeline, start, up_to, survey, rule.key, columns, schema, now)
         fault_point("during_replica_merge")
         if new is not None:
             create_table(self.spark, new.name, new.schema, new.properties, exists_ok=False)
@@ -324,7 +324,7 @@ class ReplicaBuilder:
         return self._result(route, survey, up_to, rule, changes, written=written,
                             tombstones=purge_tombstones(
                                 self.spark, table, now, props,
-                                self.config.lakehouse.tombstone_retention_hours))
+                                self.pipeline.lakehouse.tombstone_retention_hours))
 
     def _result(self, route: ReplicaRoute, survey: Survey, up_to: int, rule: Rule,
                 changes: list[str], **counts: int) -> ReplicaResult:
@@ -430,7 +430,7 @@ class ReplicaBuilder:
             properties[SOURCES_PROPERTY] = sources.property_value()
             # A new table has no tombstone to purge for a while.
             properties[PURGED_PROPERTY] = f"{datetime.now(UTC).timestamp():.3f}"
-        features = self.config.lakehouse.table_features
+        features = self.pipeline.lakehouse.table_features
         if "column_mapping" not in features:
             check_unmapped_names([f.name for f in schema], ".".join(target))
         return NewTable(target, schema, {**properties, **feature_properties(features)})
@@ -500,11 +500,11 @@ class ReplicaBuilder:
         fault_point("during_replica_merge")
         # A small batch into an existing table: delta-rs commits it (`commit.py`),
         # whatever its size against the table's.
-        limit = self.config.lakehouse.driver_commit_rows
+        limit = self.pipeline.lakehouse.driver_commit_rows
         driver = new is None and driver_commits(props, survey.rows, limit,
                                                 truncates=bool(survey.truncates))
         if not driver and not empty and rewrites(self.spark, table, survey,
-                                                 self.config.lakehouse.rewrite_ratio):
+                                                 self.pipeline.lakehouse.rewrite_ratio):
             return rewrite_replica(self.spark, table, location, rows, survey, key, columns,
                                    up_to, now)
         stored_columns = table_schema(self.spark, *table).names if new is None else new.columns
@@ -550,7 +550,7 @@ class ReplicaBuilder:
 
     def _commit_empty(self, target: tuple[str, str], up_to: int) -> None:
         detail = table_detail(self.spark, *target)
-        if driver_commits(detail["properties"], 0, self.config.lakehouse.driver_commit_rows,
+        if driver_commits(detail["properties"], 0, self.pipeline.lakehouse.driver_commit_rows,
                           truncates=False):
             commit_version(detail["location"], APP_ID, up_to)
             return

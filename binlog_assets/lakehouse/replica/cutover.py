@@ -90,7 +90,7 @@ def record_cutovers(spark: SparkSession, table: tuple[str, str], props: dict[str
     return None
 
 
-def plan_cutovers(spark: SparkSession, config: PipelineConfig, plan: DdlPlan,
+def plan_cutovers(spark: SparkSession, pipeline: PipelineConfig, plan: DdlPlan,
                   route: ReplicaRoute, survey: Survey, batch: DataFrame,
                   props: dict[str, str], up_to: int) -> list[Cutover]:
     """The swaps this apply does: the batch's renames into the replica from tables it
@@ -113,7 +113,7 @@ def plan_cutovers(spark: SparkSession, config: PipelineConfig, plan: DdlPlan,
             generations[(old, new)] = generation + 1
     if not renames:
         return []
-    changelog = read_changelog(spark, config, None, up_to)
+    changelog = read_changelog(spark, pipeline, None, up_to)
     cutovers = []
     # Only the last swap of a helper counts: it replaces every row of the target below it.
     for (old, new), position in sorted(renames.items(), key=lambda r: r[1]):

@@ -211,7 +211,7 @@ def in_driver(route: ReplicaRoute, survey: Survey, rule: Rule, props: dict[str, 
                                truncates=False))
 
 
-def driver_rows(config: PipelineConfig, after_version: int | None, up_to: int,
+def driver_rows(pipeline: PipelineConfig, after_version: int | None, up_to: int,
                 survey: Survey, key: list[str], columns: dict[str, T.DataType],
                 schema: pa.Schema | T.StructType, now: datetime) -> pa.Table:
     """The batch's rows for the replica, reduced and typed into `schema` (the replica's
@@ -223,7 +223,7 @@ def driver_rows(config: PipelineConfig, after_version: int | None, up_to: int,
     from deltalake.exceptions import DeltaError
 
     try:
-        changes = changes_of(config, after_version, up_to, survey.tables, ROW_OPS)
+        changes = changes_of(pipeline, after_version, up_to, survey.tables, ROW_OPS)
     except DeltaError as exc:
         # Versions no longer in the log, say: Spark's read of them checks and says so.
         raise NotInDriver(f"the changelog's versions: {exc}") from exc

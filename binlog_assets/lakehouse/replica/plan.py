@@ -144,12 +144,12 @@ class Survey:
     last_source_ts: int | None = None
 
 
-def survey_batch(spark: SparkSession, config: PipelineConfig, batch: Callable[[], DataFrame],
+def survey_batch(spark: SparkSession, pipeline: PipelineConfig, batch: Callable[[], DataFrame],
                  route: ReplicaRoute, start: int | None, up_to: int) -> Survey:
     """Tables, types, keys and truncates of the batch: from the surveys its commits
     carry in the Delta log (`changelog.read_survey`), else in one aggregate job over
     `batch()`."""
-    groups = read_survey(spark, config, start, up_to)
+    groups = read_survey(spark, pipeline, start, up_to)
     if groups is None:
         groups = survey_of_frame(batch())
     tables = route.select({g.table for g in groups})
@@ -271,13 +271,13 @@ def fallback_warning(route: ReplicaRoute, rule: str | None) -> str | None:
             "replica_mode: append")
 
 
-def replicas_touched(config: PipelineConfig, routes: dict[str, ReplicaRoute],
+def replicas_touched(pipeline: PipelineConfig, routes: dict[str, ReplicaRoute],
                      after_version: int, up_to: int) -> set[str] | None:
     """The replicas (of `routes`) whose source tables changelog versions (`after_version`,
     `up_to`] hold rows of, from the surveys their commits carry; None when every replica
     must look: the surveys are missing or too many to read, or the versions hold DDL (a
     rename may bring a table to any replica)."""
-    groups = read_survey(None, config, after_version, up_to)
+    groups = read_survey(None, pipeline, after_version, up_to)
     if groups is None or any(g.op == OP_DDL for g in groups):
         return None
     tables = {g.table for g in groups}

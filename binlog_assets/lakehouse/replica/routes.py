@@ -54,18 +54,18 @@ class ReplicaRoute:
         return sorted({t for t in tables if t is not None and self.matches(t)})
 
 
-def replica_routes(config: PipelineConfig) -> dict[str, ReplicaRoute]:
+def replica_routes(pipeline: PipelineConfig) -> dict[str, ReplicaRoute]:
     """Every configured replica and its route."""
     by_replica: dict[str, list[TableConfig]] = {}
-    for source in config.sources:
+    for source in pipeline.sources:
         for table in source.tables:
             by_replica.setdefault(table.replica, []).append(table)
     return {name: _route(name, tables) for name, tables in by_replica.items()}
 
 
-def replica_route(config: PipelineConfig, replica: str) -> ReplicaRoute:
+def replica_route(pipeline: PipelineConfig, replica: str) -> ReplicaRoute:
     """The route of one replica; a KeyError names the configured replicas otherwise."""
-    routes = replica_routes(config)
+    routes = replica_routes(pipeline)
     if replica not in routes:
         raise KeyError(f"no table config has replica {replica!r}; configured: {sorted(routes)}")
     return routes[replica]
