@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import random
 
+import pytest
 from lake_events import Partition, Source, row
 
 from binlog_assets.lakehouse.audit import expected_live_rows, expected_log_rows
@@ -19,14 +20,15 @@ from binlog_assets.lakehouse.changelog import ChangelogWriter
 from binlog_assets.lakehouse.changelog_reader import changelog_version
 
 
-def _history(seed: int, sources: list[Source], commits: int) -> list[list[list]]:
+def _history(seed: int, sources: list[Source], commits: int, most: int
+             ) -> list[list[list]]:
     """Commits of records: inserts, updates, deletes, truncates and re-sent changes."""
     rng = random.Random(seed)
     live: dict[str, set[int]] = {s.table: set() for s in sources}
     out = []
     for _ in range(commits):
         records = []
-        for _ in range(rng.randint(1, 12)):
+        for _ in range(rng.randint(1, most)):
             source = rng.choice(sources)
             keys = live[source.table]
             roll = rng.random()
@@ -50,7 +52,12 @@ def _history(seed: int, sources: list[Source], commits: int) -> list[list[list]]
     return out
 
 
-def test_the_arrow_count_equals_the_spark_count_at_every_version(spark, make_config) -> None:
+# Each version checked costs four Spark counts: the default suite checks fewer, larger
+# commits; the long variant the same mix in many small ones.
+@pytest.mark.parametrize("commits,most", [
+    (6, 24), pytest.param(14, 12, marks=pytest.mark.long)])
+def test_the_arrow_count_equals_the_spark_count_at_every_version(
+        spark, make_config, commits: int, most: int) -> None:
     pipeline = make_config([{"source": r"shop_\d+\.orders", "replica": "orders"},
                           {"source": "shop.items", "replica": "items",
                            "key_columns": ["qty"]},
@@ -63,7 +70,7 @@ def test_the_arrow_count_equals_the_spark_count_at_every_version(spark, make_con
     kept = {name: LiveKeys(pipeline, name, append_only=name == "logs")
             for name in ("orders", "items", "logs", "users")}
     checked = 0
-    for records in _history(7, sources, 14):
+    for records in _history(7, sources, commits, most):
         part.write(part.records(records))
         version = changelog_version(None, pipeline)
         for name, counter in kept.items():
