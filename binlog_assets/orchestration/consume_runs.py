@@ -85,16 +85,12 @@ def consume_partition(
     if handlers is None:
         handlers = source.handler_registry()
     writer = writer or ChangelogWriter(pipeline)
-
-    def changelog_cp() -> int | None:
-        return writer.checkpoint(group, topic, partition)
-
     start = run_config.start_offset
     if start is None and run_config.start_timestamp_ms is not None:
         start = offset_for_timestamp(kafka_conf, topic, partition,
                                      run_config.start_timestamp_ms)
-    initial = changelog_cp()
-    sink = FencedChangelogSink(writer, changelog_cp, group=group,
+    initial = writer.checkpoint(group, topic, partition)
+    sink = FencedChangelogSink(writer, group=group,
                                topic=topic, partition=partition, expected=initial,
                                lakehouse=pipeline.lakehouse.uri())
     settings = RunSettings(
