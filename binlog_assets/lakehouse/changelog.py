@@ -10,7 +10,7 @@ from __future__ import annotations
 import threading
 import uuid
 from base64 import b64encode
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime
 from decimal import Decimal
 from typing import TYPE_CHECKING, Any
@@ -314,6 +314,7 @@ class ChangelogWriter:
         topic: str,
         partition: int,
         end_offset: int,
+        check: Callable[[int | None], None] | None = None,
     ) -> int | None:
         """Append `events` (offsets below `end_offset`) in one commit; its version, or None.
 
@@ -321,7 +322,9 @@ class ChangelogWriter:
         retry, or another run): nothing is written. Events below the recorded checkpoint
         are dropped, so a retried range that overlaps a committed one adds only what is
         new. An empty `events` still commits, to move the checkpoint past offsets that
-        held no change: the commit carries the transaction and adds no file.
+        held no change: the commit carries the transaction and adds no file. `check` is
+        given the partition's checkpoint as the write reads it, before anything is
+        written, under the writer's lock; it raises to write nothing (the fence's check).
         """
         from deltalake import CommitProperties, Transaction, write_deltalake
         from deltalake.exceptions import CommitFailedError
@@ -338,6 +341,8 @@ class ChangelogWriter:
         with self._lock:
             table = self._open()
             done = table.transaction_version(txn)
+            if check is not None:
+                check(done)
             if done is not None and done >= end_offset:
                 return None
             rows = [event_row(e, raw.get(e.offset) if raw else None, now)

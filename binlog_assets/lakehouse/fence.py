@@ -3,10 +3,10 @@ another run has moved the partition's checkpoint.
 
 Before each changelog write the sink checks that the changelog's transaction state for
 its partition is still where this run left it; if another run moved it, this one writes
-nothing more and fails with a clear message. Check and write happen under a file lock
-per partition when the lakehouse is a local path, so no other process can commit in
-between (delta-rs does not refuse a transaction version it already holds, delta-rs
-#2580: the writer reads it again under the lock). On object storage there is no such
+nothing more and fails with a clear message. The check reads the state the write reads
+(`ChangelogWriter.write`'s `check`), under a file lock per partition when the lakehouse
+is a local path, so no other process can commit in between (delta-rs does not refuse a
+transaction version it already holds, delta-rs #2580). On object storage there is no such
 lock; there delta-rs commits with conditional writes (`AWS_CONDITIONAL_PUT=etag`, S3's
 `If-None-Match`; without it or a locking provider delta-rs refuses to write to S3), and
 its conflict check refuses a commit whose transaction id (group + topic-partition)
@@ -25,8 +25,6 @@ from binlog_assets.formats.event import ChangeEvent
 from binlog_assets.lakehouse.changelog import ConcurrentPartitionWrite
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
-    
     from binlog_assets.lakehouse.changelog import ChangelogWriter
 
 
@@ -56,12 +54,10 @@ def partition_lock(lakehouse: str, group: str, topic: str, partition: int) -> It
 class FencedChangelogSink:
     """Writes each contiguous range to the changelog, after checking nobody else did."""
 
-    def __init__(self, writer: ChangelogWriter, checkpoint_of: Callable[[], int | None], *,
-                 group: str, topic: str, partition: int,
+    def __init__(self, writer: ChangelogWriter, *, group: str, topic: str, partition: int,
                  expected: int | None, lakehouse: str) -> None:
         self.writer = writer
         self.lakehouse = lakehouse
-        self.checkpoint_of = checkpoint_of
         self.group, self.topic, self.partition = group, topic, partition
         self.expected = expected
         self.version: int | None = None
@@ -74,15 +70,10 @@ class FencedChangelogSink:
         if self.expected is not None:
             events = [e for e in events if e.offset >= self.expected]
         with partition_lock(self.lakehouse, self.group, self.topic, self.partition):
-            current = self.checkpoint_of()
-            if current != self.expected:
-                raise FencedRunError(
-                    f"{self.topic}[{self.partition}] was overtaken: its changelog checkpoint "
-                    f"is {current}, this run expected {self.expected}; it writes nothing more")
             try:
                 version = self.writer.write(events, raw, group_id=self.group,
                                             topic=self.topic, partition=self.partition,
-                                            end_offset=end_offset)
+                                            end_offset=end_offset, check=self._check)
             except ConcurrentPartitionWrite as e:
                 raise FencedRunError(f"{e}; this run writes nothing more") from e
         if version is None:
@@ -91,3 +82,9 @@ class FencedChangelogSink:
         self.version = version
         self.rows += len(events)
         self.expected = end_offset
+
+    def _check(self, current: int | None) -> None:
+        if current != self.expected:
+            raise FencedRunError(
+                f"{self.topic}[{self.partition}] was overtaken: its changelog checkpoint "
+                f"is {current}, this run expected {self.expected}; it writes nothing more")

@@ -13,7 +13,7 @@ A run is fenced (invariant 4, `lakehouse/fence.py`): once another run moved its
 partition's checkpoint, it writes nothing more and fails clearly.
 """
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 import dagster as dg
@@ -124,8 +124,13 @@ class RunReport:
     sources: dict[str, SourceConfig]
     changelog_uri: str
 
-    def source_lags(self) -> dict[str, list[PartitionLag]]:
-        """Every partition of the run's sources, by source name."""
+    def source_lags(self, measured: Sequence[PartitionLag] | None = None
+                    ) -> dict[str, list[PartitionLag]]:
+        """Every partition of the run's sources, by source name: from `measured` (the
+        lags of every source's topics) when given, else measured."""
+        if measured is not None:
+            return {name: [pl for pl in measured if source.matches(pl.topic)]
+                    for name, source in self.sources.items()}
         # The run checked the cluster when it started: one round trip less.
         return {name: measure_lag(self.kafka_conf, self.group, source.topics, check=False)
                 for name, source in self.sources.items()}
@@ -180,15 +185,24 @@ def changelog(
 
 
 def report_outcomes(context: dg.OpExecutionContext, run: RunReport,
-                    outcomes: list[PartitionOutcome], *, final: bool) -> bool:
+                    outcomes: list[PartitionOutcome], *, final: bool,
+                    lags_at_end: Sequence[PartitionLag] | None = None,
+                    row_count: Callable[[], int | None] | None = None,
+                    one_line: bool = False) -> bool:
     """Each partition's log line and metadata, and the sources' observations; whether
     any record was read. `final`: the run's output will carry the metadata (else it
-    fails or was interrupted, and each materialization is recorded here)."""
-    by_source = run.source_lags()
+    fails or was interrupted, and each materialization is recorded here).
+
+    A caller that keeps a consumer open passes the lags it measured after the run
+    (`lags_at_end`, every source's topics) and the changelog's `row_count`, else both
+    are read here; `one_line` logs one line for all partitions, not one each (every
+    log line is a write to Dagster's event log)."""
+    by_source = run.source_lags(lags_at_end)
     lags = {partition_key(pl.topic, pl.partition): pl.lag
             for found in by_source.values() for pl in found}
     consumed = any(o.summary.records for o in outcomes if o.summary is not None)
-    table_md = _table_metadata(run.changelog_uri) if consumed else {}
+    table_md = _table_metadata(run.changelog_uri, row_count) if consumed else {}
+    lines = []
     for outcome in outcomes:
         if outcome.error is not None:
             context.log.error(f"{outcome.key}: {type(outcome.error).__name__}: "
@@ -196,12 +210,17 @@ def report_outcomes(context: dg.OpExecutionContext, run: RunReport,
             continue
         summary, key = outcome.summary, outcome.key
         where = " in a worker process" if isinstance(outcome.sink, SinkTotals) else ""
-        context.log.info(
-            f"{key}: {summary.records} records from {summary.start_offset} "
-            f"({summary.checkpoint_source}) to {summary.committed_offset} in "
-            f"{summary.seconds:.1f}s{where}; {summary.dead_lettered} dead-lettered"
-            + ("; stopped: the run was interrupted"
-               if summary.stop_reason == STOP_INTERRUPTED else ""))
+        stopped = ("; stopped: the run was interrupted"
+                   if summary.stop_reason == STOP_INTERRUPTED else "")
+        if one_line:
+            lines.append(f"{key} {summary.records} ({summary.start_offset}-"
+                         f"{summary.committed_offset}{where and ', worker'})")
+        else:
+            context.log.info(
+                f"{key}: {summary.records} records from {summary.start_offset} "
+                f"({summary.checkpoint_source}) to {summary.committed_offset} in "
+                f"{summary.seconds:.1f}s{where}; {summary.dead_lettered} dead-lettered"
+                + stopped)
         disagree = [f"{c.source}={c.offset}" for c in
                     disagreements(summary.checkpoint_candidates, summary.start_offset)]
         if disagree:
@@ -220,6 +239,14 @@ def report_outcomes(context: dg.OpExecutionContext, run: RunReport,
                 asset_key=CHANGELOG_ASSET_KEY, partition=key, metadata=metadata))
         else:
             context.add_asset_metadata(metadata, partition_key=key)
+    if lines:
+        read = [o.summary for o in outcomes if o.summary is not None]
+        context.log.info(
+            f"{len(read)} partitions, {sum(r.records for r in read)} records, "
+            f"{sum(r.dead_lettered for r in read)} dead-lettered"
+            + ("; stopped: the run was interrupted"
+               if any(r.stop_reason == STOP_INTERRUPTED for r in read) else "")
+            + "; records (offsets) per partition: " + ", ".join(lines))
     summaries = {o.key: o.summary for o in outcomes if o.summary is not None}
     for name, found in by_source.items():
         context.log_event(source_observation(
@@ -227,7 +254,8 @@ def report_outcomes(context: dg.OpExecutionContext, run: RunReport,
     return consumed
 
 
-def _table_metadata(uri: str) -> dict[str, dg.MetadataValue]:
+def _table_metadata(uri: str, row_count: Callable[[], int | None] | None
+                    ) -> dict[str, dg.MetadataValue]:
     """The changelog's row count, as Dagster's table metadata names it."""
-    rows = delta_row_count(uri)
+    rows = delta_row_count(uri) if row_count is None else row_count()
     return {} if rows is None else {"dagster/row_count": dg.MetadataValue.int(rows)}

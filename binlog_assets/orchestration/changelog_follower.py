@@ -17,7 +17,8 @@ from collections.abc import Callable, Iterator, Sequence
 import dagster as dg
 from pydantic import Field
 
-from binlog_assets.orchestration.changelog_asset import report_outcomes, run_report
+from binlog_assets.lakehouse.changelog import changelog_uri
+from binlog_assets.orchestration.changelog_asset import RunReport, report_outcomes, run_report
 from binlog_assets.orchestration.consume_runs import (
     ChangelogRunConfig,
     PartitionOutcome,
@@ -35,10 +36,14 @@ from binlog_assets.orchestration.shared import (
     EVERY_DAEMON_PASS,
     UNFINISHED,
 )
+from binlog_assets.orchestration.table_metadata import delta_row_count
 
 # A partition whose bounded run failed (a broker away, a stopped partition) is tried
 # again after this long, not at every poll: each attempt logs its error.
 RETRY_SECONDS = 30.0
+# The changelog's row count is read from its whole Delta log (every file's statistics):
+# a follower does that at most this often, not at every round.
+ROW_COUNT_SECONDS = 30.0
 
 
 class ChangelogFollowConfig(dg.Config):
@@ -59,6 +64,27 @@ class DueRule:
                               for k, lag in lags.items() if lag > 0}
         return [k for k, lag in lags.items() if lag > 0 and (
             lag >= self.threshold or now - self.lagging_since[k] >= self.staleness)]
+
+
+class RowCount:
+    """The changelog's row count for each round's metadata: counted (`count`) at most
+    every `every` seconds; in between, the last count plus the rows this run's rounds
+    appended (rows other runs append show at the next count)."""
+
+    def __init__(self, count: Callable[[], int | None], every: float = ROW_COUNT_SECONDS,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.count, self.every, self.clock = count, every, clock
+        self.rows: int | None = None
+        self.counted_at: float | None = None
+
+    def after(self, outcomes: Sequence[PartitionOutcome]) -> int | None:
+        """The count after a round with these `outcomes`."""
+        now = self.clock()
+        if self.counted_at is None or self.rows is None or now - self.counted_at >= self.every:
+            self.rows, self.counted_at = self.count(), now
+        else:
+            self.rows += sum(o.sink.rows for o in outcomes if o.sink is not None)
+        return self.rows
 
 
 def follow_partitions(due: Callable[[], Sequence[str]],
@@ -91,7 +117,7 @@ def follow_partitions(due: Callable[[], Sequence[str]],
        description="Consume every partition's new records into the changelog as they arrive.")
 def follow_changelog(context: dg.OpExecutionContext, config: ChangelogFollowConfig,
                      binlake: BinlakeResource) -> None:
-    from binlog_assets.consume.lag import lag_consumer, measure_lag
+    from binlog_assets.consume.lag import PartitionLag, lag_consumer, measure_lag
     from binlog_assets.consume.preflight import check_cluster
 
     pipeline = binlake.pipeline
@@ -112,14 +138,26 @@ def follow_changelog(context: dg.OpExecutionContext, config: ChangelogFollowConf
             return True
         return False
 
+    def measure() -> list[PartitionLag]:
+        return measure_lag(kafka_conf, group, topics, check=False, consumer=offsets)
+
+    lags: dict[str, int] = {}  # each partition's lag at the start of the round
+
     def due() -> list[str]:
         known = instance.get_dynamic_partitions(KAFKA_PARTITIONS_NAME)
         held = held_partitions(instance, known)
-        lags = {partition_key(pl.topic, pl.partition): pl.lag
-                for pl in measure_lag(kafka_conf, group, topics, check=False,
-                                      consumer=offsets)}
+        lags.clear()
+        lags.update((partition_key(pl.topic, pl.partition), pl.lag) for pl in measure())
         return [k for k in rule.due({k: lags[k] for k in known if k in lags}, time.time())
                 if k not in held]
+
+    row_count = RowCount(lambda: delta_row_count(changelog_uri(pipeline)))
+
+    def report(run: RunReport, outcomes: list[PartitionOutcome]) -> None:
+        # The lag at the end is measured once the round is over, for every source at
+        # once, through the consumer kept open.
+        report_outcomes(context, run, outcomes, final=False, lags_at_end=measure(),
+                        row_count=lambda: row_count.after(outcomes), one_line=True)
 
     def consume(keys: list[str]) -> list[PartitionOutcome]:
         run = run_report(pipeline, kafka_conf, group, keys)
@@ -127,8 +165,10 @@ def follow_changelog(context: dg.OpExecutionContext, config: ChangelogFollowConf
             pipeline, kafka_conf, keys, ChangelogRunConfig(), group=group,
             metadata_checkpoint=lambda key: latest_metadata_checkpoint(instance, key),
             # Terminated mid-round: what its partitions committed is still recorded.
-            on_interrupt=lambda stopped: report_outcomes(context, run, stopped, final=False))
-        report_outcomes(context, run, outcomes, final=False)
+            on_interrupt=lambda stopped: report(run, stopped),
+            # due() has just measured them: the worker processes' rule needs no other.
+            lags={k: lags.get(k, 0) for k in keys})
+        report(run, outcomes)
         return outcomes
 
     failing: dict[str, BaseException] = {}

@@ -8,7 +8,7 @@ its source's config names, opened once for the run (once per process).
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor, wait
 from contextlib import ExitStack
 from dataclasses import dataclass
@@ -85,16 +85,12 @@ def consume_partition(
     if handlers is None:
         handlers = source.handler_registry()
     writer = writer or ChangelogWriter(pipeline)
-
-    def changelog_cp() -> int | None:
-        return writer.checkpoint(group, topic, partition)
-
     start = run_config.start_offset
     if start is None and run_config.start_timestamp_ms is not None:
         start = offset_for_timestamp(kafka_conf, topic, partition,
                                      run_config.start_timestamp_ms)
-    initial = changelog_cp()
-    sink = FencedChangelogSink(writer, changelog_cp, group=group,
+    initial = writer.checkpoint(group, topic, partition)
+    sink = FencedChangelogSink(writer, group=group,
                                topic=topic, partition=partition, expected=initial,
                                lakehouse=pipeline.lakehouse.uri())
     settings = RunSettings(
@@ -150,10 +146,13 @@ def consume_partitions(
     metadata_checkpoint: Callable[[str], Checkpoint | None] = lambda key: None,
     parallel: int = PARTITIONS_IN_PARALLEL,
     on_interrupt: Callable[[list[PartitionOutcome]], None] = lambda outcomes: None,
+    lags: Mapping[str, int] | None = None,
 ) -> list[PartitionOutcome]:
     """Bounded runs of every partition in `keys`, `parallel` at a time, sharing one
     changelog writer and the handlers' clients (opened once for the run). A partition
-    that fails does not stop the others: its outcome carries the error.
+    that fails does not stop the others: its outcome carries the error. `lags`: each
+    partition's lag as the caller has just measured it, for the worker processes'
+    backlog rule (`worker_processes`), which otherwise measures it.
 
     Interrupted while it waits (Dagster terminates a run with SIGINT, raised here as
     `DagsterExecutionInterruptedError`), it starts no more partitions, stops those
@@ -165,7 +164,7 @@ def consume_partitions(
     threads = max(1, min(parallel, len(keys)))
     # Handlers given by the caller are objects of this process: only the config's
     # registries can be opened in another.
-    workers = (worker_processes(pipeline, kafka_conf, keys, run_config, group)
+    workers = (worker_processes(pipeline, kafka_conf, keys, run_config, group, lags)
                if handlers is None and len(keys) > 1 else 0)
     stop = worker_stop() if workers else threading.Event()
     todo = iter(keys)

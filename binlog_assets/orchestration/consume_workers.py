@@ -23,7 +23,7 @@ import pickle
 import signal
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from multiprocessing import get_context
@@ -56,10 +56,13 @@ class SinkTotals:
 
 
 def worker_processes(pipeline: PipelineConfig, kafka_conf: dict, keys: Sequence[str],
-                     run_config: ChangelogRunConfig, group: str) -> int:
+                     run_config: ChangelogRunConfig, group: str,
+                     lags: Mapping[str, int] | None = None) -> int:
     """How many worker processes the run over `keys` uses: none for a single partition
     or a backlog below `dagster.worker_backlog_records` (its group's committed offsets
-    against the partitions' ends, each capped at the run's record limit)."""
+    against the partitions' ends, each capped at the run's record limit). `lags`: each
+    partition's lag as the caller has just measured it (a key it lacks has none), else
+    measured here."""
     wanted = pipeline.dagster.worker_processes
     if wanted is None:
         wanted = max(0, (os.cpu_count() or 1) - 1)
@@ -67,16 +70,19 @@ def worker_processes(pipeline: PipelineConfig, kafka_conf: dict, keys: Sequence[
     if wanted <= 0:
         return 0
     limit = run_config.max_records or pipeline.dagster.max_records_per_run
-    parsed = {parse_partition_key(k) for k in keys}
-    topics = sorted({t for t, _ in parsed})
-    try:
-        lags = measure_lag(kafka_conf, group, topics, check=False)
-    except KafkaException as exc:
-        # The run itself can still go on, in its own process.
-        log.warning("no worker processes: the backlog of %s is unknown: %s", topics, exc)
-        return 0
-    backlog = sum(lag.lag if limit is None else min(lag.lag, limit)
-                  for lag in lags if (lag.topic, lag.partition) in parsed)
+    if lags is None:
+        parsed = {parse_partition_key(k): k for k in keys}
+        topics = sorted({t for t, _ in parsed})
+        try:
+            measured = measure_lag(kafka_conf, group, topics, check=False)
+        except KafkaException as exc:
+            # The run itself can still go on, in its own process.
+            log.warning("no worker processes: the backlog of %s is unknown: %s", topics, exc)
+            return 0
+        lags = {parsed[pl.topic, pl.partition]: pl.lag for pl in measured
+                if (pl.topic, pl.partition) in parsed}
+    backlog = sum(lag if limit is None else min(lag, limit)
+                  for lag in (lags.get(k, 0) for k in keys))
     return wanted if backlog >= pipeline.dagster.worker_backlog_records else 0
 
 

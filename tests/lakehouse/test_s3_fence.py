@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import threading
 import uuid
+from collections.abc import Callable
 
 import pytest
 from lake_events import Partition, Source, row
@@ -45,9 +46,9 @@ def s3_config(s3: S3Server, monkeypatch: pytest.MonkeyPatch) -> PipelineConfig:
                                        "database": "s3fence"}})
 
 
-def _sink(pipeline: PipelineConfig, writer: ChangelogWriter, part: Partition, checkpoint_of
+def _sink(pipeline: PipelineConfig, writer: ChangelogWriter, part: Partition
           ) -> FencedChangelogSink:
-    return FencedChangelogSink(writer, checkpoint_of, group="g", topic=part.topic,
+    return FencedChangelogSink(writer, group="g", topic=part.topic,
                                partition=part.partition, expected=None,
                                lakehouse=pipeline.lakehouse.path)
 
@@ -67,17 +68,19 @@ def test_two_runs_racing_on_s3_end_with_one_fenced(s3_config: PipelineConfig) ->
     both_read = threading.Barrier(2)
     outcome: dict[str, str] = {}
 
+    class RacingWriter(ChangelogWriter):
+        def write(self, *args: object, check: Callable[[int | None], None],
+                  **kwargs: object) -> int | None:
+            def checked(current: int | None) -> None:
+                check(current)
+                both_read.wait(timeout=30)
+
+            return super().write(*args, check=checked, **kwargs)
+
     def run(name: str) -> None:
-        writer = ChangelogWriter(s3_config)
-
-        def checkpoint_of():
-            current = writer.checkpoint("g", part.topic, part.partition)
-            both_read.wait(timeout=30)
-            return current
-
         events, raw, end = batches[name]
         try:
-            _sink(s3_config, writer, part, checkpoint_of)(events, raw, end)
+            _sink(s3_config, RacingWriter(s3_config), part)(events, raw, end)
             outcome[name] = f"wrote {end}"
         except FencedRunError as e:
             outcome[name] = f"fenced: {e}"

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import dagster as dg
 import pytest
+import yaml
 from run_inputs import changelog_coordinates, produce_inserts, run_config_file
 
 from binlog_assets.config import PipelineConfig, load_config
@@ -24,11 +25,13 @@ from binlog_assets.dev.kafka import create_topic
 from binlog_assets.lakehouse.changelog import ChangelogWriter
 from binlog_assets.orchestration.changelog_follower import (
     DueRule,
+    RowCount,
     changelog_follower_sensor,
     follow_changelog_job,
     follow_partitions,
 )
 from binlog_assets.orchestration.consume_runs import PartitionOutcome
+from binlog_assets.orchestration.consume_workers import SinkTotals
 from binlog_assets.orchestration.partitions import (
     CHANGELOG_ASSET_KEY,
     KAFKA_PARTITIONS_NAME,
@@ -78,6 +81,107 @@ def test_due_rule_is_the_lag_sensors() -> None:
     assert rule.due({"a:0": 2, "b:0": 4}, now=130) == ["b:0"]
     assert rule.due({"a:0": 2, "b:0": 0}, now=140) == []
     assert DueRule(threshold=0, staleness=300).due({"a:0": 1, "b:0": 0}, now=0) == ["a:0"]
+
+
+def test_a_round_measures_the_lags_twice_through_the_kept_consumer(
+        monkeypatch, tmp_path: Path) -> None:
+    """At the round's start (which partitions are due, and the worker processes' rule)
+    and after it (the lag at the end, every source at once): no other consumer."""
+    from binlog_assets.consume import lag, preflight
+    from binlog_assets.consume.lag import PartitionLag
+    from binlog_assets.orchestration import changelog_asset, changelog_follower, consume_workers
+
+    measured: list[object] = []
+    ends = iter(range(10, 1000, 10))
+
+    def measure_lag(kafka_conf: dict, group: str, topics: list[str], *, check: bool = True,
+                    consumer: object = None) -> list[PartitionLag]:
+        measured.append(consumer)
+        return [PartitionLag(t, 0, 0, next(ends), 0) for t in topics]
+
+    def elsewhere(*args: object, **kwargs: object) -> list[PartitionLag]:
+        raise AssertionError("lag measured through another consumer")
+
+    monkeypatch.setattr(lag, "measure_lag", measure_lag)
+    monkeypatch.setattr(lag, "lag_consumer", lambda *a: Kept())
+    monkeypatch.setattr(preflight, "check_cluster", lambda conf: None)
+    monkeypatch.setattr(consume_workers, "measure_lag", elsewhere)
+    monkeypatch.setattr(changelog_asset, "measure_lag", elsewhere)
+    rounds: list[tuple[list[str], dict]] = []
+    reports: list[dict] = []
+
+    def consume_partitions(pipeline: PipelineConfig, kafka_conf: dict, keys: list[str],
+                           *args: object, lags: dict[str, int], **kwargs: object
+                           ) -> list[PartitionOutcome]:
+        rounds.append((keys, lags))
+        return [PartitionOutcome(k) for k in keys]
+
+    def report_outcomes(*args: object, lags_at_end: list[PartitionLag], **kwargs: object
+                        ) -> bool:
+        reports.append({(pl.topic, pl.partition): pl.high for pl in lags_at_end})
+        return True
+
+    monkeypatch.setattr(changelog_follower, "consume_partitions", consume_partitions)
+    monkeypatch.setattr(changelog_follower, "report_outcomes", report_outcomes)
+    monkeypatch.setattr(changelog_follower, "changelog_backfill_in_progress",
+                        lambda instance: "enough" if len(rounds) >= 3 else None)
+    (tmp_path / "binlake.yaml").write_text(yaml.safe_dump({
+        "kafka": {"bootstrap.servers": "localhost:1", "group.id": "g"},
+        "sources": [{"name": "a", "topics": ["a"]}, {"name": "b", "topics": ["b"]}]}))
+    resource = BinlakeResource(config_path=str(tmp_path / "binlake.yaml"))
+    with dg.instance_for_test() as instance:
+        instance.add_dynamic_partitions(KAFKA_PARTITIONS_NAME, ["a:0", "b:0"])
+        result = follow_changelog_job.execute_in_process(
+            instance=instance, resources={"binlake": resource},
+            run_config={"ops": {"follow_changelog": {"config": {"seconds": 60}}}})
+    assert result.success
+    assert len(rounds) == len(reports) == 3
+    assert len(measured) == 6 and all(isinstance(c, Kept) for c in measured)
+    assert len({id(c) for c in measured}) == 1
+    # Each round's worker rule gets the lags due() measured; its report those measured
+    # after it (the ends grow by 10 at each measurement here).
+    assert rounds[0] == (["a:0", "b:0"], {"a:0": 10, "b:0": 20})
+    assert reports[0] == {("a", 0): 30, ("b", 0): 40}
+    assert rounds[1][1] == {"a:0": 50, "b:0": 60}
+
+
+def test_lags_measured_after_the_round_are_grouped_by_source(monkeypatch) -> None:
+    from binlog_assets.config import parse_config
+    from binlog_assets.consume.lag import PartitionLag
+    from binlog_assets.orchestration import changelog_asset
+
+    monkeypatch.setattr(changelog_asset, "measure_lag", lambda *a, **k: pytest.fail("measured"))
+    pipeline = parse_config({"sources": [{"name": "a", "topics": ["^a-.*"]},
+                                         {"name": "b", "topics": ["b"]},
+                                         {"name": "c", "topics": ["c"]}]})
+    at_end = [PartitionLag(t, 0, 0, 9, 4) for t in ("a-1", "a-2", "b", "c")]
+    run = changelog_asset.run_report(pipeline, {}, "g", ["a-1:0", "b:0"])
+    found = run.source_lags(at_end)
+    assert found == {"a": at_end[:2], "b": [at_end[2]]}  # c's partitions were not the run's
+
+
+class Kept:
+    """The follower's one lag consumer."""
+
+    def close(self) -> None:
+        pass
+
+
+def test_the_row_count_is_read_at_most_every_so_often() -> None:
+    clock = Clock()
+    counts = iter([100, 500])
+    row_count = RowCount(lambda: next(counts), every=30, clock=clock)
+
+    def appended(*rows: int) -> list[PartitionOutcome]:
+        return [PartitionOutcome(f"t:{i}", sink=SinkTotals(n, 1)) for i, n in enumerate(rows)]
+
+    assert row_count.after(appended(5, 5)) == 100  # the first round counts
+    clock.now = 10
+    assert row_count.after(appended(3, 4)) == 107  # then adds what the rounds appended
+    clock.now = 29
+    assert row_count.after([PartitionOutcome("t:0", error=RuntimeError("down"))]) == 107
+    clock.now = 40
+    assert row_count.after(appended(1)) == 500  # and counts again 30 s after the count
 
 
 def _materializations(instance: dg.DagsterInstance, key: str) -> list[dg.EventLogRecord]:

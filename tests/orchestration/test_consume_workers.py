@@ -70,6 +70,12 @@ def test_worker_processes_are_used_only_for_a_large_backlog(monkeypatch) -> None
     # Without the lag the run still goes on, in its own process.
     monkeypatch.setattr(consume_workers, "measure_lag", unreachable)
     assert count() == 0
+    # Lags the caller has just measured (the follower's) are not measured again.
+    pipeline = parse_config({"dagster": {"worker_backlog_records": 1100}})
+    measured = {"t:0": 100, "t:1": 1000, "t:2": 5000}
+    assert worker_processes(pipeline, {}, keys, ChangelogRunConfig(), "g", measured) == 1
+    assert worker_processes(pipeline, {}, keys, ChangelogRunConfig(max_records=500), "g",
+                            measured) == 0
 
 
 def test_an_exception_that_cannot_travel_is_sent_as_its_text() -> None:

@@ -1,0 +1,228 @@
+"""Where one changelog follower round's seconds go, over many one-partition topics.
+
+Starts its own broker (`harness.running_broker`), creates `--topics` (100) topics and
+produces `--records` (5) Debezium records to each, then runs `follow_changelog_job` in
+process (a Dagster instance with the project's `setup/dagster.yaml`, SQLite storage)
+for exactly one round, twice: the first round also creates the changelog table, the
+second (after as many new records again) is the steady state. The real code runs; its
+parts are timed by wrapping them: the lag measurements, `consume_partitions` over every
+due partition and `report_outcomes`, and inside them the per-partition costs (summed
+over the round's threads: with 4 at a time they overlap, so a part's wall share is
+about a quarter of its sum). A part this checkout does not have is left out.
+
+    .venv/bin/python bench/bench_follow_round.py [--topics 100] [--records 5]
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import sys
+import tempfile
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable
+from pathlib import Path
+
+import dagster as dg
+from confluent_kafka import Consumer
+from harness import debezium_records, load_average, produce_records, running_broker
+
+from binlog_assets.config import parse_config
+from binlog_assets.dev.kafka import create_topics
+from binlog_assets.environment import REPO_ROOT
+from binlog_assets.orchestration.partitions import KAFKA_PARTITIONS_NAME, partition_key
+from binlog_assets.orchestration.resources import BinlakeResource
+
+
+class Timings:
+    """Seconds and calls per label, summed over threads."""
+
+    def __init__(self) -> None:
+        self.seconds: Counter[str] = Counter()
+        self.calls: Counter[str] = Counter()
+        self._lock = threading.Lock()
+
+    def reset(self) -> None:
+        self.seconds.clear()
+        self.calls.clear()
+
+    def add(self, label: str, seconds: float) -> None:
+        with self._lock:
+            self.seconds[label] += seconds
+            self.calls[label] += 1
+
+    def wrap(self, owner: object, name: str, label: str, *, cpu: bool = False) -> None:
+        original = getattr(owner, name, None)
+        if original is None:
+            return
+
+        def timed(*args: object, **kwargs: object) -> object:
+            began, used = time.perf_counter(), time.process_time()
+            try:
+                return original(*args, **kwargs)
+            finally:
+                self.add(label, time.perf_counter() - began)
+                if cpu:
+                    self.add(f"{label} (process CPU)", time.process_time() - used)
+
+        setattr(owner, name, timed)
+
+
+class TimedLock:
+    """The changelog writer's lock, with the seconds it was waited for and held: its
+    commits take turns, so the held time is a floor under the round's consume part."""
+
+    def __init__(self, t: Timings) -> None:
+        self.t, self.lock, self.since = t, threading.Lock(), 0.0
+
+    def __enter__(self) -> None:
+        began = time.perf_counter()
+        self.lock.acquire()
+        self.since = time.perf_counter()
+        self.t.add("writer lock: waited", self.since - began)
+
+    def __exit__(self, *exc: object) -> None:
+        self.t.add("writer lock: held", time.perf_counter() - self.since)
+        self.lock.release()
+
+
+def instrument(t: Timings, rounds: list[int]) -> None:
+    """Wrap the round's parts; the follower stops once `rounds[0]` rounds reported."""
+    import deltalake
+
+    from binlog_assets.consume import commit, lag, run
+    from binlog_assets.lakehouse.changelog import ChangelogWriter
+    from binlog_assets.orchestration import (
+        changelog_asset,
+        changelog_follower,
+        consume_runs,
+        consume_workers,
+    )
+
+    t.wrap(lag, "measure_lag", "lag: follower (due, after)")
+    t.wrap(consume_workers, "measure_lag", "lag: worker decision")
+    t.wrap(changelog_asset, "measure_lag", "lag: report")
+    t.wrap(changelog_follower, "consume_partitions", "ROUND consume_partitions", cpu=True)
+    t.wrap(changelog_follower, "held_partitions", "due: held partitions")
+    t.wrap(consume_runs, "consume_partition", "partition: consume_partition")
+    t.wrap(changelog_follower, "latest_metadata_checkpoint", "partition: metadata checkpoint")
+    t.wrap(ChangelogWriter, "checkpoint", "partition: changelog checkpoint")
+    t.wrap(run.BoundedRun, "_consumer", "partition: consumer created")
+    t.wrap(run.BoundedRun, "_resolve", "partition: checkpoint resolved")
+    t.wrap(ChangelogWriter, "write", "partition: changelog write (lock incl.)")
+    t.wrap(deltalake, "write_deltalake", "partition: delta-rs commit")
+    t.wrap(deltalake.DeltaTable, "update_incremental", "partition: delta-rs log update")
+    t.wrap(deltalake.DeltaTable, "transaction_version", "partition: delta-rs txn version")
+    t.wrap(commit.Committer, "commit", "partition: kafka commit")
+    t.wrap(changelog_asset, "_table_metadata", "report: changelog row count")
+    t.wrap(changelog_asset, "source_observation", "report: source observation")
+    t.wrap(dg.OpExecutionContext, "log_event", "report: log_event")
+
+    made = ChangelogWriter.__init__
+
+    def writer_init(self: ChangelogWriter, *args: object) -> None:
+        made(self, *args)
+        self._lock = TimedLock(t)
+
+    ChangelogWriter.__init__ = writer_init
+
+    class TimedClose(Consumer):
+        def close(self) -> None:
+            began = time.perf_counter()
+            super().close()
+            t.add("partition: consumer closed", time.perf_counter() - began)
+
+    run.Consumer = TimedClose
+
+    # Counted here, not wrapped above: the follower calls it through its module.
+    reported = changelog_follower.report_outcomes
+
+    def report(*args: object, **kwargs: object) -> bool:
+        began, used = time.perf_counter(), time.process_time()
+        try:
+            return reported(*args, **kwargs)
+        finally:
+            t.add("ROUND report_outcomes", time.perf_counter() - began)
+            t.add("ROUND report_outcomes (process CPU)", time.process_time() - used)
+            rounds[0] -= 1
+
+    changelog_follower.report_outcomes = report
+    changelog_follower.changelog_backfill_in_progress = (
+        lambda instance: "bench-stop" if rounds[0] <= 0 else None)
+
+
+def produce(bootstrap: str, topics: list[str], count: int, first: int) -> None:
+    produce_records(bootstrap, ((topic, key, value) for i, topic in enumerate(topics)
+                                for key, value in debezium_records(
+                                    count, count, seed=i, first_id=first)))
+
+
+def one_round(job: Callable, instance: dg.DagsterInstance, resource: BinlakeResource,
+              rounds: list[int]) -> float:
+    rounds[0] = 1
+    began = time.monotonic()
+    result = job.execute_in_process(instance=instance, resources={"binlake": resource},
+                                    run_config={"ops": {"follow_changelog": {
+                                        "config": {"seconds": 600}}}})
+    if not result.success:
+        raise RuntimeError("the follower run failed")
+    return time.monotonic() - began
+
+
+def show(name: str, t: Timings, wall: float, partitions: int) -> None:
+    print(f"\n{name}: follower run {wall:.2f}s; {load_average()}")
+    for label in sorted(t.seconds, key=lambda k: (not k.startswith(("ROUND", "lag")), k)):
+        s, n = t.seconds[label], t.calls[label]
+        print(f"  {label:42s} {s:7.2f}s  {n:4d} calls  {1000 * s / partitions:7.1f} ms/partition")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--topics", type=int, default=100)
+    parser.add_argument("--records", type=int, default=5)
+    args = parser.parse_args()
+    work = Path(tempfile.mkdtemp(prefix="binlake-follow-round-"))
+    try:
+        with running_broker() as broker:
+            bootstrap = broker.bootstrap_servers
+            topics = [f"follow-{i:03d}" for i in range(args.topics)]
+            create_topics(bootstrap, topics)
+            produce(bootstrap, topics, args.records, 0)
+            pipeline = parse_config({
+                "kafka": {"bootstrap.servers": bootstrap, "group.id": "bench-follow",
+                          "auto.offset.reset": "earliest",
+                          "isolation.level": "read_committed"},
+                "lakehouse": {"path": str(work / "lakehouse"), "database": "follow"},
+                "dagster": {"changelog_follow_seconds": 600, "changelog_poll_seconds": 0.2},
+                "sources": [{"name": "bench", "topics": topics, "format": "debezium",
+                             "tables": [{"source": "shop.orders", "replica": "orders"}]}],
+            })
+            (work / "binlake.yaml").write_text(pipeline.model_dump_json(exclude_none=True))
+            resource = BinlakeResource(config_path=str(work / "binlake.yaml"))
+            home = work / "dagster"
+            home.mkdir()
+            shutil.copy(REPO_ROOT / "setup" / "dagster.yaml", home / "dagster.yaml")
+            from binlog_assets.orchestration.changelog_follower import follow_changelog_job
+
+            rounds = [0]
+            timings = Timings()
+            instrument(timings, rounds)
+            with dg.DagsterInstance.from_config(str(home)) as instance:
+                instance.add_dynamic_partitions(
+                    KAFKA_PARTITIONS_NAME, [partition_key(t, 0) for t in topics])
+                for name, first in (("round 1 (the changelog's first write)", 0),
+                                    ("round 2 (steady)", args.records)):
+                    if first:
+                        produce(bootstrap, topics, args.records, first)
+                    timings.reset()
+                    show(name, timings, one_round(follow_changelog_job, instance, resource,
+                                                  rounds), args.topics)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
