@@ -124,9 +124,10 @@ def _consume(pipeline: PipelineConfig, expect: list[str]) -> None:
 
 def _assert_equal(conn, spark, pipeline: PipelineConfig, replica: str, source: str) -> None:
     src_columns, src_rows = _source(conn, source)
-    rep_columns, _ = _replica(spark, pipeline, replica)
+    rep_columns, read = _replica(spark, pipeline, replica)  # one Spark read, a second each
     assert sorted(rep_columns) == sorted(src_columns), (replica, rep_columns, src_columns)
-    _, rep_rows = _replica(spark, pipeline, replica, src_columns)
+    order = [rep_columns.index(c) for c in src_columns]
+    rep_rows = {tuple(r[i] for i in order) for r in read}
     assert rep_rows == src_rows, (replica, rep_rows ^ src_rows)
 
 

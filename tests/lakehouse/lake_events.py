@@ -19,6 +19,7 @@ from typing import Any
 from binlog_assets.config import PipelineConfig, parse_config
 from binlog_assets.formats.event import PHASE_SNAPSHOT, PHASE_STREAM, ChangeEvent, Position
 from binlog_assets.lakehouse.changelog import ChangelogWriter
+from binlog_assets.lakehouse.delta_log import open_log, table_location
 
 TOPIC = "binlog"
 GROUP = "test-group"
@@ -168,3 +169,15 @@ def execute_job(job, pipeline: PipelineConfig, tmp_path: Path):
         instance=dg.DagsterInstance.ephemeral())
     assert result.success
     return result
+
+
+LIVE_OPS = ("c", "u", "r")  # the README's filter for readers outside Spark
+
+
+def live_rows(spark, pipeline: PipelineConfig, replica: str) -> list[dict[str, Any]]:  # noqa: ANN001
+    """The replica's live rows as a reader outside Spark gets them: delta-rs and the
+    README's `_op` filter (a second of Spark per read cheaper than `_current`, whose
+    equality with this read tests/lakehouse/test_delta_readers.py proves)."""
+    location = table_location(spark, pipeline.lakehouse.database, replica)
+    return [r for r in open_log(location).to_pyarrow_table().to_pylist()
+            if r["_op"] in LIVE_OPS]

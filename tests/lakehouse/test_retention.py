@@ -8,7 +8,16 @@ import time
 from datetime import UTC, datetime, timedelta
 
 from deltalake import DeltaTable
-from lake_events import GROUP, TOPIC, MakeConfig, Partition, Source, execute_job, row
+from lake_events import (
+    GROUP,
+    TOPIC,
+    MakeConfig,
+    Partition,
+    Source,
+    execute_job,
+    live_rows,
+    row,
+)
 
 from binlog_assets.config import PipelineConfig, parse_config
 from binlog_assets.lakehouse.changelog import ChangelogWriter, changelog_uri
@@ -34,8 +43,7 @@ def _offsets(pipeline: PipelineConfig) -> list[int]:
 
 
 def _live(spark, pipeline: PipelineConfig, replica: str) -> dict[int, str]:
-    rows = spark.table(f"{pipeline.lakehouse.database}.{replica}_current").collect()
-    return {r["id"]: r["note"] for r in rows}
+    return {r["id"]: r["note"] for r in live_rows(spark, pipeline, replica)}
 
 
 def _old_mark() -> datetime:
