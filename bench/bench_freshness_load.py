@@ -1,4 +1,5 @@
 """E6: freshness under load: a busy schema, and a probe row timed to a reader outside Spark.
+
 Starts its own stack in a temporary directory (the Kafka broker, MariaDB with a ROW
 binlog, Debezium's MariaDB connector in Kafka Connect, the Spark Connect server that
 replica builds share), a Dagster instance with the project's `setup/dagster.yaml`, and the
