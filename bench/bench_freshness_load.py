@@ -18,6 +18,7 @@ writer's achieved rate, the replica follower's cycle (the time between the start
 rounds of applies, and a round's span), and the host's CPU use and load while probing.
 
     .venv/bin/python bench/bench_freshness_load.py --tables 50 --rate 200 [--probes 15]
+        [--instance postgres]
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ from binlog_assets.config import parse_config
 from binlog_assets.dev.connect import DebeziumConnector, KafkaConnect
 from binlog_assets.dev.kafka import KafkaBroker
 from binlog_assets.dev.mariadb import MariaDBServer
+from binlog_assets.dev.postgres import DAGSTER_PG_URL_ENV, PostgresServer, postgres_instance_yaml
 from binlog_assets.dev.process import free_port
 from binlog_assets.dev.spark_connect import SparkConnectServer
 from binlog_assets.environment import REPO_ROOT
@@ -169,15 +171,20 @@ def main() -> int:
                              "a consumer run per batch)")
     parser.add_argument("--follow-seconds", type=float, default=600.0,
                         help="dagster.replica_follow_seconds")
+    parser.add_argument("--instance", choices=("sqlite", "postgres"), default="sqlite",
+                        help="the Dagster instance's storage: make dev's SQLite, or the "
+                             "production PostgreSQL of setup/dagster-storage-postgres.yaml")
     args = parser.parse_args()
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     work = Path(tempfile.mkdtemp(prefix="binlake-busy-"))
+    work.chmod(0o755)  # as root, PostgreSQL runs as its own user, who must reach its folder
     broker = KafkaBroker(work / "kafka")
     mariadb = MariaDBServer(work / "mariadb")
     connect: KafkaConnect | None = None
     spark: SparkConnectServer | None = None
     daemon: subprocess.Popen | None = None
     writer: Writer | None = None
+    postgres = PostgresServer(work / "postgres") if args.instance == "postgres" else None
     names = [f"t{i}" for i in range(args.tables)]
     seconds: list[float] = []
     try:
@@ -208,8 +215,13 @@ def main() -> int:
         config_path.write_text(yaml.safe_dump(settings))
         home = work / "dagster"
         home.mkdir()
-        shutil.copy(REPO_ROOT / "setup" / "dagster.yaml", home / "dagster.yaml")
         env = {**os.environ, "BINLAKE_CONFIG": str(config_path), "DAGSTER_HOME": str(home)}
+        if postgres is None:
+            shutil.copy(REPO_ROOT / "setup" / "dagster.yaml", home / "dagster.yaml")
+        else:
+            print(f"postgres ready in {postgres.start():.1f}s", flush=True)
+            (home / "dagster.yaml").write_text(postgres_instance_yaml())
+            os.environ[DAGSTER_PG_URL_ENV] = env[DAGSTER_PG_URL_ENV] = postgres.url
         with dg.DagsterInstance.from_config(str(home)) as instance:
             instance.add_dynamic_partitions(KAFKA_PARTITIONS_NAME,
                                             [partition_key(topic(i), 0)
@@ -252,6 +264,8 @@ def main() -> int:
         if writer is not None:
             writer.stop.set()
         stop_stack(daemon, connect, spark, mariadb, broker)
+        if postgres is not None:
+            postgres.stop()
         print(f"(daemon log and lakehouse in {work})")
     p50, p95 = statistics.median(seconds), percentile(seconds, 0.95)
     met = p50 <= TARGET_P50 and p95 <= TARGET_P95
