@@ -106,7 +106,7 @@ def instrument(t: Timings, rounds: list[int]) -> None:
     t.wrap(changelog_asset, "measure_lag", "lag: report")
     t.wrap(changelog_follower, "consume_partitions", "ROUND consume_partitions", cpu=True)
     t.wrap(changelog_follower, "held_partitions", "due: held partitions")
-    t.wrap(consume_runs, "consume_partition", "partition: consume_partition")
+    t.wrap(consume_runs, "run_partition", "partition: run_partition")
     t.wrap(changelog_follower, "latest_metadata_checkpoint", "partition: metadata checkpoint")
     t.wrap(ChangelogWriter, "checkpoint", "partition: changelog checkpoint")
     t.wrap(run.BoundedRun, "_consumer", "partition: consumer created")

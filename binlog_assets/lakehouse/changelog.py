@@ -269,8 +269,17 @@ class ChangelogWriter:
     call. Safe to share between threads: commits of one writer take turns."""
 
     def __init__(self, pipeline: PipelineConfig) -> None:
-        self.pipeline = pipeline
+        self.name = changelog_name(pipeline)
         self.uri = delta_rs_uri(changelog_uri(pipeline))
+        self._table = None
+        self._lock = threading.Lock()
+
+    def __getstate__(self) -> dict[str, Any]:
+        # A worker process gets the table's location alone, and opens the table itself.
+        return {"name": self.name, "uri": self.uri}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.name, self.uri = state["name"], state["uri"]
         self._table = None
         self._lock = threading.Lock()
 
@@ -281,7 +290,7 @@ class ChangelogWriter:
         if self._table is None:
             with _CREATE_LOCK:
                 if not DeltaTable.is_deltatable(self.uri):
-                    database, table = changelog_name(self.pipeline)
+                    database, table = self.name
                     # mode="ignore": another process creating it first is no error.
                     DeltaTable.create(self.uri, changelog_arrow_schema(), mode="ignore",
                                       name=f"{database}.{table}",

@@ -34,7 +34,8 @@ from binlog_assets.lakehouse.changelog import changelog_uri
 from binlog_assets.orchestration.consume_runs import (
     ChangelogRunConfig,
     PartitionOutcome,
-    consume_partitions,
+    plan_run,
+    run_partitions,
 )
 from binlog_assets.orchestration.consume_workers import SinkTotals
 from binlog_assets.orchestration.kafka_sources import source_observation
@@ -163,12 +164,13 @@ def changelog(
     group = binlake.group_id()
     kafka_conf = binlake.kafka_conf()
     run = run_report(pipeline, kafka_conf, group, keys)
+    plan = plan_run(pipeline, kafka_conf, keys, config, group=group)
 
     def report(outcomes: list[PartitionOutcome], *, final: bool) -> bool:
         return report_outcomes(context, run, outcomes, final=final)
 
-    outcomes = consume_partitions(
-        pipeline, kafka_conf, keys, config, group=group,
+    outcomes = run_partitions(
+        plan,
         metadata_checkpoint=lambda key: latest_metadata_checkpoint(context.instance, key),
         # A terminated run still records what its partitions committed before it ends.
         on_interrupt=lambda stopped: report(stopped, final=False),

@@ -3,6 +3,9 @@ bounded consumer run per topic-partition (`consume_partition`), several at a tim
 process (`consume_partitions`; a large backlog also in worker processes,
 `consume_workers.py`), each writing the changelog through its fence, with the handlers
 its source's config names, opened once for the run (once per process).
+
+What a run takes from the pipeline config is resolved once, before it starts
+(`plan_run`): the partitions' runs are handed their plans, not the config.
 """
 
 from __future__ import annotations
@@ -11,7 +14,7 @@ import threading
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor, wait
 from contextlib import ExitStack
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import dagster as dg
 from pydantic import Field
@@ -19,16 +22,16 @@ from pydantic import Field
 from binlog_assets.config import PipelineConfig
 from binlog_assets.consume.checkpoint import CHANGELOG, Checkpoint, offset_for_timestamp
 from binlog_assets.consume.errors import ErrorPolicy
-from binlog_assets.consume.handlers import HandlerRegistry
+from binlog_assets.consume.handlers import HandlerRegistry, load_registry
 from binlog_assets.consume.preflight import check_cluster
 from binlog_assets.consume.run import BoundedRun, RunSettings, RunSummary, Stop
 from binlog_assets.lakehouse.changelog import ChangelogWriter
 from binlog_assets.lakehouse.fence import FencedChangelogSink
 from binlog_assets.orchestration.consume_workers import (
     SinkTotals,
+    WorkerRule,
     consume_in_worker,
     worker_pool,
-    worker_processes,
     worker_stop,
 )
 from binlog_assets.orchestration.partitions import parse_partition_key
@@ -65,6 +68,21 @@ CHANGELOG_RUN_CONFIG_SCAFFOLD = {
     "ops": {"changelog": {"config": dict.fromkeys(ChangelogRunConfig.model_fields)}}}
 
 
+@dataclass(frozen=True)
+class PartitionPlan:
+    """What one partition's bounded run takes from the pipeline config, resolved before
+    it starts; it pickles, so a worker process is handed it as it is."""
+
+    key: str
+    topic: str
+    partition: int
+    settings: RunSettings  # its source's, with the run's limits; the start comes at run time
+    start_timestamp_ms: int | None
+    handlers: str | None  # the source's registry by name: imported where the run runs
+    writer: ChangelogWriter
+    lakehouse: str  # where the fence takes the partition's lock
+
+
 def consume_partition(
     pipeline: PipelineConfig,
     kafka_conf: dict,
@@ -80,44 +98,37 @@ def consume_partition(
     """One bounded consumer run of `key` into the changelog: what the asset does for each
     of its partitions, without Dagster around it. `handlers` defaults to the registry
     the partition's source names in the config."""
-    topic, partition = parse_partition_key(key)
-    source = pipeline.source_for_topic(topic)
-    if handlers is None:
-        handlers = source.handler_registry()
-    writer = writer or ChangelogWriter(pipeline)
-    start = run_config.start_offset
-    if start is None and run_config.start_timestamp_ms is not None:
-        start = offset_for_timestamp(kafka_conf, topic, partition,
-                                     run_config.start_timestamp_ms)
-    initial = writer.checkpoint(group, topic, partition)
-    sink = FencedChangelogSink(writer, group=group,
+    plan = plan_run(pipeline, kafka_conf, [key], run_config, group=group, writer=writer)
+    return run_partition(plan.partition(key), handlers,
+                         metadata_checkpoint=metadata_checkpoint, stop=stop)
+
+
+def run_partition(
+    plan: PartitionPlan,
+    handlers: HandlerRegistry | None = None,
+    *,
+    metadata_checkpoint: Callable[[], Checkpoint | None] = lambda: None,
+    stop: Stop | None = None,
+) -> tuple[RunSummary, FencedChangelogSink]:
+    """`consume_partition` by its plan. `handlers` defaults to the source's registry."""
+    topic, partition, group = plan.topic, plan.partition, plan.settings.group_id
+    initial = plan.writer.checkpoint(group, topic, partition)
+    sink = FencedChangelogSink(plan.writer, group=group,
                                topic=topic, partition=partition, expected=initial,
-                               lakehouse=pipeline.lakehouse.uri())
-    settings = RunSettings(
-        kafka_conf=kafka_conf,
-        group_id=group,
-        format=source.format,
-        ordering=source.ordering,
-        table_ordering={t.source: t.ordering for t in source.tables if t.ordering},
-        lanes=source.lanes,
-        workers=source.workers,
-        key_slots_per_lane=source.key_slots_per_lane,
-        max_in_flight=source.max_in_flight,
-        error_policy=ErrorPolicy(max_retries=source.max_retries, strict=source.strict),
-        handler_timeout_seconds=source.handler_timeout_seconds,
-        source=source.name,
-        dead_letter_topic=source.dlq_topic,
-        max_records=run_config.max_records or pipeline.dagster.max_records_per_run,
-        max_seconds=run_config.max_seconds or pipeline.dagster.max_seconds_per_run,
-        commit_timeout_seconds=pipeline.dagster.commit_timeout_seconds,
+                               lakehouse=plan.lakehouse)
+    if handlers is None:
+        handlers = load_registry(plan.handlers)
+    start = plan.settings.start_offset
+    if start is None and plan.start_timestamp_ms is not None:
+        start = offset_for_timestamp(plan.settings.kafka_conf, topic, partition,
+                                     plan.start_timestamp_ms)
+    settings = replace(
+        plan.settings,
         start_offset=start,
         extra_checkpoint_sources=(
             lambda: None if initial is None else Checkpoint(initial, CHANGELOG),
             metadata_checkpoint,
         ),
-        key_columns={t.source: list(t.key_columns) for t in source.tables if t.key_columns}
-        or None,
-        schema_registry=dict(pipeline.schema_registry) or None,
     )
     with handlers.opened():
         summary = BoundedRun(topic, partition, handlers, settings, sink=sink,
@@ -135,6 +146,72 @@ class PartitionOutcome:
     error: BaseException | None = None
 
 
+@dataclass(frozen=True)
+class RunPlan:
+    """What a run over `keys` takes from the pipeline config, resolved once before it
+    starts (`plan_run`)."""
+
+    kafka_conf: dict
+    group: str
+    keys: list[str]
+    # A partition of no configured source has the KeyError instead: it fails on its own.
+    partitions: dict[str, PartitionPlan | KeyError]
+    # The distinct registries the partitions' sources name, opened once for the run.
+    registries: list[HandlerRegistry]
+    workers: WorkerRule
+
+    def partition(self, key: str) -> PartitionPlan:
+        plan = self.partitions[key]
+        if isinstance(plan, KeyError):
+            raise plan
+        return plan
+
+
+def plan_run(pipeline: PipelineConfig, kafka_conf: dict, keys: Sequence[str],
+             run_config: ChangelogRunConfig, *, group: str,
+             writer: ChangelogWriter | None = None) -> RunPlan:
+    """The plan of a run over `keys`, its partitions sharing one changelog writer."""
+    workers = WorkerRule.of(pipeline, run_config)
+    writer = writer or ChangelogWriter(pipeline)
+    partitions: dict[str, PartitionPlan | KeyError] = {}
+    for key in keys:
+        topic, partition = parse_partition_key(key)
+        try:
+            source = pipeline.source_for_topic(topic)
+        except KeyError as exc:
+            partitions[key] = exc
+            continue
+        settings = RunSettings(
+            kafka_conf=kafka_conf,
+            group_id=group,
+            format=source.format,
+            ordering=source.ordering,
+            table_ordering={t.source: t.ordering for t in source.tables if t.ordering},
+            lanes=source.lanes,
+            workers=source.workers,
+            key_slots_per_lane=source.key_slots_per_lane,
+            max_in_flight=source.max_in_flight,
+            error_policy=ErrorPolicy(max_retries=source.max_retries, strict=source.strict),
+            handler_timeout_seconds=source.handler_timeout_seconds,
+            source=source.name,
+            dead_letter_topic=source.dlq_topic,
+            max_records=run_config.max_records or pipeline.dagster.max_records_per_run,
+            max_seconds=run_config.max_seconds or pipeline.dagster.max_seconds_per_run,
+            commit_timeout_seconds=pipeline.dagster.commit_timeout_seconds,
+            start_offset=run_config.start_offset,
+            key_columns={t.source: list(t.key_columns) for t in source.tables
+                         if t.key_columns} or None,
+            schema_registry=dict(pipeline.schema_registry) or None,
+        )
+        partitions[key] = PartitionPlan(key, topic, partition, settings,
+                                        run_config.start_timestamp_ms, source.handlers,
+                                        writer, pipeline.lakehouse.uri())
+    topics = {parse_partition_key(k)[0] for k in keys}
+    found = (s.handler_registry() for s in pipeline.sources if any(map(s.matches, topics)))
+    registries = list({id(r): r for r in found}.values())
+    return RunPlan(kafka_conf, group, list(keys), partitions, registries, workers)
+
+
 def consume_partitions(
     pipeline: PipelineConfig,
     kafka_conf: dict,
@@ -148,25 +225,32 @@ def consume_partitions(
     on_interrupt: Callable[[list[PartitionOutcome]], None] = lambda outcomes: None,
     lags: Mapping[str, int] | None = None,
 ) -> list[PartitionOutcome]:
-    """Bounded runs of every partition in `keys`, `parallel` at a time, sharing one
+    """Bounded runs of every partition in `keys`: `run_partitions` of their plan."""
+    return run_partitions(plan_run(pipeline, kafka_conf, keys, run_config, group=group),
+                          handlers, metadata_checkpoint=metadata_checkpoint,
+                          parallel=parallel, on_interrupt=on_interrupt, lags=lags)
+
+
+def run_partitions(
+    plan: RunPlan,
+    handlers: HandlerRegistry | None = None,
+    *,
+    metadata_checkpoint: Callable[[str], Checkpoint | None] = lambda key: None,
+    parallel: int = PARTITIONS_IN_PARALLEL,
+    on_interrupt: Callable[[list[PartitionOutcome]], None] = lambda outcomes: None,
+    lags: Mapping[str, int] | None = None,
+) -> list[PartitionOutcome]:
+    """Bounded runs of every partition of `plan`, `parallel` at a time, sharing one
     changelog writer and the handlers' clients (opened once for the run). A partition
     that fails does not stop the others: its outcome carries the error. `lags`: each
     partition's lag as the caller has just measured it, for the worker processes'
-    backlog rule (`worker_processes`), which otherwise measures it.
+    backlog rule (`WorkerRule.processes`), which otherwise measures it.
 
     Interrupted while it waits (Dagster terminates a run with SIGINT, raised here as
     `DagsterExecutionInterruptedError`), it starts no more partitions, stops those
     running at their next batch (each commits what its handlers finished), hands their
     outcomes to `on_interrupt`, and raises the interrupt again."""
-    # Refused credentials fail the run at once, named, instead of empty polls until the end.
-    check_cluster(kafka_conf)
-    writer = ChangelogWriter(pipeline)
-    threads = max(1, min(parallel, len(keys)))
-    # Handlers given by the caller are objects of this process: only the config's
-    # registries can be opened in another.
-    workers = (worker_processes(pipeline, kafka_conf, keys, run_config, group, lags)
-               if handlers is None and len(keys) > 1 else 0)
-    stop = worker_stop() if workers else threading.Event()
+    keys = plan.keys
     todo = iter(keys)
     taking = threading.Lock()
     done: dict[str, PartitionOutcome] = {}
@@ -177,27 +261,42 @@ def consume_partitions(
 
     def here() -> None:
         while (key := take()) is not None:
+            partition = plan.partitions[key]
             try:
-                summary, sink = consume_partition(
-                    pipeline, kafka_conf, key, run_config, handlers, group=group,
-                    metadata_checkpoint=lambda key=key: metadata_checkpoint(key),
-                    writer=writer, stop=stop)
+                if isinstance(partition, KeyError):
+                    raise partition
+                summary, sink = run_partition(
+                    partition, handlers,
+                    metadata_checkpoint=lambda key=key: metadata_checkpoint(key), stop=stop)
                 done[key] = PartitionOutcome(key, summary, sink)
             except Exception as exc:  # reported per partition by the caller
                 done[key] = PartitionOutcome(key, error=exc)
 
     def there(processes: ProcessPoolExecutor) -> None:
         while (key := take()) is not None:
+            partition = plan.partitions[key]
+            if isinstance(partition, KeyError):  # no source: fails here as it would there
+                done[key] = PartitionOutcome(key, error=partition)
+                continue
             try:
                 done[key] = processes.submit(
-                    consume_in_worker, pipeline, kafka_conf, key, run_config, group,
-                    metadata_checkpoint(key)).result()
+                    consume_in_worker, partition, metadata_checkpoint(key)).result()
             except Exception as exc:  # a worker died (BrokenProcessPool) or the like
                 done[key] = PartitionOutcome(key, error=exc)
                 return  # the pool is broken: the run's threads take the rest
 
+    # The threads above start once the cluster is checked and the workers counted.
+    # Refused credentials fail the run at once, named, instead of empty polls until the end.
+    check_cluster(plan.kafka_conf)
+    threads = max(1, min(parallel, len(keys)))
+    # Handlers given by the caller are objects of this process: only the config's
+    # registries can be opened in another.
+    workers = (plan.workers.processes(plan.kafka_conf, keys, plan.group, lags)
+               if handlers is None and len(keys) > 1 else 0)
+    stop = worker_stop() if workers else threading.Event()
+
     with ExitStack() as opened:
-        for registry in _registries(pipeline, keys, handlers):
+        for registry in [handlers] if handlers is not None else plan.registries:
             opened.enter_context(registry.opened())
         # Partitions run in threads even when there is one: the interrupt is raised in
         # this thread, which then asks them to stop instead of abandoning a commit.
@@ -216,14 +315,3 @@ def consume_partitions(
             on_interrupt([done[key] for key in keys if key in done])
             raise
         return [done[key] for key in keys]
-
-
-def _registries(pipeline: PipelineConfig, keys: Sequence[str],
-                handlers: HandlerRegistry | None) -> list[HandlerRegistry]:
-    """The distinct registries the partitions' sources name (or just `handlers`). A
-    partition of no configured source fails on its own, in `consume_partition`."""
-    if handlers is not None:
-        return [handlers]
-    topics = {parse_partition_key(k)[0] for k in keys}
-    found = (s.handler_registry() for s in pipeline.sources if any(map(s.matches, topics)))
-    return list({id(r): r for r in found}.values())

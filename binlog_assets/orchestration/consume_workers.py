@@ -25,7 +25,7 @@ import threading
 import time
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from multiprocessing import get_context
 from typing import TYPE_CHECKING
 
@@ -40,7 +40,11 @@ if TYPE_CHECKING:
     from multiprocessing.synchronize import Event
     
     from binlog_assets.lakehouse.changelog import ChangelogWriter
-    from binlog_assets.orchestration.consume_runs import ChangelogRunConfig, PartitionOutcome
+    from binlog_assets.orchestration.consume_runs import (
+        ChangelogRunConfig,
+        PartitionOutcome,
+        PartitionPlan,
+    )
 
 log = logging.getLogger(__name__)
 
@@ -55,35 +59,55 @@ class SinkTotals:
     version: int | None
 
 
+@dataclass(frozen=True)
+class WorkerRule:
+    """The config's rule for a run's worker processes, resolved before the run starts."""
+
+    wanted: int | None  # `dagster.worker_processes`; None: one per core beyond the first
+    limit: int | None  # records a partition's run reads at most
+    backlog_records: int  # `dagster.worker_backlog_records`
+
+    @classmethod
+    def of(cls, pipeline: PipelineConfig, run_config: ChangelogRunConfig) -> WorkerRule:
+        return cls(pipeline.dagster.worker_processes,
+                   run_config.max_records or pipeline.dagster.max_records_per_run,
+                   pipeline.dagster.worker_backlog_records)
+
+    def processes(self, kafka_conf: dict, keys: Sequence[str], group: str,
+                  lags: Mapping[str, int] | None = None) -> int:
+        """How many worker processes the run over `keys` uses: none for a single
+        partition or a backlog below `backlog_records` (its group's committed offsets
+        against the partitions' ends, each capped at `limit`). `lags`: each partition's
+        lag as the caller has just measured it (a key it lacks has none), else measured
+        here."""
+        wanted = self.wanted
+        if wanted is None:
+            wanted = max(0, (os.cpu_count() or 1) - 1)
+        wanted = min(wanted, len(keys) - 1)
+        if wanted <= 0:
+            return 0
+        if lags is None:
+            parsed = {parse_partition_key(k): k for k in keys}
+            topics = sorted({t for t, _ in parsed})
+            try:
+                measured = measure_lag(kafka_conf, group, topics, check=False)
+            except KafkaException as exc:
+                # The run itself can still go on, in its own process.
+                log.warning("no worker processes: the backlog of %s is unknown: %s",
+                            topics, exc)
+                return 0
+            lags = {parsed[pl.topic, pl.partition]: pl.lag for pl in measured
+                    if (pl.topic, pl.partition) in parsed}
+        backlog = sum(lag if self.limit is None else min(lag, self.limit)
+                      for lag in (lags.get(k, 0) for k in keys))
+        return wanted if backlog >= self.backlog_records else 0
+
+
 def worker_processes(pipeline: PipelineConfig, kafka_conf: dict, keys: Sequence[str],
                      run_config: ChangelogRunConfig, group: str,
                      lags: Mapping[str, int] | None = None) -> int:
-    """How many worker processes the run over `keys` uses: none for a single partition
-    or a backlog below `dagster.worker_backlog_records` (its group's committed offsets
-    against the partitions' ends, each capped at the run's record limit). `lags`: each
-    partition's lag as the caller has just measured it (a key it lacks has none), else
-    measured here."""
-    wanted = pipeline.dagster.worker_processes
-    if wanted is None:
-        wanted = max(0, (os.cpu_count() or 1) - 1)
-    wanted = min(wanted, len(keys) - 1)
-    if wanted <= 0:
-        return 0
-    limit = run_config.max_records or pipeline.dagster.max_records_per_run
-    if lags is None:
-        parsed = {parse_partition_key(k): k for k in keys}
-        topics = sorted({t for t, _ in parsed})
-        try:
-            measured = measure_lag(kafka_conf, group, topics, check=False)
-        except KafkaException as exc:
-            # The run itself can still go on, in its own process.
-            log.warning("no worker processes: the backlog of %s is unknown: %s", topics, exc)
-            return 0
-        lags = {parsed[pl.topic, pl.partition]: pl.lag for pl in measured
-                if (pl.topic, pl.partition) in parsed}
-    backlog = sum(lag if limit is None else min(lag, limit)
-                  for lag in (lags.get(k, 0) for k in keys))
-    return wanted if backlog >= pipeline.dagster.worker_backlog_records else 0
+    """`WorkerRule.processes` by the pipeline config."""
+    return WorkerRule.of(pipeline, run_config).processes(kafka_conf, keys, group, lags)
 
 
 def worker_stop() -> Event:
@@ -116,34 +140,28 @@ def _start_worker(parent: int, stop: Event) -> None:
     threading.Thread(target=watch, name="binlake-parent-watch", daemon=True).start()
 
 
-def consume_in_worker(pipeline: PipelineConfig, kafka_conf: dict, key: str,
-                      run_config: ChangelogRunConfig, group: str,
-                      checkpoint: Checkpoint | None) -> PartitionOutcome:
-    """One partition's bounded run in a worker process (`consume_partition` with the
+def consume_in_worker(plan: PartitionPlan, checkpoint: Checkpoint | None
+                      ) -> PartitionOutcome:
+    """One partition's bounded run in a worker process (`run_partition` with the
     handlers its source names), as a picklable outcome."""
-    from binlog_assets.orchestration.consume_runs import PartitionOutcome, consume_partition
+    from binlog_assets.orchestration.consume_runs import PartitionOutcome, run_partition
 
     try:
-        summary, sink = consume_partition(pipeline, kafka_conf, key, run_config, group=group,
-                                          metadata_checkpoint=lambda: checkpoint,
-                                          writer=_writer(pipeline),
-                                          stop=_STOP[0] if _STOP else None)
+        summary, sink = run_partition(replace(plan, writer=_writer(plan.writer)),
+                                      metadata_checkpoint=lambda: checkpoint,
+                                      stop=_STOP[0] if _STOP else None)
     except Exception as exc:  # reported per partition by the run, as in its own threads
-        return PartitionOutcome(key, error=_picklable(exc))
-    return PartitionOutcome(key, summary, SinkTotals(sink.rows, sink.version))
+        return PartitionOutcome(plan.key, error=_picklable(exc))
+    return PartitionOutcome(plan.key, summary, SinkTotals(sink.rows, sink.version))
 
 
-_WRITERS: dict[str, object] = {}
+_WRITERS: dict[str, ChangelogWriter] = {}
 
 
-def _writer(pipeline: PipelineConfig) -> ChangelogWriter:
-    """One changelog writer per worker process and lakehouse, as the run has one."""
-    from binlog_assets.lakehouse.changelog import ChangelogWriter
-
-    uri = pipeline.lakehouse.uri()
-    if uri not in _WRITERS:
-        _WRITERS[uri] = ChangelogWriter(pipeline)
-    return _WRITERS[uri]
+def _writer(sent: ChangelogWriter) -> ChangelogWriter:
+    """One changelog writer per worker process and lakehouse, as the run has one: `sent`
+    arrives anew with each partition, unopened."""
+    return _WRITERS.setdefault(sent.uri, sent)
 
 
 def _picklable(exc: Exception) -> Exception:
