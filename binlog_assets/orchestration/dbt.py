@@ -35,6 +35,7 @@ from dagster_dbt import (
 from binlog_assets.config import PipelineConfig
 from binlog_assets.environment import REPO_ROOT, var_dir
 from binlog_assets.lakehouse.spark import hold_catalog_lock, spark_conf
+from binlog_assets.orchestration.parity_checks import failed_parity, parity_held_message
 from binlog_assets.orchestration.resources import BinlakeResource
 from binlog_assets.orchestration.shared import ASSET_GROUP, SPARK_POOL
 
@@ -138,6 +139,10 @@ def build_dbt_assets(pipeline: PipelineConfig) -> tuple[dg.AssetsDefinition, Dbt
                            binlake: BinlakeResource) -> Iterator[Any]:
         """Staging models over the replicas and the marts built on them (dbt build: models
         and their tests, the tests reported as asset checks)."""
+        # A build launched by hand or by the schedule holds back too.
+        if binlake.pipeline.parity.block_dbt and (
+                failed := failed_parity(context.instance, binlake.pipeline)):
+            raise dg.Failure(description=parity_held_message(failed), allow_retries=False)
         # dbt's Spark opens the same embedded catalog: the step holds its lock meanwhile
         # (nothing to hold when the catalog is a Spark Connect server's).
         hold_catalog_lock(binlake.pipeline)

@@ -11,6 +11,7 @@ replicas' checks with them): a build applies, the check is launched on its own.
 from collections.abc import Iterator
 
 import dagster as dg
+from dagster._core.storage.asset_check_execution_record import AssetCheckExecutionRecordStatus
 from pydantic import Field
 
 from binlog_assets.config import PipelineConfig
@@ -37,6 +38,22 @@ def checked_replicas(pipeline: PipelineConfig) -> list[str]:
         if all(s.connection is not None for s, _ in tables):
             out.append(name)
     return out
+
+
+def failed_parity(instance: dg.DagsterInstance, pipeline: PipelineConfig) -> list[str]:
+    """Checked replicas whose latest parity check failed: what `parity.block_dbt` holds
+    dbt back for, until a later check passes."""
+    keys = {dg.AssetCheckKey(replica_key(n), PARITY_CHECK): n for n in checked_replicas(pipeline)}
+    if not keys:
+        return []
+    latest = instance.event_log_storage.get_latest_asset_check_execution_by_key(list(keys))
+    return sorted(keys[k] for k, record in latest.items()
+                  if record.status == AssetCheckExecutionRecordStatus.FAILED)
+
+
+def parity_held_message(failed: list[str]) -> str:
+    return (f"the parity check of {', '.join(failed)} failed (parity.block_dbt): dbt waits "
+            f"until a re-sync (resync_replica_job) makes them check equal")
 
 
 def parity_result(key: dg.AssetKey, report, sample: int) -> dg.AssetCheckResult:  # noqa: ANN001

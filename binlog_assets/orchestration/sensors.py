@@ -24,6 +24,7 @@ import dagster as dg
 from dagster._core.storage.tags import RUN_KEY_TAG, SENSOR_NAME_TAG
 
 from binlog_assets.consume.lag import PartitionLag, measure_lag
+from binlog_assets.orchestration.parity_checks import failed_parity, parity_held_message
 from binlog_assets.orchestration.partitions import (
     CHANGELOG_ASSET_KEY,
     KAFKA_PARTITIONS_NAME,
@@ -313,5 +314,9 @@ def dbt_follow_sensor(
     if context.instance.get_runs(filters=dg.RunsFilter(job_name=DBT_JOB_NAME,
                                                        statuses=UNFINISHED), limit=1):
         return dg.SkipReason("a dbt build is queued or running; the next tick follows up")
+    # The cursor stays: the build follows once the replicas check equal again.
+    if binlake.pipeline.parity.block_dbt and (
+            failed := failed_parity(context.instance, binlake.pipeline)):
+        return dg.SkipReason(parity_held_message(failed))
     return dg.SensorResult(run_requests=[dg.RunRequest(run_key=f"replicas@{latest}")],
                            cursor=str(latest))

@@ -74,6 +74,9 @@ class ParityConfig(_Settings):
     schedule: str | None = Field(
         None, description="a cron schedule for `parity_check_job` over every checked "
                           "replica (unset: launched by hand only)")
+    block_dbt: bool = Field(
+        False, description="while a replica's latest parity check failed, dbt builds wait "
+                           "(dbt_follow_sensor skips, a launched build fails naming it)")
 
     @field_validator("schedule")
     @classmethod

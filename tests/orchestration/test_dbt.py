@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import re
 import shutil
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -151,3 +152,29 @@ def test_the_hourly_dbt_schedule_is_off_and_says_so() -> None:
     assert dbt_hourly_schedule.default_status == dg.DefaultScheduleStatus.STOPPED
     assert "Off until turned on" in (dbt_hourly_schedule.description or "")
     assert "dbt_follow_sensor" in dbt_hourly_schedule.description
+
+
+def test_a_build_launched_while_a_parity_check_failed_waits(
+        dbt_models: dg.AssetsDefinition, tmp_path: Path) -> None:
+    from dagster_dbt import DbtCliResource
+
+    from binlog_assets.orchestration.parity_checks import PARITY_CHECK
+    from binlog_assets.orchestration.resources import BinlakeResource
+
+    path = tmp_path / "binlake.yaml"
+    path.write_text(yaml.safe_dump({"parity": {"block_dbt": True}, "sources": [
+        {"name": "shop", "topics": ["shop.orders"], "connection": {"host": "db", "user": "u"},
+         "tables": [{"source": "shop.orders", "replica": "orders"}]}]}))
+    with dg.instance_for_test() as instance:
+        instance.report_runless_asset_event(dg.AssetCheckEvaluation(
+            asset_key=dg.AssetKey(["replica", "orders"]), check_name=PARITY_CHECK,
+            passed=False, severity=dg.AssetCheckSeverity.ERROR))
+        result = dg.materialize(
+            [dbt_models], instance=instance, raise_on_error=False,
+            resources={"binlake": BinlakeResource(config_path=str(path)),
+                       "dbt": DbtCliResource(project_dir=str(DBT_PROJECT_DIR),
+                                             dbt_executable=str(Path(sys.executable)
+                                                                .with_name("dbt")))})
+    assert not result.success
+    (failure,) = [e for e in result.all_events if e.is_step_failure]
+    assert "parity check of orders failed" in str(failure.step_failure_data.error)

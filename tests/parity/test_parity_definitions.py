@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import dagster as dg
+import yaml
 
 from binlog_assets.config import parse_config
 from binlog_assets.orchestration.parity_checks import (
@@ -10,11 +13,13 @@ from binlog_assets.orchestration.parity_checks import (
     PARITY_JOB_NAME,
     build_parity_checks,
     checked_replicas,
+    failed_parity,
     parity_job,
     parity_schedule,
 )
 from binlog_assets.orchestration.replica_assets import build_replica_assets
 from binlog_assets.orchestration.resources import BinlakeResource
+from binlog_assets.orchestration.sensors import dbt_follow_sensor
 
 CONNECTION = {"host": "db.example.com", "user": "binlake_check"}
 
@@ -54,3 +59,40 @@ def test_no_connection_no_check() -> None:
     pipeline = parse_config({"sources": [{"name": "s", "topics": ["t"],
                                      "tables": [{"source": "d.t", "replica": "r"}]}]})
     assert build_parity_checks(pipeline) == [] and parity_job(pipeline) is None
+
+
+def _block_dbt_resource(tmp_path: Path, block: bool) -> BinlakeResource:
+    tmp_path.mkdir()
+    path = tmp_path / "binlake.yaml"
+    path.write_text(yaml.safe_dump(_config(block_dbt=block).model_dump(
+        mode="json", exclude_none=True)))
+    return BinlakeResource(config_path=str(path))
+
+
+def _parity(instance: dg.DagsterInstance, replica: str, passed: bool) -> None:
+    instance.report_runless_asset_event(dg.AssetCheckEvaluation(
+        asset_key=dg.AssetKey(["replica", replica]), check_name=PARITY_CHECK, passed=passed,
+        severity=dg.AssetCheckSeverity.ERROR))
+
+
+def test_a_failed_parity_check_holds_dbt_back_until_one_passes(tmp_path: Path) -> None:
+    blocking, not_blocking = (_block_dbt_resource(tmp_path / n, b) for n, b in
+                              (("on", True), ("off", False)))
+    with dg.instance_for_test() as instance:
+        def tick(binlake: BinlakeResource):  # noqa: ANN202
+            return dbt_follow_sensor(dg.build_sensor_context(
+                instance=instance, resources={"binlake": binlake}))
+
+        instance.report_runless_asset_event(dg.AssetMaterialization(["replica", "a"]))
+        _parity(instance, "c", passed=False)  # `c` has no parity check: not counted
+        _parity(instance, "a", passed=True)
+        assert failed_parity(instance, blocking.pipeline) == []
+        assert tick(blocking).run_requests
+        _parity(instance, "log", passed=False)
+        assert failed_parity(instance, blocking.pipeline) == ["log"]
+        held = tick(blocking)
+        assert isinstance(held, dg.SkipReason)
+        assert "parity check of log failed" in held.skip_message
+        assert tick(not_blocking).run_requests  # off by default: dbt builds regardless
+        _parity(instance, "log", passed=True)  # re-synced, checked equal
+        assert tick(blocking).run_requests
