@@ -92,17 +92,16 @@ def instrument(t: Timings, rounds: list[int]) -> None:
     """Wrap the round's parts; the follower stops once `rounds[0]` rounds reported."""
     import deltalake
 
-    from binlog_assets.consume import commit, lag, run
+    from binlog_assets.consume import backlog, commit, lag, run
     from binlog_assets.lakehouse.changelog import ChangelogWriter
     from binlog_assets.orchestration import (
         changelog_asset,
         changelog_follower,
         consume_runs,
-        consume_workers,
     )
 
     t.wrap(lag, "measure_lag", "lag: follower (due, after)")
-    t.wrap(consume_workers, "measure_lag", "lag: worker decision")
+    t.wrap(backlog, "measure_lag", "lag: worker decision")
     t.wrap(changelog_asset, "measure_lag", "lag: report")
     t.wrap(changelog_follower, "consume_partitions", "ROUND consume_partitions", cpu=True)
     t.wrap(changelog_follower, "held_partitions", "due: held partitions")

@@ -20,6 +20,7 @@ import dagster as dg
 from pydantic import Field
 
 from binlog_assets.config import PipelineConfig
+from binlog_assets.consume.backlog import WorkerRule
 from binlog_assets.consume.checkpoint import CHANGELOG, Checkpoint, offset_for_timestamp
 from binlog_assets.consume.errors import ErrorPolicy
 from binlog_assets.consume.handlers import HandlerRegistry, load_registry
@@ -29,9 +30,9 @@ from binlog_assets.lakehouse.changelog import ChangelogWriter
 from binlog_assets.lakehouse.fence import FencedChangelogSink
 from binlog_assets.orchestration.consume_workers import (
     SinkTotals,
-    WorkerRule,
     consume_in_worker,
     worker_pool,
+    worker_rule,
     worker_stop,
 )
 from binlog_assets.orchestration.partitions import parse_partition_key
@@ -154,6 +155,7 @@ class RunPlan:
     kafka_conf: dict
     group: str
     keys: list[str]
+    topic_partitions: dict[str, tuple[str, int]]  # each key's topic and partition
     # A partition of no configured source has the KeyError instead: it fails on its own.
     partitions: dict[str, PartitionPlan | KeyError]
     # The distinct registries the partitions' sources name, opened once for the run.
@@ -171,11 +173,11 @@ def plan_run(pipeline: PipelineConfig, kafka_conf: dict, keys: Sequence[str],
              run_config: ChangelogRunConfig, *, group: str,
              writer: ChangelogWriter | None = None) -> RunPlan:
     """The plan of a run over `keys`, its partitions sharing one changelog writer."""
-    workers = WorkerRule.of(pipeline, run_config)
+    workers = worker_rule(pipeline, run_config)
     writer = writer or ChangelogWriter(pipeline)
+    topic_partitions = {key: parse_partition_key(key) for key in keys}
     partitions: dict[str, PartitionPlan | KeyError] = {}
-    for key in keys:
-        topic, partition = parse_partition_key(key)
+    for key, (topic, partition) in topic_partitions.items():
         try:
             source = pipeline.source_for_topic(topic)
         except KeyError as exc:
@@ -206,10 +208,11 @@ def plan_run(pipeline: PipelineConfig, kafka_conf: dict, keys: Sequence[str],
         partitions[key] = PartitionPlan(key, topic, partition, settings,
                                         run_config.start_timestamp_ms, source.handlers,
                                         writer, pipeline.lakehouse.uri())
-    topics = {parse_partition_key(k)[0] for k in keys}
+    topics = {topic for topic, _ in topic_partitions.values()}
     found = (s.handler_registry() for s in pipeline.sources if any(map(s.matches, topics)))
     registries = list({id(r): r for r in found}.values())
-    return RunPlan(kafka_conf, group, list(keys), partitions, registries, workers)
+    return RunPlan(kafka_conf, group, list(keys), topic_partitions, partitions, registries,
+                   workers)
 
 
 def consume_partitions(
@@ -291,7 +294,7 @@ def run_partitions(
     threads = max(1, min(parallel, len(keys)))
     # Handlers given by the caller are objects of this process: only the config's
     # registries can be opened in another.
-    workers = (plan.workers.processes(plan.kafka_conf, keys, plan.group, lags)
+    workers = (plan.workers.processes(plan.kafka_conf, plan.group, plan.topic_partitions, lags)
                if handlers is None and len(keys) > 1 else 0)
     stop = worker_stop() if workers else threading.Event()
 

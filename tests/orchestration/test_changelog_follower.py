@@ -87,9 +87,9 @@ def test_a_round_measures_the_lags_twice_through_the_kept_consumer(
         monkeypatch, tmp_path: Path) -> None:
     """At the round's start (which partitions are due, and the worker processes' rule)
     and after it (the lag at the end, every source at once): no other consumer."""
-    from binlog_assets.consume import lag, preflight
+    from binlog_assets.consume import backlog, lag, preflight
     from binlog_assets.consume.lag import PartitionLag
-    from binlog_assets.orchestration import changelog_asset, changelog_follower, consume_workers
+    from binlog_assets.orchestration import changelog_asset, changelog_follower
 
     measured: list[object] = []
     ends = iter(range(10, 1000, 10))
@@ -105,7 +105,7 @@ def test_a_round_measures_the_lags_twice_through_the_kept_consumer(
     monkeypatch.setattr(lag, "measure_lag", measure_lag)
     monkeypatch.setattr(lag, "lag_consumer", lambda *a: Kept())
     monkeypatch.setattr(preflight, "check_cluster", lambda conf: None)
-    monkeypatch.setattr(consume_workers, "measure_lag", elsewhere)
+    monkeypatch.setattr(backlog, "measure_lag", elsewhere)
     monkeypatch.setattr(changelog_asset, "measure_lag", elsewhere)
     rounds: list[tuple[list[str], dict]] = []
     reports: list[dict] = []
