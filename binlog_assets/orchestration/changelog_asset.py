@@ -14,13 +14,11 @@ partition's checkpoint, it writes nothing more and fails clearly.
 """
 
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
 
 import dagster as dg
 
-from binlog_assets.config import PipelineConfig, SourceConfig
 from binlog_assets.consume.checkpoint import disagreements
-from binlog_assets.consume.lag import PartitionLag, measure_lag
+from binlog_assets.consume.lag import PartitionLag
 from binlog_assets.consume.run import STOP_INTERRUPTED, RunSummary
 from binlog_assets.formats.event import (
     OP_CREATE,
@@ -30,10 +28,10 @@ from binlog_assets.formats.event import (
     OP_TRUNCATE,
     OP_UPDATE,
 )
-from binlog_assets.lakehouse.changelog import changelog_uri
 from binlog_assets.orchestration.consume_runs import (
     ChangelogRunConfig,
     PartitionOutcome,
+    RunReport,
     plan_run,
     run_partitions,
 )
@@ -43,7 +41,6 @@ from binlog_assets.orchestration.metadata_checkpoint import latest_metadata_chec
 from binlog_assets.orchestration.partitions import (
     CHANGELOG_ASSET_KEY,
     kafka_partitions_def,
-    parse_partition_key,
     partition_key,
 )
 from binlog_assets.orchestration.resources import BinlakeResource
@@ -105,38 +102,6 @@ def summary_metadata(summary: RunSummary, lag_at_end: int | None,
     return md
 
 
-def run_report(pipeline: PipelineConfig, kafka_conf: dict, group: str,
-               keys: Sequence[str]) -> "RunReport":
-    """What the reports of a run over `keys` need: the sources its partitions belong to
-    (by name) and the changelog's location."""
-    topics = {parse_partition_key(k)[0] for k in keys}
-    sources = {s.name: s for s in pipeline.sources if any(map(s.matches, topics))}
-    return RunReport(kafka_conf, group, list(keys), sources, changelog_uri(pipeline))
-
-
-@dataclass(frozen=True)
-class RunReport:
-    """What the run's reports need, taken from the pipeline config once, before the run:
-    the reports then pass on no config of their own."""
-
-    kafka_conf: dict
-    group: str
-    keys: list[str]
-    sources: dict[str, SourceConfig]
-    changelog_uri: str
-
-    def source_lags(self, measured: Sequence[PartitionLag] | None = None
-                    ) -> dict[str, list[PartitionLag]]:
-        """Every partition of the run's sources, by source name: from `measured` (the
-        lags of every source's topics) when given, else measured."""
-        if measured is not None:
-            return {name: [pl for pl in measured if source.matches(pl.topic)]
-                    for name, source in self.sources.items()}
-        # The run checked the cluster when it started: one round trip less.
-        return {name: measure_lag(self.kafka_conf, self.group, source.topics, check=False)
-                for name, source in self.sources.items()}
-
-
 @dg.asset(
     key=CHANGELOG_ASSET_KEY,
     partitions_def=kafka_partitions_def,
@@ -160,14 +125,11 @@ def changelog(
     read no record records an observation instead of a materialization. Where each
     topic-partition stands over time is on the `kafka/<source>` assets upstream."""
     keys = list(context.partition_keys)
-    pipeline = binlake.pipeline
-    group = binlake.group_id()
-    kafka_conf = binlake.kafka_conf()
-    run = run_report(pipeline, kafka_conf, group, keys)
-    plan = plan_run(pipeline, kafka_conf, keys, config, group=group)
+    plan = plan_run(binlake.pipeline, binlake.kafka_conf(), keys, config,
+                    group=binlake.group_id())
 
     def report(outcomes: list[PartitionOutcome], *, final: bool) -> bool:
-        return report_outcomes(context, run, outcomes, final=final)
+        return report_outcomes(context, plan.report, outcomes, final=final)
 
     outcomes = run_partitions(
         plan,

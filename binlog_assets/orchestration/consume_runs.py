@@ -5,7 +5,8 @@ process (`consume_partitions`; a large backlog also in worker processes,
 its source's config names, opened once for the run (once per process).
 
 What a run takes from the pipeline config is resolved once, before it starts
-(`plan_run`): the partitions' runs are handed their plans, not the config.
+(`plan_run`): the partitions' runs are handed their plans, not the config, and the
+run's reports what they need (`RunReport`).
 """
 
 from __future__ import annotations
@@ -19,14 +20,15 @@ from dataclasses import dataclass, replace
 import dagster as dg
 from pydantic import Field
 
-from binlog_assets.config import PipelineConfig
+from binlog_assets.config import PipelineConfig, SourceConfig
 from binlog_assets.consume.backlog import WorkerRule
 from binlog_assets.consume.checkpoint import CHANGELOG, Checkpoint, offset_for_timestamp
 from binlog_assets.consume.errors import ErrorPolicy
 from binlog_assets.consume.handlers import HandlerRegistry, load_registry
+from binlog_assets.consume.lag import PartitionLag, measure_lag
 from binlog_assets.consume.preflight import check_cluster
 from binlog_assets.consume.run import BoundedRun, RunSettings, RunSummary, Stop
-from binlog_assets.lakehouse.changelog import ChangelogWriter
+from binlog_assets.lakehouse.changelog import ChangelogWriter, changelog_uri
 from binlog_assets.lakehouse.fence import FencedChangelogSink
 from binlog_assets.orchestration.consume_workers import (
     SinkTotals,
@@ -148,6 +150,28 @@ class PartitionOutcome:
 
 
 @dataclass(frozen=True)
+class RunReport:
+    """What the run's reports need, taken from the pipeline config with the run's plan:
+    the reports then pass on no config of their own."""
+
+    kafka_conf: dict
+    group: str
+    sources: dict[str, SourceConfig]  # those of the run's partitions, by name
+    changelog_uri: str
+
+    def source_lags(self, measured: Sequence[PartitionLag] | None = None
+                    ) -> dict[str, list[PartitionLag]]:
+        """Every partition of the run's sources, by source name: from `measured` (the
+        lags of every source's topics) when given, else measured."""
+        if measured is not None:
+            return {name: [pl for pl in measured if source.matches(pl.topic)]
+                    for name, source in self.sources.items()}
+        # The run checked the cluster when it started: one round trip less.
+        return {name: measure_lag(self.kafka_conf, self.group, source.topics, check=False)
+                for name, source in self.sources.items()}
+
+
+@dataclass(frozen=True)
 class RunPlan:
     """What a run over `keys` takes from the pipeline config, resolved once before it
     starts (`plan_run`)."""
@@ -161,6 +185,7 @@ class RunPlan:
     # The distinct registries the partitions' sources name, opened once for the run.
     registries: list[HandlerRegistry]
     workers: WorkerRule
+    report: RunReport
 
     def partition(self, key: str) -> PartitionPlan:
         plan = self.partitions[key]
@@ -175,6 +200,7 @@ def plan_run(pipeline: PipelineConfig, kafka_conf: dict, keys: Sequence[str],
     """The plan of a run over `keys`, its partitions sharing one changelog writer."""
     workers = worker_rule(pipeline, run_config)
     writer = writer or ChangelogWriter(pipeline)
+    changelog = changelog_uri(pipeline)
     topic_partitions = {key: parse_partition_key(key) for key in keys}
     partitions: dict[str, PartitionPlan | KeyError] = {}
     for key, (topic, partition) in topic_partitions.items():
@@ -209,10 +235,12 @@ def plan_run(pipeline: PipelineConfig, kafka_conf: dict, keys: Sequence[str],
                                         run_config.start_timestamp_ms, source.handlers,
                                         writer, pipeline.lakehouse.uri())
     topics = {topic for topic, _ in topic_partitions.values()}
-    found = (s.handler_registry() for s in pipeline.sources if any(map(s.matches, topics)))
+    sources = {s.name: s for s in pipeline.sources if any(map(s.matches, topics))}
+    found = (s.handler_registry() for s in sources.values())
     registries = list({id(r): r for r in found}.values())
+    report = RunReport(kafka_conf, group, sources, changelog)
     return RunPlan(kafka_conf, group, list(keys), topic_partitions, partitions, registries,
-                   workers)
+                   workers, report)
 
 
 def consume_partitions(
