@@ -102,7 +102,7 @@ def instrument(t: Timings, rounds: list[int]) -> None:
 
     t.wrap(lag, "measure_lag", "lag: follower (due, after)")
     t.wrap(backlog, "measure_lag", "lag: worker decision")
-    t.wrap(consume_runs, "measure_lag", "lag: report")
+    t.wrap(changelog_asset, "measure_lag", "lag: report")
     t.wrap(changelog_follower, "run_partitions", "ROUND run_partitions", cpu=True)
     t.wrap(changelog_follower, "held_partitions", "due: held partitions")
     t.wrap(consume_runs, "run_partition", "partition: run_partition")

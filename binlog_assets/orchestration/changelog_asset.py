@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterator, Sequence
 import dagster as dg
 
 from binlog_assets.consume.checkpoint import disagreements
-from binlog_assets.consume.lag import PartitionLag
+from binlog_assets.consume.lag import PartitionLag, lags_of, measure_lag
 from binlog_assets.consume.run import STOP_INTERRUPTED, RunSummary
 from binlog_assets.formats.event import (
     OP_CREATE,
@@ -125,8 +125,8 @@ def changelog(
     read no record records an observation instead of a materialization. Where each
     topic-partition stands over time is on the `kafka/<source>` assets upstream."""
     keys = list(context.partition_keys)
-    plan = plan_run(binlake.pipeline, binlake.kafka_conf(), keys, config,
-                    group=binlake.group_id())
+    kafka_conf = binlake.kafka_conf()
+    plan = plan_run(binlake.pipeline, kafka_conf, keys, config, group=binlake.group_id())
 
     def report(outcomes: list[PartitionOutcome], *, final: bool) -> bool:
         return report_outcomes(context, plan.report, outcomes, final=final)
@@ -158,14 +158,17 @@ def report_outcomes(context: dg.OpExecutionContext, run: RunReport,
     fails or was interrupted, and each materialization is recorded here).
 
     A caller that keeps a consumer open passes the lags it measured after the run
-    (`lags_at_end`, every source's topics) and the changelog's `row_count`, else both
-    are read here; `one_line` logs one line for all partitions, not one each (every
-    log line is a write to Dagster's event log)."""
-    by_source = run.source_lags(lags_at_end)
-    lags = {partition_key(pl.topic, pl.partition): pl.lag
-            for found in by_source.values() for pl in found}
+    (`lags_at_end`, at least the run's sources' topics) and the changelog's
+    `row_count`, else both are read here; `one_line` logs one line for all partitions,
+    not one each (every log line is a write to Dagster's event log)."""
     consumed = any(o.summary.records for o in outcomes if o.summary is not None)
     table_md = _table_metadata(run.changelog_uri, row_count) if consumed else {}
+    measured = lags_at_end
+    if measured is None:
+        # Every source's topics in one request; the run checked the cluster when it
+        # started: one round trip less.
+        measured = measure_lag(run.kafka_conf, run.group, run.topics, check=False)
+    lags = {partition_key(pl.topic, pl.partition): pl.lag for pl in measured}
     lines = []
     for outcome in outcomes:
         if outcome.error is not None:
@@ -212,9 +215,10 @@ def report_outcomes(context: dg.OpExecutionContext, run: RunReport,
                if any(r.stop_reason == STOP_INTERRUPTED for r in read) else "")
             + "; records (offsets) per partition: " + ", ".join(lines))
     summaries = {o.key: o.summary for o in outcomes if o.summary is not None}
-    for name, found in by_source.items():
+    for source in run.sources:
+        found = lags_of(measured, source.topics)
         context.log_event(source_observation(
-            context.instance, run.sources[name], found, summaries, context.run.run_id))
+            context.instance, source, found, summaries, context.run.run_id))
     return consumed
 
 

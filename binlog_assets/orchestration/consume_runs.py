@@ -25,7 +25,6 @@ from binlog_assets.consume.backlog import WorkerRule
 from binlog_assets.consume.checkpoint import CHANGELOG, Checkpoint, offset_for_timestamp
 from binlog_assets.consume.errors import ErrorPolicy
 from binlog_assets.consume.handlers import HandlerRegistry, load_registry
-from binlog_assets.consume.lag import PartitionLag, measure_lag
 from binlog_assets.consume.preflight import check_cluster
 from binlog_assets.consume.run import BoundedRun, RunSettings, RunSummary, Stop
 from binlog_assets.lakehouse.changelog import ChangelogWriter, changelog_uri
@@ -156,19 +155,9 @@ class RunReport:
 
     kafka_conf: dict
     group: str
-    sources: dict[str, SourceConfig]  # those of the run's partitions, by name
+    sources: list[SourceConfig]  # those of the run's partitions
+    topics: list[str]  # theirs, whose lags the reports record
     changelog_uri: str
-
-    def source_lags(self, measured: Sequence[PartitionLag] | None = None
-                    ) -> dict[str, list[PartitionLag]]:
-        """Every partition of the run's sources, by source name: from `measured` (the
-        lags of every source's topics) when given, else measured."""
-        if measured is not None:
-            return {name: [pl for pl in measured if source.matches(pl.topic)]
-                    for name, source in self.sources.items()}
-        # The run checked the cluster when it started: one round trip less.
-        return {name: measure_lag(self.kafka_conf, self.group, source.topics, check=False)
-                for name, source in self.sources.items()}
 
 
 @dataclass(frozen=True)
@@ -235,10 +224,11 @@ def plan_run(pipeline: PipelineConfig, kafka_conf: dict, keys: Sequence[str],
                                         run_config.start_timestamp_ms, source.handlers,
                                         writer, pipeline.lakehouse.uri())
     topics = {topic for topic, _ in topic_partitions.values()}
-    sources = {s.name: s for s in pipeline.sources if any(map(s.matches, topics))}
-    found = (s.handler_registry() for s in sources.values())
+    sources = [s for s in pipeline.sources if any(map(s.matches, topics))]
+    found = (s.handler_registry() for s in sources)
     registries = list({id(r): r for r in found}.values())
-    report = RunReport(kafka_conf, group, sources, changelog)
+    report = RunReport(kafka_conf, group, sources,
+                       list(dict.fromkeys(t for s in sources for t in s.topics)), changelog)
     return RunPlan(kafka_conf, group, list(keys), topic_partitions, partitions, registries,
                    workers, report)
 

@@ -93,7 +93,7 @@ def test_a_round_measures_the_lags_twice_through_the_kept_consumer(
     and after it (the lag at the end, every source at once): no other consumer."""
     from binlog_assets.consume import backlog, lag, preflight
     from binlog_assets.consume.lag import PartitionLag
-    from binlog_assets.orchestration import changelog_follower, consume_runs
+    from binlog_assets.orchestration import changelog_asset, changelog_follower
 
     measured: list[object] = []
     ends = iter(range(10, 1000, 10))
@@ -110,7 +110,7 @@ def test_a_round_measures_the_lags_twice_through_the_kept_consumer(
     monkeypatch.setattr(lag, "lag_consumer", lambda *a: Kept())
     monkeypatch.setattr(preflight, "check_cluster", lambda conf: None)
     monkeypatch.setattr(backlog, "measure_lag", elsewhere)
-    monkeypatch.setattr(consume_runs, "measure_lag", elsewhere)
+    monkeypatch.setattr(changelog_asset, "measure_lag", elsewhere)
     rounds: list[tuple[list[str], dict]] = []
     reports: list[dict] = []
 
@@ -148,20 +148,22 @@ def test_a_round_measures_the_lags_twice_through_the_kept_consumer(
     assert rounds[1][1] == {"a:0": 50, "b:0": 60}
 
 
-def test_lags_measured_after_the_round_are_grouped_by_source(monkeypatch) -> None:
+def test_lags_measured_after_the_round_are_split_by_source() -> None:
+    """A run's report measures its sources' topics at once, and each source's
+    observation gets the partitions a measurement of its own topics would."""
     from binlog_assets.config import parse_config
-    from binlog_assets.consume.lag import PartitionLag
-    from binlog_assets.orchestration import consume_runs
+    from binlog_assets.consume.lag import PartitionLag, lags_of
+    from binlog_assets.orchestration.consume_runs import plan_run
 
-    monkeypatch.setattr(consume_runs, "measure_lag", lambda *a, **k: pytest.fail("measured"))
     pipeline = parse_config({"sources": [{"name": "a", "topics": ["^a-.*"]},
-                                         {"name": "b", "topics": ["b"]},
+                                         {"name": "b", "topics": ["b", "a-1"]},
                                          {"name": "c", "topics": ["c"]}]})
+    report = plan_run(pipeline, {}, ["a-1:0", "b:0"], ChangelogRunConfig(), group="g").report
+    assert [s.name for s in report.sources] == ["a", "b"]  # c has none of the run's
+    assert report.topics == ["^a-.*", "b", "a-1"]
     at_end = [PartitionLag(t, 0, 0, 9, 4) for t in ("a-1", "a-2", "b", "c")]
-    plan = consume_runs.plan_run(pipeline, {}, ["a-1:0", "b:0"], ChangelogRunConfig(),
-                                 group="g")
-    found = plan.report.source_lags(at_end)
-    assert found == {"a": at_end[:2], "b": [at_end[2]]}  # c's partitions were not the run's
+    assert {s.name: lags_of(at_end, s.topics) for s in report.sources} == {
+        "a": at_end[:2], "b": [at_end[0], at_end[2]]}
 
 
 class Kept:
