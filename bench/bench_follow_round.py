@@ -5,7 +5,7 @@ produces `--records` (5) Debezium records to each, then runs `follow_changelog_j
 process (a Dagster instance with the project's `setup/dagster.yaml`, SQLite storage)
 for exactly one round, twice: the first round also creates the changelog table, the
 second (after as many new records again) is the steady state. The real code runs; its
-parts are timed by wrapping them: the lag measurements, `consume_partitions` over every
+parts are timed by wrapping them: the lag measurements, `run_partitions` over every
 due partition and `report_outcomes`, and inside them the per-partition costs (summed
 over the round's threads: with 4 at a time they overlap, so a part's wall share is
 about a quarter of its sum). A part this checkout does not have is left out.
@@ -92,19 +92,18 @@ def instrument(t: Timings, rounds: list[int]) -> None:
     """Wrap the round's parts; the follower stops once `rounds[0]` rounds reported."""
     import deltalake
 
-    from binlog_assets.consume import commit, lag, run
+    from binlog_assets.consume import backlog, commit, lag, run
     from binlog_assets.lakehouse.changelog import ChangelogWriter
     from binlog_assets.orchestration import (
         changelog_asset,
         changelog_follower,
         consume_runs,
-        consume_workers,
     )
 
     t.wrap(lag, "measure_lag", "lag: follower (due, after)")
-    t.wrap(consume_workers, "measure_lag", "lag: worker decision")
+    t.wrap(backlog, "measure_lag", "lag: worker decision")
     t.wrap(changelog_asset, "measure_lag", "lag: report")
-    t.wrap(changelog_follower, "consume_partitions", "ROUND consume_partitions", cpu=True)
+    t.wrap(changelog_follower, "run_partitions", "ROUND run_partitions", cpu=True)
     t.wrap(changelog_follower, "held_partitions", "due: held partitions")
     t.wrap(consume_runs, "run_partition", "partition: run_partition")
     t.wrap(changelog_follower, "latest_metadata_checkpoint", "partition: metadata checkpoint")

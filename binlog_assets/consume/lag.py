@@ -46,6 +46,14 @@ class PartitionLag:
         return max(0, self.high - self.checkpoint)
 
 
+def _named(topic: str, entry: str) -> bool:
+    """Whether `entry` of a topic list names `topic`: by name, or, starting with `^`, as a
+    regex over the cluster's topics (internal ones aside)."""
+    if not entry.startswith("^"):
+        return topic == entry
+    return not topic.startswith("__") and re.match(entry, topic) is not None
+
+
 def topic_partitions(consumer: Consumer, topics: Iterable[str]) -> list[tuple[str, int]]:
     """Existing partitions of `topics` (a topic that does not exist yet has none); an
     entry starting with `^` is a regex over the cluster's topics (internal ones aside)."""
@@ -53,8 +61,7 @@ def topic_partitions(consumer: Consumer, topics: Iterable[str]) -> list[tuple[st
     names: list[str] = []
     for topic in topics:
         if topic.startswith("^"):
-            names += sorted(n for n in meta.topics
-                            if not n.startswith("__") and re.match(topic, n))
+            names += sorted(n for n in meta.topics if _named(n, topic))
         else:
             names.append(topic)
     out = []
@@ -64,6 +71,13 @@ def topic_partitions(consumer: Consumer, topics: Iterable[str]) -> list[tuple[st
             continue
         out.extend((topic, p) for p in sorted(t.partitions))
     return out
+
+
+def lags_of(lags: Iterable[PartitionLag], topics: Iterable[str]) -> list[PartitionLag]:
+    """Those of `lags` that `measure_lag` of `topics` would return: one measurement of
+    several topic lists' topics, split by list."""
+    entries = list(topics)
+    return [pl for pl in lags if any(_named(pl.topic, e) for e in entries)]
 
 
 def lag_consumer(kafka_conf: dict, group_id: str) -> Consumer:

@@ -14,13 +14,11 @@ partition's checkpoint, it writes nothing more and fails clearly.
 """
 
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
 
 import dagster as dg
 
-from binlog_assets.config import PipelineConfig, SourceConfig
 from binlog_assets.consume.checkpoint import disagreements
-from binlog_assets.consume.lag import PartitionLag, measure_lag
+from binlog_assets.consume.lag import PartitionLag, lags_of, measure_lag
 from binlog_assets.consume.run import STOP_INTERRUPTED, RunSummary
 from binlog_assets.formats.event import (
     OP_CREATE,
@@ -30,10 +28,10 @@ from binlog_assets.formats.event import (
     OP_TRUNCATE,
     OP_UPDATE,
 )
-from binlog_assets.lakehouse.changelog import changelog_uri
 from binlog_assets.orchestration.consume_runs import (
     ChangelogRunConfig,
     PartitionOutcome,
+    RunReport,
     plan_run,
     run_partitions,
 )
@@ -43,7 +41,6 @@ from binlog_assets.orchestration.metadata_checkpoint import latest_metadata_chec
 from binlog_assets.orchestration.partitions import (
     CHANGELOG_ASSET_KEY,
     kafka_partitions_def,
-    parse_partition_key,
     partition_key,
 )
 from binlog_assets.orchestration.resources import BinlakeResource
@@ -105,38 +102,6 @@ def summary_metadata(summary: RunSummary, lag_at_end: int | None,
     return md
 
 
-def run_report(pipeline: PipelineConfig, kafka_conf: dict, group: str,
-               keys: Sequence[str]) -> "RunReport":
-    """What the reports of a run over `keys` need: the sources its partitions belong to
-    (by name) and the changelog's location."""
-    topics = {parse_partition_key(k)[0] for k in keys}
-    sources = {s.name: s for s in pipeline.sources if any(map(s.matches, topics))}
-    return RunReport(kafka_conf, group, list(keys), sources, changelog_uri(pipeline))
-
-
-@dataclass(frozen=True)
-class RunReport:
-    """What the run's reports need, taken from the pipeline config once, before the run:
-    the reports then pass on no config of their own."""
-
-    kafka_conf: dict
-    group: str
-    keys: list[str]
-    sources: dict[str, SourceConfig]
-    changelog_uri: str
-
-    def source_lags(self, measured: Sequence[PartitionLag] | None = None
-                    ) -> dict[str, list[PartitionLag]]:
-        """Every partition of the run's sources, by source name: from `measured` (the
-        lags of every source's topics) when given, else measured."""
-        if measured is not None:
-            return {name: [pl for pl in measured if source.matches(pl.topic)]
-                    for name, source in self.sources.items()}
-        # The run checked the cluster when it started: one round trip less.
-        return {name: measure_lag(self.kafka_conf, self.group, source.topics, check=False)
-                for name, source in self.sources.items()}
-
-
 @dg.asset(
     key=CHANGELOG_ASSET_KEY,
     partitions_def=kafka_partitions_def,
@@ -160,14 +125,11 @@ def changelog(
     read no record records an observation instead of a materialization. Where each
     topic-partition stands over time is on the `kafka/<source>` assets upstream."""
     keys = list(context.partition_keys)
-    pipeline = binlake.pipeline
-    group = binlake.group_id()
     kafka_conf = binlake.kafka_conf()
-    run = run_report(pipeline, kafka_conf, group, keys)
-    plan = plan_run(pipeline, kafka_conf, keys, config, group=group)
+    plan = plan_run(binlake.pipeline, kafka_conf, keys, config, group=binlake.group_id())
 
     def report(outcomes: list[PartitionOutcome], *, final: bool) -> bool:
-        return report_outcomes(context, run, outcomes, final=final)
+        return report_outcomes(context, plan.report, outcomes, final=final)
 
     outcomes = run_partitions(
         plan,
@@ -196,14 +158,17 @@ def report_outcomes(context: dg.OpExecutionContext, run: RunReport,
     fails or was interrupted, and each materialization is recorded here).
 
     A caller that keeps a consumer open passes the lags it measured after the run
-    (`lags_at_end`, every source's topics) and the changelog's `row_count`, else both
-    are read here; `one_line` logs one line for all partitions, not one each (every
-    log line is a write to Dagster's event log)."""
-    by_source = run.source_lags(lags_at_end)
-    lags = {partition_key(pl.topic, pl.partition): pl.lag
-            for found in by_source.values() for pl in found}
+    (`lags_at_end`, at least the run's sources' topics) and the changelog's
+    `row_count`, else both are read here; `one_line` logs one line for all partitions,
+    not one each (every log line is a write to Dagster's event log)."""
     consumed = any(o.summary.records for o in outcomes if o.summary is not None)
     table_md = _table_metadata(run.changelog_uri, row_count) if consumed else {}
+    measured = lags_at_end
+    if measured is None:
+        # Every source's topics in one request; the run checked the cluster when it
+        # started: one round trip less.
+        measured = measure_lag(run.kafka_conf, run.group, run.topics, check=False)
+    lags = {partition_key(pl.topic, pl.partition): pl.lag for pl in measured}
     lines = []
     for outcome in outcomes:
         if outcome.error is not None:
@@ -250,9 +215,10 @@ def report_outcomes(context: dg.OpExecutionContext, run: RunReport,
                if any(r.stop_reason == STOP_INTERRUPTED for r in read) else "")
             + "; records (offsets) per partition: " + ", ".join(lines))
     summaries = {o.key: o.summary for o in outcomes if o.summary is not None}
-    for name, found in by_source.items():
+    for source in run.sources:
+        found = lags_of(measured, source.topics)
         context.log_event(source_observation(
-            context.instance, run.sources[name], found, summaries, context.run.run_id))
+            context.instance, source, found, summaries, context.run.run_id))
     return consumed
 
 

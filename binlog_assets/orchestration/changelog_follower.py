@@ -18,11 +18,13 @@ import dagster as dg
 from pydantic import Field
 
 from binlog_assets.lakehouse.changelog import changelog_uri
-from binlog_assets.orchestration.changelog_asset import RunReport, report_outcomes, run_report
+from binlog_assets.orchestration.changelog_asset import report_outcomes
 from binlog_assets.orchestration.consume_runs import (
     ChangelogRunConfig,
     PartitionOutcome,
-    consume_partitions,
+    RunReport,
+    plan_run,
+    run_partitions,
 )
 from binlog_assets.orchestration.metadata_checkpoint import latest_metadata_checkpoint
 from binlog_assets.orchestration.partitions import KAFKA_PARTITIONS_NAME, partition_key
@@ -160,15 +162,15 @@ def follow_changelog(context: dg.OpExecutionContext, config: ChangelogFollowConf
                         row_count=lambda: row_count.after(outcomes), one_line=True)
 
     def consume(keys: list[str]) -> list[PartitionOutcome]:
-        run = run_report(pipeline, kafka_conf, group, keys)
-        outcomes = consume_partitions(
-            pipeline, kafka_conf, keys, ChangelogRunConfig(), group=group,
+        plan = plan_run(pipeline, kafka_conf, keys, ChangelogRunConfig(), group=group)
+        outcomes = run_partitions(
+            plan,
             metadata_checkpoint=lambda key: latest_metadata_checkpoint(instance, key),
             # Terminated mid-round: what its partitions committed is still recorded.
-            on_interrupt=lambda stopped: report(run, stopped),
+            on_interrupt=lambda stopped: report(plan.report, stopped),
             # due() has just measured them: the worker processes' rule needs no other.
             lags={k: lags.get(k, 0) for k in keys})
-        report(run, outcomes)
+        report(plan.report, outcomes)
         return outcomes
 
     failing: dict[str, BaseException] = {}

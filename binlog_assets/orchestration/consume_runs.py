@@ -5,7 +5,8 @@ process (`consume_partitions`; a large backlog also in worker processes,
 its source's config names, opened once for the run (once per process).
 
 What a run takes from the pipeline config is resolved once, before it starts
-(`plan_run`): the partitions' runs are handed their plans, not the config.
+(`plan_run`): the partitions' runs are handed their plans, not the config, and the
+run's reports what they need (`RunReport`).
 """
 
 from __future__ import annotations
@@ -19,19 +20,20 @@ from dataclasses import dataclass, replace
 import dagster as dg
 from pydantic import Field
 
-from binlog_assets.config import PipelineConfig
+from binlog_assets.config import PipelineConfig, SourceConfig
+from binlog_assets.consume.backlog import WorkerRule
 from binlog_assets.consume.checkpoint import CHANGELOG, Checkpoint, offset_for_timestamp
 from binlog_assets.consume.errors import ErrorPolicy
 from binlog_assets.consume.handlers import HandlerRegistry, load_registry
 from binlog_assets.consume.preflight import check_cluster
 from binlog_assets.consume.run import BoundedRun, RunSettings, RunSummary, Stop
-from binlog_assets.lakehouse.changelog import ChangelogWriter
+from binlog_assets.lakehouse.changelog import ChangelogWriter, changelog_uri
 from binlog_assets.lakehouse.fence import FencedChangelogSink
 from binlog_assets.orchestration.consume_workers import (
     SinkTotals,
-    WorkerRule,
     consume_in_worker,
     worker_pool,
+    worker_rule,
     worker_stop,
 )
 from binlog_assets.orchestration.partitions import parse_partition_key
@@ -147,6 +149,18 @@ class PartitionOutcome:
 
 
 @dataclass(frozen=True)
+class RunReport:
+    """What the run's reports need, taken from the pipeline config with the run's plan:
+    the reports then pass on no config of their own."""
+
+    kafka_conf: dict
+    group: str
+    sources: list[SourceConfig]  # those of the run's partitions
+    topics: list[str]  # theirs, whose lags the reports record
+    changelog_uri: str
+
+
+@dataclass(frozen=True)
 class RunPlan:
     """What a run over `keys` takes from the pipeline config, resolved once before it
     starts (`plan_run`)."""
@@ -154,11 +168,13 @@ class RunPlan:
     kafka_conf: dict
     group: str
     keys: list[str]
+    topic_partitions: dict[str, tuple[str, int]]  # each key's topic and partition
     # A partition of no configured source has the KeyError instead: it fails on its own.
     partitions: dict[str, PartitionPlan | KeyError]
     # The distinct registries the partitions' sources name, opened once for the run.
     registries: list[HandlerRegistry]
     workers: WorkerRule
+    report: RunReport
 
     def partition(self, key: str) -> PartitionPlan:
         plan = self.partitions[key]
@@ -171,11 +187,12 @@ def plan_run(pipeline: PipelineConfig, kafka_conf: dict, keys: Sequence[str],
              run_config: ChangelogRunConfig, *, group: str,
              writer: ChangelogWriter | None = None) -> RunPlan:
     """The plan of a run over `keys`, its partitions sharing one changelog writer."""
-    workers = WorkerRule.of(pipeline, run_config)
+    workers = worker_rule(pipeline, run_config)
     writer = writer or ChangelogWriter(pipeline)
+    changelog = changelog_uri(pipeline)
+    topic_partitions = {key: parse_partition_key(key) for key in keys}
     partitions: dict[str, PartitionPlan | KeyError] = {}
-    for key in keys:
-        topic, partition = parse_partition_key(key)
+    for key, (topic, partition) in topic_partitions.items():
         try:
             source = pipeline.source_for_topic(topic)
         except KeyError as exc:
@@ -206,10 +223,14 @@ def plan_run(pipeline: PipelineConfig, kafka_conf: dict, keys: Sequence[str],
         partitions[key] = PartitionPlan(key, topic, partition, settings,
                                         run_config.start_timestamp_ms, source.handlers,
                                         writer, pipeline.lakehouse.uri())
-    topics = {parse_partition_key(k)[0] for k in keys}
-    found = (s.handler_registry() for s in pipeline.sources if any(map(s.matches, topics)))
+    topics = {topic for topic, _ in topic_partitions.values()}
+    sources = [s for s in pipeline.sources if any(map(s.matches, topics))]
+    found = (s.handler_registry() for s in sources)
     registries = list({id(r): r for r in found}.values())
-    return RunPlan(kafka_conf, group, list(keys), partitions, registries, workers)
+    report = RunReport(kafka_conf, group, sources,
+                       list(dict.fromkeys(t for s in sources for t in s.topics)), changelog)
+    return RunPlan(kafka_conf, group, list(keys), topic_partitions, partitions, registries,
+                   workers, report)
 
 
 def consume_partitions(
@@ -291,7 +312,7 @@ def run_partitions(
     threads = max(1, min(parallel, len(keys)))
     # Handlers given by the caller are objects of this process: only the config's
     # registries can be opened in another.
-    workers = (plan.workers.processes(plan.kafka_conf, keys, plan.group, lags)
+    workers = (plan.workers.processes(plan.kafka_conf, plan.group, plan.topic_partitions, lags)
                if handlers is None and len(keys) > 1 else 0)
     stop = worker_stop() if workers else threading.Event()
 

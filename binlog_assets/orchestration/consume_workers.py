@@ -17,7 +17,6 @@ their next batch, with what their handlers finished committed.
 
 from __future__ import annotations
 
-import logging
 import os
 import pickle
 import signal
@@ -29,11 +28,9 @@ from dataclasses import dataclass, replace
 from multiprocessing import get_context
 from typing import TYPE_CHECKING
 
-from confluent_kafka import KafkaException
-
 from binlog_assets.config import PipelineConfig
+from binlog_assets.consume.backlog import WorkerRule
 from binlog_assets.consume.checkpoint import Checkpoint
-from binlog_assets.consume.lag import measure_lag
 from binlog_assets.orchestration.partitions import parse_partition_key
 
 if TYPE_CHECKING:
@@ -46,8 +43,6 @@ if TYPE_CHECKING:
         PartitionPlan,
     )
 
-log = logging.getLogger(__name__)
-
 PARENT_CHECK_SECONDS = 0.5
 
 
@@ -59,55 +54,19 @@ class SinkTotals:
     version: int | None
 
 
-@dataclass(frozen=True)
-class WorkerRule:
-    """The config's rule for a run's worker processes, resolved before the run starts."""
-
-    wanted: int | None  # `dagster.worker_processes`; None: one per core beyond the first
-    limit: int | None  # records a partition's run reads at most
-    backlog_records: int  # `dagster.worker_backlog_records`
-
-    @classmethod
-    def of(cls, pipeline: PipelineConfig, run_config: ChangelogRunConfig) -> WorkerRule:
-        return cls(pipeline.dagster.worker_processes,
-                   run_config.max_records or pipeline.dagster.max_records_per_run,
-                   pipeline.dagster.worker_backlog_records)
-
-    def processes(self, kafka_conf: dict, keys: Sequence[str], group: str,
-                  lags: Mapping[str, int] | None = None) -> int:
-        """How many worker processes the run over `keys` uses: none for a single
-        partition or a backlog below `backlog_records` (its group's committed offsets
-        against the partitions' ends, each capped at `limit`). `lags`: each partition's
-        lag as the caller has just measured it (a key it lacks has none), else measured
-        here."""
-        wanted = self.wanted
-        if wanted is None:
-            wanted = max(0, (os.cpu_count() or 1) - 1)
-        wanted = min(wanted, len(keys) - 1)
-        if wanted <= 0:
-            return 0
-        if lags is None:
-            parsed = {parse_partition_key(k): k for k in keys}
-            topics = sorted({t for t, _ in parsed})
-            try:
-                measured = measure_lag(kafka_conf, group, topics, check=False)
-            except KafkaException as exc:
-                # The run itself can still go on, in its own process.
-                log.warning("no worker processes: the backlog of %s is unknown: %s",
-                            topics, exc)
-                return 0
-            lags = {parsed[pl.topic, pl.partition]: pl.lag for pl in measured
-                    if (pl.topic, pl.partition) in parsed}
-        backlog = sum(lag if self.limit is None else min(lag, self.limit)
-                      for lag in (lags.get(k, 0) for k in keys))
-        return wanted if backlog >= self.backlog_records else 0
+def worker_rule(pipeline: PipelineConfig, run_config: ChangelogRunConfig) -> WorkerRule:
+    """The config's rule for the worker processes of a run with `run_config`'s limits."""
+    return WorkerRule(pipeline.dagster.worker_processes,
+                      run_config.max_records or pipeline.dagster.max_records_per_run,
+                      pipeline.dagster.worker_backlog_records)
 
 
 def worker_processes(pipeline: PipelineConfig, kafka_conf: dict, keys: Sequence[str],
                      run_config: ChangelogRunConfig, group: str,
                      lags: Mapping[str, int] | None = None) -> int:
-    """`WorkerRule.processes` by the pipeline config."""
-    return WorkerRule.of(pipeline, run_config).processes(kafka_conf, keys, group, lags)
+    """`WorkerRule.processes` by the pipeline config, for the partitions `keys`."""
+    partitions = {k: parse_partition_key(k) for k in keys}
+    return worker_rule(pipeline, run_config).processes(kafka_conf, group, partitions, lags)
 
 
 def worker_stop() -> Event:

@@ -30,7 +30,11 @@ from binlog_assets.orchestration.changelog_follower import (
     follow_changelog_job,
     follow_partitions,
 )
-from binlog_assets.orchestration.consume_runs import PartitionOutcome
+from binlog_assets.orchestration.consume_runs import (
+    ChangelogRunConfig,
+    PartitionOutcome,
+    RunPlan,
+)
 from binlog_assets.orchestration.consume_workers import SinkTotals
 from binlog_assets.orchestration.partitions import (
     CHANGELOG_ASSET_KEY,
@@ -87,9 +91,9 @@ def test_a_round_measures_the_lags_twice_through_the_kept_consumer(
         monkeypatch, tmp_path: Path) -> None:
     """At the round's start (which partitions are due, and the worker processes' rule)
     and after it (the lag at the end, every source at once): no other consumer."""
-    from binlog_assets.consume import lag, preflight
+    from binlog_assets.consume import backlog, lag, preflight
     from binlog_assets.consume.lag import PartitionLag
-    from binlog_assets.orchestration import changelog_asset, changelog_follower, consume_workers
+    from binlog_assets.orchestration import changelog_asset, changelog_follower
 
     measured: list[object] = []
     ends = iter(range(10, 1000, 10))
@@ -105,23 +109,22 @@ def test_a_round_measures_the_lags_twice_through_the_kept_consumer(
     monkeypatch.setattr(lag, "measure_lag", measure_lag)
     monkeypatch.setattr(lag, "lag_consumer", lambda *a: Kept())
     monkeypatch.setattr(preflight, "check_cluster", lambda conf: None)
-    monkeypatch.setattr(consume_workers, "measure_lag", elsewhere)
+    monkeypatch.setattr(backlog, "measure_lag", elsewhere)
     monkeypatch.setattr(changelog_asset, "measure_lag", elsewhere)
     rounds: list[tuple[list[str], dict]] = []
     reports: list[dict] = []
 
-    def consume_partitions(pipeline: PipelineConfig, kafka_conf: dict, keys: list[str],
-                           *args: object, lags: dict[str, int], **kwargs: object
-                           ) -> list[PartitionOutcome]:
-        rounds.append((keys, lags))
-        return [PartitionOutcome(k) for k in keys]
+    def run_partitions(plan: RunPlan, *args: object, lags: dict[str, int],
+                       **kwargs: object) -> list[PartitionOutcome]:
+        rounds.append((plan.keys, lags))
+        return [PartitionOutcome(k) for k in plan.keys]
 
     def report_outcomes(*args: object, lags_at_end: list[PartitionLag], **kwargs: object
                         ) -> bool:
         reports.append({(pl.topic, pl.partition): pl.high for pl in lags_at_end})
         return True
 
-    monkeypatch.setattr(changelog_follower, "consume_partitions", consume_partitions)
+    monkeypatch.setattr(changelog_follower, "run_partitions", run_partitions)
     monkeypatch.setattr(changelog_follower, "report_outcomes", report_outcomes)
     monkeypatch.setattr(changelog_follower, "changelog_backfill_in_progress",
                         lambda instance: "enough" if len(rounds) >= 3 else None)
@@ -145,19 +148,22 @@ def test_a_round_measures_the_lags_twice_through_the_kept_consumer(
     assert rounds[1][1] == {"a:0": 50, "b:0": 60}
 
 
-def test_lags_measured_after_the_round_are_grouped_by_source(monkeypatch) -> None:
+def test_lags_measured_after_the_round_are_split_by_source() -> None:
+    """A run's report measures its sources' topics at once, and each source's
+    observation gets the partitions a measurement of its own topics would."""
     from binlog_assets.config import parse_config
-    from binlog_assets.consume.lag import PartitionLag
-    from binlog_assets.orchestration import changelog_asset
+    from binlog_assets.consume.lag import PartitionLag, lags_of
+    from binlog_assets.orchestration.consume_runs import plan_run
 
-    monkeypatch.setattr(changelog_asset, "measure_lag", lambda *a, **k: pytest.fail("measured"))
     pipeline = parse_config({"sources": [{"name": "a", "topics": ["^a-.*"]},
-                                         {"name": "b", "topics": ["b"]},
+                                         {"name": "b", "topics": ["b", "a-1"]},
                                          {"name": "c", "topics": ["c"]}]})
+    report = plan_run(pipeline, {}, ["a-1:0", "b:0"], ChangelogRunConfig(), group="g").report
+    assert [s.name for s in report.sources] == ["a", "b"]  # c has none of the run's
+    assert report.topics == ["^a-.*", "b", "a-1"]
     at_end = [PartitionLag(t, 0, 0, 9, 4) for t in ("a-1", "a-2", "b", "c")]
-    run = changelog_asset.run_report(pipeline, {}, "g", ["a-1:0", "b:0"])
-    found = run.source_lags(at_end)
-    assert found == {"a": at_end[:2], "b": [at_end[2]]}  # c's partitions were not the run's
+    assert {s.name: lags_of(at_end, s.topics) for s in report.sources} == {
+        "a": at_end[:2], "b": [at_end[0], at_end[2]]}
 
 
 class Kept:

@@ -18,6 +18,7 @@ from confluent_kafka import KafkaError, KafkaException
 from run_inputs import changelog_coordinates, handled_events, handlers_run
 
 from binlog_assets.config import PipelineConfig, load_config, parse_config
+from binlog_assets.consume import backlog
 from binlog_assets.consume.lag import PartitionLag
 from binlog_assets.lakehouse.changelog import ChangelogWriter
 from binlog_assets.orchestration import consume_workers
@@ -45,7 +46,7 @@ def _exactly_once(pipeline: PipelineConfig, keys: list[str]) -> None:
 
 def test_worker_processes_are_used_only_for_a_large_backlog(monkeypatch) -> None:
     lags = [PartitionLag("t", p, 0, 1000, c) for p, c in ((0, 900), (1, None), (2, 0))]
-    monkeypatch.setattr(consume_workers, "measure_lag", lambda *a, **k: lags)
+    monkeypatch.setattr(backlog, "measure_lag", lambda *a, **k: lags)
     monkeypatch.setattr(os, "cpu_count", lambda: 4)
     keys = ["t:0", "t:1"]  # 100 + 1000 records to read; t:2 is not the run's
 
@@ -68,7 +69,7 @@ def test_worker_processes_are_used_only_for_a_large_backlog(monkeypatch) -> None
         raise KafkaException(KafkaError(KafkaError._TIMED_OUT, "no answer"))
 
     # Without the lag the run still goes on, in its own process.
-    monkeypatch.setattr(consume_workers, "measure_lag", unreachable)
+    monkeypatch.setattr(backlog, "measure_lag", unreachable)
     assert count() == 0
     # Lags the caller has just measured (the follower's) are not measured again.
     pipeline = parse_config({"dagster": {"worker_backlog_records": 1100}})
