@@ -5,8 +5,9 @@ alarm across `RUNS` runs.
 
 The damages: rows edited in the Delta table (tests/parity/test_parity_integration.py),
 a range of Kafka offsets skipped by the consumer, and `ALTER TABLE … TRUNCATE PARTITION`
-at the source (rows removed with no row events). A changelog commit's rows cannot be
-deleted: the changelog is an append-only Delta table, which refuses the delete.
+and `DROP PARTITION` at the source (rows removed with no row events). A changelog
+commit's rows cannot be deleted: the changelog is an append-only Delta table, which
+refuses the delete.
 """
 
 from __future__ import annotations
@@ -155,6 +156,24 @@ def test_a_truncated_partition_at_the_source_is_found_and_repaired(
     _resync(drill, "part")
     report = _check(drill, "part")
     assert report.passed and report.source_rows == report.replica_rows == 201
+
+
+def test_a_dropped_partition_at_the_source_is_found_and_repaired(
+        drill: PipelineConfig, mariadb, spark) -> None:
+    with mariadb.connect().cursor() as cur:
+        cur.execute("SELECT COUNT(*) FROM drill.part WHERE id >= 100 AND id < 200")
+        (dropped,) = cur.fetchone()
+        cur.execute("ALTER TABLE drill.part DROP PARTITION p1")  # its rows go, no row events
+        cur.execute("SELECT COUNT(*) FROM drill.part")
+        (left,) = cur.fetchone()
+    _consume(drill)
+    _apply(drill, spark)
+    report = _check(drill, "part")
+    assert not report.passed and report.replica_rows - report.source_rows == dropped > 0
+    assert report.sample_keys(2) == [f"drill.part {i}: extra in replica" for i in (100, 101)]
+    _resync(drill, "part")
+    report = _check(drill, "part")
+    assert report.passed and report.source_rows == report.replica_rows == left
 
 
 def test_no_false_alarm_under_a_running_workload(drill: PipelineConfig, mariadb,
