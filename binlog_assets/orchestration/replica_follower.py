@@ -163,6 +163,7 @@ def pool_wanted(instance: dg.DagsterInstance, own_run_id: str) -> bool:
 def follow_replicas(context: dg.OpExecutionContext, config: FollowConfig,
                     binlake: BinlakeResource) -> Iterator:
     from binlog_assets.lakehouse.changelog_reader import changelog_version
+    from binlog_assets.lakehouse.delta_log import log_scope
     from binlog_assets.lakehouse.replica.builder import ReplicaBuilder
     from binlog_assets.lakehouse.replica.plan import replicas_touched
     from binlog_assets.lakehouse.replica.routes import replica_routes
@@ -190,10 +191,14 @@ def follow_replicas(context: dg.OpExecutionContext, config: FollowConfig,
 
     def apply(name: str, version: int) -> tuple:
         builder = free.get()
+        # One log scope for the apply and the columns read after it: the replica's log,
+        # opened by the apply, is brought up to date instead of opened again.
         try:
-            result = builder.apply(name, up_to_version=version)
-            # The table's columns as this apply left them, read before another can change them.
-            columns = replica_table_metadata(builder, name) if changed(result) else {}
+            with log_scope():
+                result = builder.apply(name, up_to_version=version)
+                # The table's columns as this apply left them, read before another can
+                # change them.
+                columns = replica_table_metadata(builder, name) if changed(result) else {}
             return result, columns
         finally:
             free.put(builder)
