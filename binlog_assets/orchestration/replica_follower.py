@@ -163,6 +163,7 @@ def pool_wanted(instance: dg.DagsterInstance, own_run_id: str) -> bool:
 def follow_replicas(context: dg.OpExecutionContext, config: FollowConfig,
                     binlake: BinlakeResource) -> Iterator:
     from binlog_assets.lakehouse.changelog_reader import changelog_version
+    from binlog_assets.lakehouse.delta_log import log_scope
     from binlog_assets.lakehouse.replica.builder import ReplicaBuilder
     from binlog_assets.lakehouse.replica.plan import replicas_touched
     from binlog_assets.lakehouse.replica.routes import replica_routes
@@ -190,10 +191,14 @@ def follow_replicas(context: dg.OpExecutionContext, config: FollowConfig,
 
     def apply(name: str, version: int) -> tuple:
         builder = free.get()
+        # One log scope for the apply and the columns read after it: the replica's log,
+        # opened by the apply, is brought up to date instead of opened again.
         try:
-            result = builder.apply(name, up_to_version=version)
-            # The table's columns as this apply left them, read before another can change them.
-            columns = replica_table_metadata(builder, name) if changed(result) else {}
+            with log_scope():
+                result = builder.apply(name, up_to_version=version)
+                # The table's columns as this apply left them, read before another can
+                # change them.
+                columns = replica_table_metadata(builder, name) if changed(result) else {}
             return result, columns
         finally:
             free.put(builder)
@@ -206,9 +211,19 @@ def follow_replicas(context: dg.OpExecutionContext, config: FollowConfig,
                       workers=len(builders), rounds=True)
     checks = _Checks(config.check_seconds, _row_count_evaluator(builders[0]))
     sync = InSync(context.instance, config.sync_seconds)
+    # A round's applies in one log line at its end: each line is an event write on this
+    # thread, ahead of the next replica's materialization.
+    applied: list[str] = []
+
+    def log_applied() -> None:
+        if applied:
+            context.log.info("\n".join(applied))
+            applied.clear()
+
     try:
         for name, outcome in followed:
             if name is None:  # a poll, every replica applied up to `outcome` but the failed
+                log_applied()
                 yield from checks.due(time.monotonic())
                 broken = {n for n, _ in failed}
                 yield from sync.due([n for n in names if n not in broken], outcome,
@@ -222,7 +237,7 @@ def follow_replicas(context: dg.OpExecutionContext, config: FollowConfig,
             result, columns = outcome
             if changed(result):
                 checks.applied(name, result.key_rule, result.applied_version)
-                context.log.info(f"replica {name}: {result}")
+                applied.append(f"replica {name}: {result}")
                 if result.warning:
                     context.log.warning(result.warning)
                 metadata = replica_metadata(result, None) | columns
@@ -247,6 +262,7 @@ def follow_replicas(context: dg.OpExecutionContext, config: FollowConfig,
         for builder in builders:
             builder.spark.interruptAll()
         raise
+    log_applied()
     # Whatever is still due: every changed replica's last apply is checked.
     yield from checks.due(None)
     if failed:

@@ -98,12 +98,21 @@ class InSync:
         # the UI's latest materialization still shows its rows and columns.
         self.metadata: dict[str, dict] = {}
         self._seen_changelog: int | None = None
+        # Cursors looked up since the last poll, by changelog version: a round's applies
+        # all go up to one version. A cursor found a little earlier is still safe: it
+        # only stops before changelog materializations recorded since (shown behind).
+        self._cursors: dict[int, int | None] = {}
+
+    def cursor(self, version: int) -> int | None:
+        if version not in self._cursors:
+            self._cursors[version] = changelog_cursor(self.instance, version)
+        return self._cursors[version]
 
     def applied(self, name: str, applied_version: int, now: float,
                 metadata: dict | None = None) -> tuple[dict[str, str], int | None]:
         """The tags of an apply's materialization (with `metadata`), and its cursor."""
         version = data_version(applied_version)
-        cursor = changelog_cursor(self.instance, applied_version)
+        cursor = self.cursor(applied_version)
         self.reported[name] = (version, cursor, now)
         self.metadata[name] = dict(metadata or {})
         return provenance_tags(version, cursor, applied_version), cursor
@@ -114,6 +123,7 @@ class InSync:
         cursor is behind the changelog's materializations, at most every `every` s each."""
         from binlog_assets.orchestration.replica_reports import replica_key
 
+        self._cursors.clear()  # a new poll: the next round looks its cursors up anew
         latest = latest_changelog_id(self.instance)
         if latest is None:
             return []
@@ -127,7 +137,7 @@ class InSync:
             if at is not None and at >= latest or now - when < self.every:
                 continue
             if cursor is None:
-                cursor = changelog_cursor(self.instance, version)
+                cursor = self.cursor(version)
             if cursor is None or (at is not None and cursor <= at):
                 continue
             self.reported[name] = (known, cursor, now)

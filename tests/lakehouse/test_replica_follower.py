@@ -73,8 +73,15 @@ def test_a_follower_run_applies_each_commit_as_it_lands(spark, make_config, tmp_
             instance=instance, resources={"binlake": BinlakeResource(config_path=str(path))},
             run_config={"ops": {"follow_replicas": {"config": {"seconds": 300}}}})
         thread.join()
+        logged = [e.user_message for e in instance.all_logs(result.run_id)
+                  if e.user_message.startswith("replica ")]
     assert result.success
     assert seen == [1, 2, 3]
+    # A round's applies are logged in one line (an event write each): the first round's
+    # names both replicas, each later round's orders alone.
+    assert [sorted(line.split(": ")[0] for line in m.splitlines()) for m in logged
+            ] == [["replica orders", "replica products"], ["replica orders"],
+                  ["replica orders"]]
 
     mats = [e for e in result.all_events if e.is_step_materialization]
     by_replica = [(e.asset_key.path[-1], e.step_materialization_data.materialization.metadata)

@@ -94,3 +94,28 @@ def test_the_cursor_before_any_changelog_materialization_still_sees_the_first() 
             ORDERS, tags=InSync(instance, every=0).applied("orders", 0, now=0)[0]))
         _consumed(instance, "orders:0", 1)
         assert _status(instance) == StaleStatus.STALE
+
+
+def test_a_rounds_applies_share_one_cursor_lookup_until_the_next_poll(monkeypatch
+                                                                       ) -> None:
+    from binlog_assets.orchestration import replica_versions
+
+    lookups: list[int] = []
+    looked_up = replica_versions.changelog_cursor
+
+    def counted(instance: dg.DagsterInstance, version: int) -> int | None:
+        lookups.append(version)
+        return looked_up(instance, version)
+
+    monkeypatch.setattr(replica_versions, "changelog_cursor", counted)
+    with dg.instance_for_test() as instance:
+        instance.add_dynamic_partitions(KAFKA_PARTITIONS_NAME, ["orders:0"])
+        first = _consumed(instance, "orders:0", 1)
+        sync = InSync(instance, every=0)
+        cursors = {sync.applied(name, 1, now=0)[1] for name in ("orders", "products")}
+        assert cursors == {first} and lookups == [1]
+        # A poll: the next round's applies, even at the same version, see what was
+        # recorded since.
+        sync.due([], 1, now=1)
+        second = _consumed(instance, "orders:0", 1)
+        assert sync.applied("orders", 1, now=2)[1] == second and lookups == [1, 1]
