@@ -74,16 +74,36 @@ def replica_names(pipeline: PipelineConfig) -> list[str]:
 
 
 def counted_rows(builder: "ReplicaBuilder", name: str, key_rule: str | None) -> int:
-    """The replica's live rows (`_current`); an append-only replica has no live rows to
-    tell apart, so all its rows count; 0 before it has a table."""
+    """The replica's live rows, as `_current` holds them (`_op` neither a delete nor a
+    truncate); an append-only replica has no live rows to tell apart, so all its rows
+    count; 0 before it has a table. Counted by delta-rs from the `_op` column, no Spark
+    job (a second or more on a busy follower); by Spark when the table has a reader
+    feature delta-rs refuses (`lakehouse.table_features`)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    from deltalake.exceptions import DeltaProtocolError
+
+    from binlog_assets.formats.event import OP_DELETE, OP_TRUNCATE
+    from binlog_assets.lakehouse.delta_log import open_log, table_location
     from binlog_assets.lakehouse.identifiers import qualified
     from binlog_assets.lakehouse.replica.plan import APPEND_ONLY
 
     if key_rule is None:
         return 0
-    table = (builder.table_name(name) if key_rule == APPEND_ONLY
-             else builder.current_view_name(name))
-    return builder.spark.table(qualified(*table)).count()
+    append = key_rule == APPEND_ONLY
+    table = builder.table_name(name)
+    try:
+        dataset = open_log(table_location(builder.spark, *table)).to_pyarrow_dataset()
+    except DeltaProtocolError:
+        view = table if append else builder.current_view_name(name)
+        return builder.spark.table(qualified(*view)).count()
+    if append:
+        return dataset.count_rows()
+    # Read, not filtered in the scan: files of one table may type `_op` as string or as
+    # string_view, which Arrow's scan filter cannot compare.
+    ops = dataset.to_table(columns=["_op"]).column("_op").cast(pa.string())
+    gone = pc.sum(pc.is_in(ops, value_set=pa.array([OP_DELETE, OP_TRUNCATE]))).as_py()
+    return len(ops) - (gone or 0)
 
 
 def row_count_check(builder: "ReplicaBuilder", name: str, key_rule: str | None, live: int,
