@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterator, Sequence
 import dagster as dg
 from pydantic import Field
 
-from binlog_assets.lakehouse.changelog import changelog_uri
+from binlog_assets.lakehouse.changelog import ChangelogWriter, changelog_uri
 from binlog_assets.orchestration.changelog_asset import report_outcomes
 from binlog_assets.orchestration.consume_runs import (
     ChangelogRunConfig,
@@ -154,6 +154,8 @@ def follow_changelog(context: dg.OpExecutionContext, config: ChangelogFollowConf
                 if k not in held]
 
     row_count = RowCount(lambda: delta_row_count(changelog_uri(pipeline)))
+    # One writer for every round: its table is brought up to date, not opened anew.
+    writer = ChangelogWriter(pipeline)
 
     def report(run: RunReport, outcomes: list[PartitionOutcome]) -> None:
         # The lag at the end is measured once the round is over, for every source at
@@ -162,7 +164,8 @@ def follow_changelog(context: dg.OpExecutionContext, config: ChangelogFollowConf
                         row_count=lambda: row_count.after(outcomes), one_line=True)
 
     def consume(keys: list[str]) -> list[PartitionOutcome]:
-        plan = plan_run(pipeline, kafka_conf, keys, ChangelogRunConfig(), group=group)
+        plan = plan_run(pipeline, kafka_conf, keys, ChangelogRunConfig(), group=group,
+                        writer=writer)
         outcomes = run_partitions(
             plan,
             metadata_checkpoint=lambda key: latest_metadata_checkpoint(instance, key),
