@@ -28,7 +28,7 @@ from binlog_assets.orchestration.replica_follower import (
     follow_replicas_job,
     replica_follower_sensor,
 )
-from binlog_assets.orchestration.resync_job import resync_replica_job
+from binlog_assets.orchestration.resync_job import parity_resync_sensor, resync_replica_job
 from binlog_assets.orchestration.sensors import (
     binlake_automation_sensor,
     kafka_lag_sensor,
@@ -64,6 +64,7 @@ with warnings.catch_warnings():
 # Replicas whose source has a `connection` get a parity check, a job and maybe a schedule.
 PARITY_JOB = parity_job(PIPELINE)
 PARITY_SCHEDULE = parity_schedule(PIPELINE, PARITY_JOB)
+PARITY_RESYNC_SENSOR = parity_resync_sensor(PIPELINE)
 
 defs = location_definitions(
     PIPELINE,
@@ -75,5 +76,6 @@ defs = location_definitions(
           *([PARITY_JOB] if PARITY_JOB else [])],
     schedules=[lakehouse_maintenance_schedule, *([PARITY_SCHEDULE] if PARITY_SCHEDULE else [])],
     sensors=[kafka_partition_discovery_sensor, kafka_lag_sensor, changelog_follower_sensor,
-             binlake_automation_sensor, replica_follower_sensor],
+             binlake_automation_sensor, replica_follower_sensor,
+             *([PARITY_RESYNC_SENSOR] if PARITY_RESYNC_SENSOR else [])],
 )

@@ -377,6 +377,25 @@ class ChangelogWriter:
             return table.version()
 
 
+    def append(self, events: Sequence[ChangeEvent], tag: str) -> int:
+        """Append `events` that no Kafka partition carried (a re-sync's rows) in one
+        commit tagged `tag`; its version. No transaction: a retried append adds the same
+        changes again at the same positions, which the position guard applies once."""
+        from deltalake import CommitProperties, write_deltalake
+
+        now = datetime.now(UTC)
+        rows = [event_row(e, None, now) for e in events]
+        with self._lock:
+            table = self._open()
+            write_deltalake(
+                table, _arrow_table(rows, now), mode="append",
+                commit_properties=CommitProperties(custom_metadata={
+                    "userMetadata": commit_metadata(f"{tag}#{uuid.uuid4().hex}",
+                                                    survey_of_rows(rows), source_times(rows))}),
+            )
+            return table.version()
+
+
 def changelog_checkpoint(pipeline: PipelineConfig, group_id: str, topic: str,
                          partition: int) -> int | None:
     """Where `topic`[`partition`] resumes per the changelog: the end offset last written."""

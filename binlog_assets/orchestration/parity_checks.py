@@ -76,7 +76,7 @@ def parity_result(key: dg.AssetKey, report, sample: int) -> dg.AssetCheckResult:
         md["differing_keys"] = dg.MetadataValue.json(report.sample_keys(sample))
         md["mismatches"] = dg.MetadataValue.json([
             {"table": m.table, "range": m.key_range, "source_rows": m.source_rows,
-             "replica_rows": m.replica_rows} for m in report.mismatches][:100])
+             "replica_rows": m.replica_rows, **_bounds(m)} for m in report.mismatches][:100])
     if report.skipped_columns:
         md["columns_not_compared"] = dg.MetadataValue.json(report.skipped_columns)
     if report.single_chunk_tables:
@@ -85,6 +85,20 @@ def parity_result(key: dg.AssetKey, report, sample: int) -> dg.AssetCheckResult:
     return dg.AssetCheckResult(
         asset_key=key, check_name=PARITY_CHECK, passed=report.passed,
         severity=dg.AssetCheckSeverity.ERROR, metadata=md, description=report.summary())
+
+
+def _bounds(mismatch) -> dict:  # noqa: ANN001 - a parity.check.Mismatch
+    """The chunk's `lower` and `upper` keys as JSON arrays (null: unbounded), as
+    `resync_replica_job` takes them; left out when a key value has no exact JSON form (a
+    date, a decimal) or the table is a log of changes."""
+    bounds = mismatch.bounds
+    if bounds is None:
+        return {}
+    ends = [bounds.lower, bounds.upper]
+    if any(v is not None and not all(type(x) in (int, str) for x in v) for v in ends):
+        return {}
+    return {"lower": None if bounds.lower is None else list(bounds.lower),
+            "upper": None if bounds.upper is None else list(bounds.upper)}
 
 
 def build_parity_checks(pipeline: PipelineConfig) -> list[dg.AssetChecksDefinition]:

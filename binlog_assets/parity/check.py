@@ -36,7 +36,7 @@ if TYPE_CHECKING:
     import pymysql
 
     from binlog_assets.config import PipelineConfig, SourceConfig
-    from binlog_assets.parity.chunks import Key
+    from binlog_assets.parity.chunks import Key, KeyRange
 
 
 class NotCheckable(Exception):  # noqa: N818 - a reason, not a failure of the check
@@ -50,6 +50,7 @@ class Mismatch:
     source_rows: int
     replica_rows: int
     keys: list[str]  # a sample: `key: missing in replica` / `extra in replica` / `differs`
+    bounds: KeyRange | None = None  # the chunk's keys; None: a log of changes, replayed
 
 
 @dataclass
@@ -261,7 +262,7 @@ def _recheck(pipeline: PipelineConfig, route: ReplicaRoute, source: SourceConfig
                           pipeline.parity.sample_keys, later)
     if not keys:
         return None
-    return Mismatch(table.name, key_range.label(), again.rows, replica.rows, keys)
+    return Mismatch(table.name, key_range.label(), again.rows, replica.rows, keys, key_range)
 
 
 def differing_keys(source: dict[Key, int], replica: dict[Key, list[int]], limit: int,

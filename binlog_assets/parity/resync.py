@@ -1,19 +1,19 @@
 """Re-sync a key range of a replica from its source, while streaming goes on.
 
 binlake reads the range itself, as pt-table-sync does: inside one consistent snapshot
-at binlog position P, over the read-only connection. The new rule: a re-synced chunk
-counts at position P (phase 1, P's file and byte position, Kafka offset -1, so a change
-streamed at P itself still ranks above it):
+at binlog position P, over the read-only connection, and appends the range to the
+changelog as change events at P (phase 1, P's file and byte position, Kafka offset -1,
+so a change streamed at P itself still ranks above them); the replica's apply brings
+them in like any change, and the changelog stays the whole truth of the replica:
 
-- its rows replace the replica's rows of the range whose `_position` is below P;
-- the replica's live rows of the range that the chunk lacks, below P, become tombstones
-  at P (a snapshot emits no deletes, so the re-sync makes them);
+- each source row of the range is an `r` event with its row as the after image: it
+  replaces the replica's row of that key where the row's `_position` is below P;
+- each live replica row of the range the source lacks is a `d` event with the row as
+  its before image (a snapshot emits no deletes, so the re-sync makes them);
 - rows the stream brought at or past P stay: later streamed changes win, and a change
   after P applied later passes the position guard as it would over any older row.
 
-It is one delta-rs MERGE per chunk (no Spark), guarded like an apply
-(`s._position > t._position`), so a re-sync that races the follower leaves whichever
-is newer per key. A table without a key has no range to re-sync.
+A table without a key, or a replica kept as a log of changes, has no range to re-sync.
 """
 
 from __future__ import annotations
@@ -24,8 +24,10 @@ from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from typing import TYPE_CHECKING, Any
 
+from binlog_assets.formats.event import OP_DELETE, OP_READ, ChangeEvent, Position
 from binlog_assets.formats.mysql_types import time_text
-from binlog_assets.parity.canonical import quote
+from binlog_assets.lakehouse.changelog import ChangelogWriter
+from binlog_assets.lakehouse.replica.routes import replica_route
 from binlog_assets.parity.chunks import KeyRange, key_value, next_upper_sql, range_sql
 from binlog_assets.parity.lake import LIVE_OPS, replica_uri
 from binlog_assets.parity.source import BinlogPosition, Snapshot, SourceTable
@@ -37,33 +39,34 @@ if TYPE_CHECKING:
     from binlog_assets.config import PipelineConfig
 
 _META = ("_source_db", "_source_table", "_op", "_position", "_source_ts", "_applied_at")
-_OP_RESYNC = "r"
 
 
 @dataclass
 class ChunkResync:
     key_range: KeyRange
     position: BinlogPosition
-    source_rows: int
-    written: int  # rows inserted or replaced
-    deleted: int  # replica rows the chunk lacked, now tombstones
+    source_rows: int  # `r` events written
+    deleted: int  # `d` events written: live replica rows the chunk lacked
+    version: int  # the changelog commit that holds them
 
 
 def resync_table(pipeline: PipelineConfig, replica: str, db: pymysql.Connection,
                  table: SourceTable, key_range: KeyRange | None = None) -> list[ChunkResync]:
     """Re-sync `key_range` of `table` (None: the whole table, chunk by chunk of
-    `parity.chunk_rows`, each at its own snapshot)."""
+    `parity.chunk_rows`, each at its own snapshot): one changelog commit per chunk."""
     if not table.key:
         raise ValueError(f"{table.name} has no key: its replica is a log of changes, which "
                          f"a key range cannot re-sync")
+    if replica_route(pipeline, replica).replica_mode == "append":
+        raise ValueError(f"replica {replica!r} keeps every change (replica_mode: append): "
+                         f"a key range cannot re-sync a log of changes")
+    import pyarrow as pa
     from deltalake import DeltaTable
 
     uri = replica_uri(pipeline, replica)
-    schema = DeltaTable(uri).schema().to_arrow()
-    import pyarrow as pa
-
-    schema = pa.schema(schema)
+    schema = pa.schema(DeltaTable(uri).schema().to_arrow())
     key_names = _replica_names(schema, table.key)
+    writer = ChangelogWriter(pipeline)
     done = []
     lower = None if key_range is None else key_range.lower
     while True:
@@ -81,7 +84,10 @@ def resync_table(pipeline: PipelineConfig, replica: str, db: pymysql.Connection,
                 chunk = KeyRange(lower, None if found is None else
                                  tuple(key_value(v) for v in found))
             rows = _source_rows(db, table, chunk)
-        done.append(_merge(uri, schema, table, key_names, chunk, rows, position))
+        events, deleted = _events(uri, schema, table, key_names, chunk, rows, position)
+        version = writer.append(events, f"resync/{replica}/{table.name}@{position.name}:"
+                                        f"{position.pos}")
+        done.append(ChunkResync(chunk, position, len(rows), deleted, version))
         if key_range is not None or chunk.upper is None:
             return done
         lower = chunk.upper
@@ -104,49 +110,48 @@ def _replica_names(schema: pa.Schema, columns: tuple[str, ...]) -> list[str]:
     return [present[c.lower()] for c in columns]
 
 
-def _merge(uri: str, schema: pa.Schema, table: SourceTable, key_names: list[str],
-           chunk: KeyRange, rows: list[dict[str, Any]], position: BinlogPosition
-           ) -> ChunkResync:
-    import pyarrow as pa
-    from deltalake import DeltaTable
+def _events(uri: str, schema: pa.Schema, table: SourceTable, key_names: list[str],
+            chunk: KeyRange, rows: list[dict[str, Any]], position: BinlogPosition
+            ) -> tuple[list[ChangeEvent], int]:
+    """The chunk's change events at `position`, and how many of them are deletes."""
+    at = Position(file=position.file, pos=position.pos)
+    types = {n.lower(): schema.field(n).type for n in schema.names if n not in _META}
+    # The replica's types, declared per image's spelling of its columns (one map for a
+    # chunk's reads, one for its deletes), so nothing is typed by inference.
+    declared_for: dict[tuple[str, ...], dict[str, str]] = {}
 
-    now = datetime.now(UTC)
-    at = {"phase": 1, "file": position.file, "pos": position.pos, "row": 0, "offset": -1,
-          "row_index": 0}
-    source_keys = {tuple(key_value(r[k]) for k in table.key) for r in rows}
-    batch: dict[str, list[Any]] = {n: [] for n in schema.names}
-    by_lower = {k.lower(): k for k in (rows[0] if rows else {})}
+    def event(op: str, image: dict[str, Any]) -> ChangeEvent:
+        names = tuple(image)
+        declared = declared_for.get(names)
+        if declared is None:
+            declared = declared_for[names] = {
+                n: t for n, t in ((n, canonical_type(types[n.lower()]))
+                                  for n in names if n.lower() in types) if t is not None}
+        key = tuple(image[k] for k in table.primary)
+        return ChangeEvent(
+            table=table.name, op=op, key=key, key_columns=table.primary,
+            before=image if op == OP_DELETE else None,
+            after=None if op == OP_DELETE else image, position=at, source_ts=None,
+            partition=-1, offset=-1, row_index=len(events), column_types=declared or None)
+
+    events: list[ChangeEvent] = []
+    source_keys = set()
     for row in rows:
-        for name in schema.names:
-            if name in _META:
-                value = {"_source_db": table.database, "_source_table": table.table,
-                         "_op": _OP_RESYNC, "_position": at, "_source_ts": None,
-                         "_applied_at": now}[name]
-            else:
-                source = by_lower.get(name.lower())
-                value = None if source is None else _typed(row[source],
-                                                           schema.field(name).type)
-            batch[name].append(value)
+        image = {n: event_value(v, types.get(n.lower())) for n, v in row.items()}
+        source_keys.add(tuple(key_value(row[k]) for k in table.key))
+        events.append(event(OP_READ, image))
     deleted = 0
     for old in _live_rows(uri, table, key_names, chunk):
         if tuple(key_value(old[k]) for k in key_names) in source_keys:
             continue
         deleted += 1
-        for name in schema.names:
-            batch[name].append({"_op": "d", "_position": at, "_applied_at": now}.get(
-                name, old.get(name)))
-    arrays = pa.table({n: pa.array(batch[n], type=schema.field(n).type)
-                       for n in schema.names}, schema=schema)
-    match = " AND ".join(f"t.{_q(k)} = s.{_q(k)}"
-                         for k in [*key_names, "_source_db", "_source_table"])
-    assign = {_q(n): f"s.{_q(n)}" for n in schema.names}
-    metrics = (DeltaTable(uri).merge(arrays, match, source_alias="s", target_alias="t")
-               .when_matched_update(assign, predicate="s._position > t._position")
-               .when_not_matched_insert(assign, predicate=f"s._op = '{_OP_RESYNC}'")
-               .execute())
-    written = int(metrics.get("num_target_rows_inserted", 0)
-                  + metrics.get("num_target_rows_updated", 0))
-    return ChunkResync(chunk, position, len(rows), written - deleted, deleted)
+        spelled = {n.lower(): n for n in old}
+        image = {n: event_value(v, types.get(n.lower())) for n, v in old.items()
+                 if n not in _META}
+        for k in table.primary:  # the key as the source spells it, as a stream's events do
+            image[k] = image.pop(spelled[k.lower()])
+        events.append(event(OP_DELETE, image))
+    return events, deleted
 
 
 def _live_rows(uri: str, table: SourceTable, key_names: list[str], chunk: KeyRange
@@ -168,28 +173,48 @@ def _live_rows(uri: str, table: SourceTable, key_names: list[str], chunk: KeyRan
     return [r for _, r in keyed[first:last]]
 
 
-def _typed(value: Any, arrow_type: pa.DataType) -> Any:
-    """A source value (as PyMySQL reads it, the session in UTC) as the replica holds it."""
+def event_value(value: Any, arrow_type: pa.DataType | None) -> Any:
+    """A value read from the source (PyMySQL, the session in UTC) or from the replica
+    (Arrow), as a decoded change event holds it for a replica column of `arrow_type`:
+    times of day as text, timestamps naive in UTC, decimals exact, text as str."""
     import pyarrow as pa
 
     if value is None:
         return None
     if isinstance(value, timedelta):
         return time_text(value // timedelta(microseconds=1))  # TIME: text, as replicas do
-    if pa.types.is_timestamp(arrow_type) and isinstance(value, datetime):
-        return value.replace(tzinfo=UTC) if value.tzinfo is None else value
+    if isinstance(value, datetime) and value.tzinfo is not None:
+        return value.astimezone(UTC).replace(tzinfo=None)
+    if arrow_type is None:
+        return value
     if pa.types.is_decimal(arrow_type) and isinstance(value, int):
         return Decimal(value)
     if pa.types.is_boolean(arrow_type):
         return bool(value)
-    if (pa.types.is_string(arrow_type) or pa.types.is_string_view(arrow_type)) and \
-            not isinstance(value, str):
+    if (pa.types.is_string(arrow_type) or pa.types.is_large_string(arrow_type)
+            or pa.types.is_string_view(arrow_type)) and not isinstance(value, str):
+        if isinstance(value, set):  # a SET column: its members, as the source lists them
+            return ",".join(sorted(value))
         return value.decode() if isinstance(value, bytes) else str(value)
     return value
 
 
-def _q(name: str) -> str:
-    return quote(name)
+def canonical_type(arrow_type: pa.DataType) -> str | None:
+    """The canonical type name (`formats/mysql_types.py`) of a replica column's Arrow
+    type: what the re-sync's events declare, so the apply types them as the replica holds
+    them. None: left to the value."""
+    import pyarrow as pa
+
+    if pa.types.is_integer(arrow_type):
+        return "bigint" if arrow_type.bit_width == 64 else "int"
+    if pa.types.is_decimal(arrow_type):
+        return f"decimal({arrow_type.precision},{arrow_type.scale})"
+    checks = ((pa.types.is_float32, "float"), (pa.types.is_float64, "double"),
+              (pa.types.is_boolean, "boolean"), (pa.types.is_date, "date"),
+              (pa.types.is_timestamp, "timestamp"), (pa.types.is_string, "string"),
+              (pa.types.is_large_string, "string"), (pa.types.is_string_view, "string"),
+              (pa.types.is_binary, "binary"), (pa.types.is_large_binary, "binary"))
+    return next((name for check, name in checks if check(arrow_type)), None)
 
 
 def _escaped(text: str) -> str:

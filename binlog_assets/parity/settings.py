@@ -77,6 +77,9 @@ class ParityConfig(_Settings):
     block_dbt: bool = Field(
         False, description="while a replica's latest parity check failed, dbt builds wait "
                            "(dbt_follow_sensor skips, a launched build fails naming it)")
+    resync: bool = Field(
+        False, description="when a replica's parity check fails, `parity_resync_sensor` "
+                           "launches `resync_replica_job` for each chunk it found wrong")
 
     @field_validator("schedule")
     @classmethod

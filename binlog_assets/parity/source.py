@@ -54,7 +54,8 @@ class BinlogPosition:
 @dataclass(frozen=True)
 class SourceTable:
     """One source table a replica reads: its compared columns (name, DATA_TYPE), its key,
-    whether the key may be chunked by ranges, and the columns left out."""
+    whether the key may be chunked by ranges, the columns left out, and its primary key
+    (what its change events carry as their key, whatever the replica is keyed by)."""
 
     database: str
     table: str
@@ -62,6 +63,7 @@ class SourceTable:
     key: tuple[str, ...]
     ranged: bool
     skipped: tuple[str, ...]
+    primary: tuple[str, ...] = ()
 
     @property
     def name(self) -> str:
@@ -144,7 +146,7 @@ def _describe(db: pymysql.Connection, name: str, key_columns: Sequence[str] | No
                   for cols in indexes.values())
     ranged = bool(key) and indexed and all(
         orders_alike(kinds[k.lower()][1], kinds[k.lower()][2]) for k in key)
-    return SourceTable(database, table, columns, key, ranged, skipped)
+    return SourceTable(database, table, columns, key, ranged, skipped, primary)
 
 
 @dataclass

@@ -96,3 +96,62 @@ def test_a_failed_parity_check_holds_dbt_back_until_one_passes(tmp_path: Path) -
         assert tick(not_blocking).run_requests  # off by default: dbt builds regardless
         _parity(instance, "log", passed=True)  # re-synced, checked equal
         assert tick(blocking).run_requests
+
+
+def test_a_failed_check_launches_a_resync_of_each_chunk_it_found_wrong_once() -> None:
+    from binlog_assets.orchestration.resync_job import RESYNC_JOB_NAME, parity_resync_sensor
+
+    assert parity_resync_sensor(_config()) is None  # off by default
+    sensor = parity_resync_sensor(_config(resync=True))
+    assert sensor.job_name == RESYNC_JOB_NAME
+    with dg.instance_for_test() as instance:
+        mismatches = [
+            {"table": "shop.a", "range": "(-inf, 28]", "lower": None, "upper": [28]},
+            {"table": "shop.a", "range": "(53, 78]", "lower": [53], "upper": [78]},
+            # A key with no exact JSON form: the whole table, once.
+            {"table": "shop.a", "range": "(2026-01-01, 2026-02-01]"},
+            {"table": "shop.a", "range": "(2026-02-01, +inf]"},
+            {"table": "shop.log", "range": "all rows (a log of changes, replayed)"}]
+        for replica in ("a", "log"):
+            instance.report_runless_asset_event(dg.AssetCheckEvaluation(
+                asset_key=dg.AssetKey(["replica", replica]), check_name=PARITY_CHECK,
+                passed=False, severity=dg.AssetCheckSeverity.ERROR,
+                metadata={"mismatches": dg.MetadataValue.json(
+                    [m for m in mismatches if m["table"] == f"shop.{replica}"])}))
+        context = dg.build_sensor_context(instance=instance)
+        requests = [r for r in sensor(context) if isinstance(r, dg.RunRequest)]
+        configs = [r.run_config["ops"]["resync_replica"]["config"] for r in requests]
+        assert configs == [
+            {"replica": "a", "table": "shop.a", "lower": "", "upper": "[28]"},
+            {"replica": "a", "table": "shop.a", "lower": "[53]", "upper": "[78]"},
+            {"replica": "a", "table": "shop.a"}]  # a log of changes is not re-synced
+        assert len({r.run_key for r in requests}) == 3
+
+        # The same failed checks again: nothing; a newer failed one: its chunks.
+        again = dg.build_sensor_context(instance=instance, cursor=context.cursor)
+        assert [r for r in sensor(again) if isinstance(r, dg.RunRequest)] == []
+        _parity(instance, "a", passed=True)
+        later = dg.build_sensor_context(instance=instance, cursor=again.cursor)
+        assert [r for r in sensor(later) if isinstance(r, dg.RunRequest)] == []
+
+
+def test_a_failed_check_names_each_chunk_as_the_resync_job_takes_it() -> None:
+    from datetime import date
+
+    from binlog_assets.orchestration.parity_checks import parity_result
+    from binlog_assets.parity.check import Mismatch, ParityReport
+    from binlog_assets.parity.chunks import KeyRange
+
+    report = ParityReport("a", mismatches=[
+        Mismatch("shop.a", "(-inf, 28]", 3, 2, ["shop.a 7: missing in replica"],
+                 KeyRange(None, (28,))),
+        Mismatch("shop.b", "(20, 3, +inf]", 1, 1, [], KeyRange((20, "x"), None)),
+        Mismatch("shop.c", "(2026-01-01, +inf]", 1, 0, [], KeyRange((date(2026, 1, 1),), None)),
+        Mismatch("shop.log", "all rows (a log of changes, replayed)", 5, 4, [])])
+    md = parity_result(dg.AssetKey(["replica", "a"]), report, 10).metadata
+    assert [{k: m.get(k, "-") for k in ("table", "lower", "upper")}
+            for m in md["mismatches"].value] == [
+        {"table": "shop.a", "lower": None, "upper": [28]},
+        {"table": "shop.b", "lower": [20, "x"], "upper": None},
+        {"table": "shop.c", "lower": "-", "upper": "-"},  # no exact JSON form of a date
+        {"table": "shop.log", "lower": "-", "upper": "-"}]

@@ -29,6 +29,7 @@ from binlog_assets.lakehouse.replica.builder import ReplicaBuilder
 from binlog_assets.lakehouse.replica.routes import replica_route
 from binlog_assets.orchestration.consume_runs import ChangelogRunConfig, consume_partition
 from binlog_assets.orchestration.partitions import partition_key
+from binlog_assets.orchestration.replica_reports import counted_rows, row_count_check
 from binlog_assets.parity.check import check_replica
 from binlog_assets.parity.resync import resync_table
 from binlog_assets.parity.source import connect, source_tables
@@ -98,13 +99,19 @@ def _check(pipeline: PipelineConfig, replica: str):
     return check_replica(pipeline, replica, dict(pipeline.kafka), pipeline.kafka["group.id"])
 
 
-def _resync(pipeline: PipelineConfig, replica: str) -> None:
+def _resync(pipeline: PipelineConfig, replica: str, spark) -> None:
     db = connect(pipeline.sources[0].connection)
     try:
         for table in source_tables(db, replica_route(pipeline, replica)):
             resync_table(pipeline, replica, db, table)
     finally:
         db.close()
+    builder = ReplicaBuilder(spark, pipeline)
+    result = builder.apply(replica)
+    # The re-sync went through the changelog: its row count agrees with the repair.
+    live = counted_rows(builder, replica, result.key_rule)
+    check = row_count_check(builder, replica, result.key_rule, live, result.applied_version)
+    assert check.passed, check.description
 
 
 def _end_offset(pipeline: PipelineConfig, topic: str) -> int:
@@ -117,11 +124,12 @@ def _end_offset(pipeline: PipelineConfig, topic: str) -> int:
         consumer.close()
 
 
-def _found_then_repaired(pipeline: PipelineConfig, replica: str, keys: list[str]) -> None:
+def _found_then_repaired(pipeline: PipelineConfig, replica: str, keys: list[str],
+                         spark) -> None:
     report = _check(pipeline, replica)
     assert not report.passed, report.summary()
     assert report.sample_keys(100) == keys, report.summary()
-    _resync(pipeline, replica)
+    _resync(pipeline, replica, spark)
     report = _check(pipeline, replica)
     assert report.passed, (report.summary(), report.mismatches)
 
@@ -141,7 +149,8 @@ def test_skipped_kafka_offsets_are_found_and_repaired(drill: PipelineConfig, mar
     time.sleep(2)
     _consume(drill, start={"shop.drill.acc": skip_from + 5})
     _apply(drill, spark)
-    _found_then_repaired(drill, "acc", [f"drill.acc {i}: differs" for i in range(1, 6)])
+    _found_then_repaired(drill, "acc", [f"drill.acc {i}: differs" for i in range(1, 6)],
+                         spark)
 
 
 def test_a_truncated_partition_at_the_source_is_found_and_repaired(
@@ -153,7 +162,7 @@ def test_a_truncated_partition_at_the_source_is_found_and_repaired(
     report = _check(drill, "part")
     assert not report.passed and report.replica_rows - report.source_rows == 99
     assert report.sample_keys(3) == [f"drill.part {i}: extra in replica" for i in (1, 2, 3)]
-    _resync(drill, "part")
+    _resync(drill, "part", spark)
     report = _check(drill, "part")
     assert report.passed and report.source_rows == report.replica_rows == 201
 
@@ -171,7 +180,7 @@ def test_a_dropped_partition_at_the_source_is_found_and_repaired(
     report = _check(drill, "part")
     assert not report.passed and report.replica_rows - report.source_rows == dropped > 0
     assert report.sample_keys(2) == [f"drill.part {i}: extra in replica" for i in (100, 101)]
-    _resync(drill, "part")
+    _resync(drill, "part", spark)
     report = _check(drill, "part")
     assert report.passed and report.source_rows == report.replica_rows == left
 

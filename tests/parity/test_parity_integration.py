@@ -307,6 +307,9 @@ def test_a_resync_repairs_the_ranges_and_later_streamed_changes_still_win(
     assert (done[0].source_rows, done[0].deleted) == (25, 1)  # 17 replaced, 6 deleted
     resync_table(built, "items", db, items, KeyRange((53,), (78,)))  # 64 back
     db.close()
+    # The re-synced rows are in the changelog; the replica has them once applied.
+    assert not _check(built, "items").passed
+    ReplicaBuilder(spark, built).apply("items")
     assert _check(built, "items").passed
 
     # The job from the launchpad: every other damaged replica, whole tables.
@@ -319,6 +322,8 @@ def test_a_resync_repairs_the_ranges_and_later_streamed_changes_still_win(
             run_config={"ops": {"resync_replica": {"config": {"replica": replica}}}})
         assert result.success
         assert _check(built, replica).passed, replica
+        (count,) = result.get_asset_check_evaluations()  # the job applied and counted
+        assert count.check_name == "row_count_matches_changelog" and count.passed, replica
 
     # Streaming goes on: a change after the re-sync's position wins over its rows.
     with mariadb.connect().cursor() as cur:
@@ -333,3 +338,42 @@ def _route(pipeline: PipelineConfig, replica: str):
     from binlog_assets.lakehouse.replica.routes import replica_route
 
     return replica_route(pipeline, replica)
+
+
+def test_rows_the_stream_never_carried_are_resynced_through_the_changelog(
+        built: PipelineConfig, mariadb: MariaDBServer, spark) -> None:
+    """Rows deleted and inserted at the source with the binlog off, as a dropped partition
+    or a manual fix-up leaves them: the re-sync writes its rows to the changelog, so the
+    replica and the changelog agree on its live rows once applied."""
+    from binlog_assets.orchestration.replica_reports import counted_rows, row_count_check
+    from binlog_assets.parity.resync import resync_table
+    from binlog_assets.parity.source import connect, source_tables
+
+    with mariadb.connect().cursor() as cur:
+        cur.execute("SET SESSION sql_log_bin = 0")
+        cur.execute("SELECT COUNT(*) FROM parity.lines")
+        (before,) = cur.fetchone()
+        cur.execute("DELETE FROM parity.lines WHERE order_id = 30")
+        cur.execute("INSERT INTO parity.lines VALUES (31, 1, 'sku-31-1', 1.5)")
+    report = _check(built, "lines")
+    assert report.sample_keys(10) == ["parity.lines (30, 1): extra in replica",
+                                      "parity.lines (30, 2): extra in replica",
+                                      "parity.lines (30, 3): extra in replica",
+                                      "parity.lines (31, 1): missing in replica"]
+
+    db = connect(built.sources[0].connection)
+    (lines,) = source_tables(db, _route(built, "lines"))
+    done = resync_table(built, "lines", db, lines)
+    db.close()
+    assert sum(c.deleted for c in done) == 3
+    builder = ReplicaBuilder(spark, built)
+    result = builder.apply("lines")
+    report = _check(built, "lines")
+    assert report.passed and report.replica_rows == before - 3 + 1, report.summary()
+    live = counted_rows(builder, "lines", result.key_rule)
+    check = row_count_check(builder, "lines", result.key_rule, live, result.applied_version)
+    assert live == before - 3 + 1 and check.passed, check.description
+    # The repair is in the changelog: a rebuild from it keeps it.
+    builder.rebuild("lines")
+    report = _check(built, "lines")
+    assert report.passed and report.replica_rows == before - 3 + 1, report.summary()
