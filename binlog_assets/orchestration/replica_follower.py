@@ -9,7 +9,8 @@ is applied to the replicas whose source tables it holds rows of (the surveys its
 carry say which, without reading it), `spark.parallel_replicas` at a time. Each apply that
 changed a replica is reported as that replica's materialization at once, and its
 `row_count_matches_changelog` check follows within `check_seconds` (the changelog's side
-counted by delta-rs from the versions added since the replica's last check). Its
+counted by delta-rs from the versions added since the replica's last check), as does its
+`source_delay` check (at once when its outcome changes). Its
 materializations carry data versions and provenance, so the asset graph shows a replica
 Unsynced only while its tables have changes it has not applied (`replica_versions.py`).
 
@@ -68,7 +69,9 @@ class FollowConfig(dg.Config):
     seconds: float | None = Field(None, gt=0, description="how long this run follows the "
                                   "changelog (default: dagster.replica_follow_seconds)")
     check_seconds: float = Field(CHECK_SECONDS, ge=0, description="a changed replica's "
-                                 "row-count check runs at most this often")
+                                 "row-count check runs at most this often, and its source "
+                                 "delay check is reported at most this often while its "
+                                 "outcome stays the same")
     sync_seconds: float = Field(SYNC_SECONDS, ge=0, description="a replica current while "
                                 "the changelog moved for other tables is reported in sync "
                                 "at most this often (replica_versions.py)")
@@ -210,6 +213,7 @@ def follow_replicas(context: dg.OpExecutionContext, config: FollowConfig,
                                                                     up_to),
                       workers=len(builders), rounds=True)
     checks = _Checks(config.check_seconds, _row_count_evaluator(builders[0]))
+    delays = _Delays(config.check_seconds)
     sync = InSync(context.instance, config.sync_seconds)
     # A round's applies in one log line at its end: each line is an event write on this
     # thread, ahead of the next replica's materialization.
@@ -224,6 +228,7 @@ def follow_replicas(context: dg.OpExecutionContext, config: FollowConfig,
         for name, outcome in followed:
             if name is None:  # a poll, every replica applied up to `outcome` but the failed
                 log_applied()
+                yield from delays.due(time.monotonic())
                 yield from checks.due(time.monotonic())
                 broken = {n for n, _ in failed}
                 yield from sync.due([n for n in names if n not in broken], outcome,
@@ -249,10 +254,10 @@ def follow_replicas(context: dg.OpExecutionContext, config: FollowConfig,
                 delay = source_delay_check(replica_key(name), result,
                                            pipeline.dagster.replica_delay_alert_seconds,
                                            time.time())
-                yield dg.AssetCheckEvaluation(
+                yield from delays.applied(name, dg.AssetCheckEvaluation(
                     asset_key=delay.asset_key, check_name=delay.check_name,
                     passed=delay.passed, severity=delay.severity, metadata=delay.metadata,
-                    description=delay.description)
+                    description=delay.description), time.monotonic())
                 # Only this one: another's apply of this round may be in flight.
                 yield from checks.due(time.monotonic(), only=name)
     except BaseException:
@@ -264,9 +269,42 @@ def follow_replicas(context: dg.OpExecutionContext, config: FollowConfig,
         raise
     log_applied()
     # Whatever is still due: every changed replica's last apply is checked.
+    yield from delays.due(None)
     yield from checks.due(None)
     if failed:
         raise replicas_failed(failed, len(names))
+
+
+class _Delays:
+    """The `source_delay` checks of the replicas a follower changed: an apply's
+    evaluation is reported at once when its outcome differs from the replica's last one
+    reported (an alert, or its end), else at most every `every` seconds per replica, the
+    latest kept until then and reported by the run's end: at a hundred busy replicas an
+    event write per apply was a fifth of a round."""
+
+    def __init__(self, every: float) -> None:
+        self.every = every
+        self.pending: dict[str, dg.AssetCheckEvaluation] = {}
+        self.last: dict[str, tuple[float, bool]] = {}  # replica -> (reported at, passed)
+
+    def applied(self, name: str, evaluation: dg.AssetCheckEvaluation, now: float
+                ) -> Iterator[dg.AssetCheckEvaluation]:
+        last = self.last.get(name)
+        if last is None or last[1] != evaluation.passed or now - last[0] >= self.every:
+            self.pending.pop(name, None)
+            self.last[name] = (now, evaluation.passed)
+            yield evaluation
+        else:
+            self.pending[name] = evaluation
+
+    def due(self, now: float | None) -> Iterator[dg.AssetCheckEvaluation]:
+        """The kept evaluations whose time came (all of them with `now` None)."""
+        for name, evaluation in sorted(self.pending.items()):
+            if now is None or now - self.last[name][0] >= self.every:
+                del self.pending[name]
+                self.last[name] = (now if now is not None else time.monotonic(),
+                                   evaluation.passed)
+                yield evaluation
 
 
 class _Checks:

@@ -23,6 +23,7 @@ from binlog_assets.lakehouse.replica.routes import replica_routes
 from binlog_assets.orchestration.replica_follower import (
     FOLLOW_JOB_NAME,
     _Checks,
+    _Delays,
     follow,
     follow_replicas_job,
     pool_wanted,
@@ -100,10 +101,11 @@ def test_a_follower_run_applies_each_commit_as_it_lands(spark, make_config, tmp_
     assert set(checks) == {"orders", "products"}
     assert all(c.passed for c in checks.values())
     assert checks["orders"].metadata["replica_rows"].value == 3
-    # The source delay, at each apply: these source commits are from 2023, far past the
-    # limit, so each warns.
+    # The source delay: these source commits are from 2023, far past the limit, so each
+    # warns; reported at each replica's first apply, then, its outcome the same, once
+    # more by the run's end for orders' later applies (within check_seconds).
     delays = [e for e in evaluations if e.check_name == SOURCE_DELAY_CHECK]
-    assert [e.asset_key.path[-1] for e in delays] == names
+    assert [e.asset_key.path[-1] for e in delays] == [*names[:2], "orders"]
     assert all(not d.passed and d.severity == dg.AssetCheckSeverity.WARN for d in delays)
     assert all(d.metadata["source_delay_seconds"].value > 900 for d in delays)
     assert all("source_delay_seconds" in md for _, md in by_replica)
@@ -184,6 +186,34 @@ def test_checks_wait_their_interval_and_take_a_bounded_share_of_the_time() -> No
     checks.applied("a", None, 3)
     checks.applied("b", None, 3)
     assert list(checks.due(None)) == [("a", 3), ("b", 3)]
+
+
+def test_a_delay_is_reported_when_its_outcome_changes_else_at_most_every_interval(
+        ) -> None:
+    def delay(passed: bool, seconds: float) -> dg.AssetCheckEvaluation:
+        return dg.AssetCheckEvaluation(
+            asset_key=dg.AssetKey(["replica", "a"]), check_name=SOURCE_DELAY_CHECK,
+            passed=passed, metadata={"source_delay_seconds": seconds})
+
+    def seconds(evaluations) -> list[float]:  # noqa: ANN001
+        return [e.metadata["source_delay_seconds"].value for e in evaluations]
+
+    delays = _Delays(30)
+    assert seconds(delays.applied("a", delay(True, 1.0), now=0.0)) == [1.0]  # the first
+    assert seconds(delays.applied("a", delay(True, 2.0), now=5.0)) == []  # kept
+    assert seconds(delays.applied("a", delay(True, 3.0), now=10.0)) == []
+    assert seconds(delays.due(20.0)) == []
+    assert seconds(delays.due(30.0)) == [3.0]  # the latest, once its interval passed
+    assert seconds(delays.due(31.0)) == []
+    # An alert is reported at once, and so is its end.
+    assert seconds(delays.applied("a", delay(False, 90.0), now=32.0)) == [90.0]
+    assert seconds(delays.applied("a", delay(True, 4.0), now=33.0)) == [4.0]
+    assert seconds(delays.applied("a", delay(True, 5.0), now=34.0)) == []
+    # The run's end reports whatever is kept; with no interval, every apply.
+    assert seconds(delays.due(None)) == [5.0]
+    every = _Delays(0)
+    assert seconds([*every.applied("a", delay(True, 1.0), now=0.0),
+                    *every.applied("a", delay(True, 2.0), now=0.0)]) == [1.0, 2.0]
 
 
 def test_the_loop_applies_every_replica_once_per_new_version() -> None:
