@@ -29,7 +29,7 @@ import dagster as dg
 from confluent_kafka import Consumer
 from harness import debezium_records, load_average, produce_records, running_broker
 
-from binlog_assets.config import parse_config
+from binlog_assets.config import PipelineConfig, parse_config
 from binlog_assets.dev.kafka import create_topics
 from binlog_assets.environment import REPO_ROOT
 from binlog_assets.orchestration.partitions import KAFKA_PARTITIONS_NAME, partition_key
@@ -100,6 +100,11 @@ def instrument(t: Timings, rounds: list[int]) -> None:
         consume_runs,
     )
 
+    try:
+        from binlog_assets.orchestration import round_commit
+    except ImportError:  # a checkout before rounds committed together
+        round_commit = None
+
     t.wrap(lag, "measure_lag", "lag: follower (due, after)")
     t.wrap(backlog, "measure_lag", "lag: worker decision")
     t.wrap(changelog_asset, "measure_lag", "lag: report")
@@ -107,10 +112,17 @@ def instrument(t: Timings, rounds: list[int]) -> None:
     t.wrap(changelog_follower, "held_partitions", "due: held partitions")
     t.wrap(consume_runs, "run_partition", "partition: run_partition")
     t.wrap(changelog_follower, "latest_metadata_checkpoint", "partition: metadata checkpoint")
+    t.wrap(changelog_follower, "latest_metadata_checkpoints", "ROUND metadata checkpoints")
     t.wrap(ChangelogWriter, "checkpoint", "partition: changelog checkpoint")
     t.wrap(run.BoundedRun, "_consumer", "partition: consumer created")
     t.wrap(run.BoundedRun, "_resolve", "partition: checkpoint resolved")
     t.wrap(ChangelogWriter, "write", "partition: changelog write (lock incl.)")
+    t.wrap(ChangelogWriter, "write_many", "changelog commit of many partitions (lock incl.)")
+    t.wrap(ChangelogWriter, "checkpoints", "changelog checkpoints (lock incl.)")
+    if round_commit is not None:
+        t.wrap(round_commit.RoundCommit, "read_checkpoints", "ROUND checkpoints read together")
+        t.wrap(round_commit.RoundCommit, "commit", "ROUND last commit points together")
+        t.wrap(round_commit.RoundCommit, "_commit_kafka", "round: kafka commit together")
     t.wrap(deltalake, "write_deltalake", "partition: delta-rs commit")
     t.wrap(deltalake.DeltaTable, "update_incremental", "partition: delta-rs log update")
     t.wrap(deltalake.DeltaTable, "transaction_version", "partition: delta-rs txn version")
@@ -170,6 +182,24 @@ def one_round(job: Callable, instance: dg.DagsterInstance, resource: BinlakeReso
     return time.monotonic() - began
 
 
+def check(pipeline: PipelineConfig, topics: list[str], records: int) -> None:
+    """Every partition's records in the changelog once, and its checkpoints at the end."""
+    from binlog_assets.consume.lag import measure_lag
+    from binlog_assets.lakehouse.changelog import ChangelogWriter, changelog_uri
+    from binlog_assets.orchestration.table_metadata import delta_row_count
+
+    group = pipeline.kafka["group.id"]
+    writer = ChangelogWriter(pipeline)
+    wrong = [t for t in topics if writer.checkpoint(group, t, 0) != records]
+    wrong += [pl.topic for pl in measure_lag(dict(pipeline.kafka), group, topics)
+              if pl.committed != records]
+    rows = delta_row_count(changelog_uri(pipeline))
+    if wrong or rows != records * len(topics):
+        raise RuntimeError(f"the changelog holds {rows} rows; checkpoints not at {records}: "
+                           f"{sorted(set(wrong))}")
+    print(f"\nchecked: {rows} changelog rows, every checkpoint at {records}")
+
+
 def show(name: str, t: Timings, wall: float, partitions: int) -> None:
     print(f"\n{name}: follower run {wall:.2f}s; {load_average()}")
     for label in sorted(t.seconds, key=lambda k: (not k.startswith(("ROUND", "lag")), k)):
@@ -218,6 +248,7 @@ def main() -> int:
                     timings.reset()
                     show(name, timings, one_round(follow_changelog_job, instance, resource,
                                                   rounds), args.topics)
+            check(pipeline, topics, 2 * args.records)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return 0

@@ -85,19 +85,24 @@ def kafka_committed_source(consumer: Consumer, tp: TopicPartition) -> Checkpoint
     """The group's committed offset, with done-beyond offsets from its commit metadata."""
 
     def read() -> Checkpoint | None:
-        committed = retry_retriable(
+        return committed_checkpoint(retry_retriable(
             lambda: consumer.committed([TopicPartition(tp.topic, tp.partition)], timeout=30)[0],
             f"reading the committed offset of {tp.topic}[{tp.partition}]",
-        )
-        if committed.error:
-            raise RuntimeError(f"cannot read committed offset of {tp.topic}[{tp.partition}]: "
-                               f"{committed.error}")
-        if committed.offset < 0:
-            return None
-        done = OffsetTracker.decode_metadata(committed.offset, committed.metadata)
-        return Checkpoint(committed.offset, KAFKA, frozenset(done))
+        ))
 
     return read
+
+
+def committed_checkpoint(committed: TopicPartition) -> Checkpoint | None:
+    """The checkpoint of one partition as `Consumer.committed` answered for it, with the
+    done-beyond offsets of its commit metadata."""
+    if committed.error:
+        raise RuntimeError(f"cannot read committed offset of {committed.topic}"
+                           f"[{committed.partition}]: {committed.error}")
+    if committed.offset < 0:
+        return None
+    done = OffsetTracker.decode_metadata(committed.offset, committed.metadata)
+    return Checkpoint(committed.offset, KAFKA, frozenset(done))
 
 
 def reset_source(

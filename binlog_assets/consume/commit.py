@@ -36,17 +36,19 @@ class Committer:
         self.abandoned = False
         self._lock = threading.Lock()
 
-    def commit(self, offsets: Sequence[TopicPartition], what: str) -> None:
+    def commit(self, offsets: Sequence[TopicPartition], what: str) -> list[TopicPartition]:
+        """Commits `offsets`; what the coordinator answered for each (its `error`)."""
         if self.abandoned:
             raise CommitTimeout(f"{what}: an earlier commit of this consumer is still stuck")
         finished = threading.Event()
         outcome: list[BaseException] = []
+        answer: list[TopicPartition] = []
 
         def run() -> None:
             try:
-                retry_retriable(
+                answer.extend(retry_retriable(
                     lambda: self.consumer.commit(offsets=list(offsets), asynchronous=False),
-                    what, self.timeout_seconds)
+                    what, self.timeout_seconds) or ())
             except BaseException as e:  # handed to the waiting thread
                 outcome.append(e)
             with self._lock:
@@ -68,3 +70,4 @@ class Committer:
                     f"lost: a rerun resumes from the run's checkpoint")
         if outcome:
             raise outcome[0]
+        return answer

@@ -27,7 +27,6 @@ from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
 
 from binlog_assets.consume import defaults
 from binlog_assets.consume.checkpoint import (
-    Checkpoint,
     CheckpointSource,
     Resolution,
     kafka_committed_source,
@@ -45,7 +44,6 @@ from binlog_assets.consume.errors import (
     stops_partition,
 )
 from binlog_assets.consume.handlers import HandlerRegistry
-from binlog_assets.consume.invoke import HandlerMetrics
 from binlog_assets.consume.lane_routing import ORDERING_KEY
 from binlog_assets.consume.lanes import LaneDispatcher
 from binlog_assets.consume.offsets import OffsetTracker
@@ -57,16 +55,18 @@ from binlog_assets.consume.runtime import (
     restore_gc_threshold,
     yield_gil,
 )
+from binlog_assets.consume.summary import (
+    STOP_AT_RECORD,
+    STOP_END,
+    STOP_INTERRUPTED,
+    STOP_MAX_RECORDS,
+    STOP_MAX_SECONDS,
+    RunSummary,
+)
 from binlog_assets.faults import fault_point
 from binlog_assets.formats.event import ChangeEvent, DecodeError, SourceUnavailableError
 
 log = logging.getLogger(__name__)
-
-STOP_END = "end_offset"
-STOP_MAX_RECORDS = "max_records"
-STOP_MAX_SECONDS = "max_seconds"
-STOP_INTERRUPTED = "interrupted"  # the run's `stop` was set (Dagster terminated the run)
-STOP_AT_RECORD = "stopped_at_record"  # a record it may not pass (`errors.stops_partition`)
 
 # While the lanes drain, how often the run looks at its `stop`.
 _STOP_CHECK_SECONDS = 0.2
@@ -82,6 +82,15 @@ class ContiguousSink(Protocol):
 
     def __call__(self, events: list[ChangeEvent], raw: dict[int, bytes],
                  end_offset: int) -> None: ...
+
+
+class Hold(Protocol):
+    """Takes a run's last commit point, to commit it with other runs' (one changelog
+    commit, one Kafka commit): the events not yet given to the sink, their raw values,
+    the offset and its commit metadata. Until then nothing of it is committed."""
+
+    def __call__(self, events: list[ChangeEvent], raw: dict[int, bytes], offset: int,
+                 metadata: str) -> None: ...
 
 
 class Stop(Protocol):
@@ -114,6 +123,10 @@ class RunSettings:
     max_seconds: float | None = None
     start_offset: int | None = None  # explicit override, first in the precedence
     extra_checkpoint_sources: tuple[CheckpointSource, ...] = ()
+    # The group's committed offset as the caller read it (with other partitions' at once),
+    # instead of the run's own read: with its last commit held (`Hold`), a run's consumer
+    # then asks the group coordinator nothing unless it commits on its way.
+    kafka_checkpoint: CheckpointSource | None = None
     commit_interval_seconds: float = defaults.COMMIT_INTERVAL_SECONDS
     # librdkafka's synchronous commit never times out by itself (Java's is 60 s).
     commit_timeout_seconds: float = defaults.COMMIT_TIMEOUT_SECONDS
@@ -121,43 +134,6 @@ class RunSettings:
     key_columns: dict[str, list[str]] | None = None
     # The schema registry client's settings, for formats that need one (secrets inside).
     schema_registry: dict[str, Any] | None = field(default=None, repr=False)
-
-
-@dataclass
-class RunSummary:
-    topic: str
-    partition: int
-    start_offset: int
-    checkpoint_source: str
-    end_offset: int
-    committed_offset: int
-    records: int = 0
-    events: int = 0
-    skipped_already_done: int = 0
-    dead_lettered: int = 0
-    decode_dead_lettered: int = 0
-    counts: Counter = field(default_factory=Counter)  # (table, op) -> events
-    skipped: Counter = field(default_factory=Counter)  # decoder skip reason -> records
-    seconds: float = 0.0
-    stop_reason: str = STOP_END
-    checkpoint_candidates: tuple[Checkpoint, ...] = ()
-    handlers: dict[str, HandlerMetrics] = field(default_factory=dict)  # by handler name
-
-    @property
-    def throughput(self) -> float:
-        return self.records / self.seconds if self.seconds > 0 else 0.0
-
-    def per_table(self) -> dict[str, int]:
-        out: Counter = Counter()
-        for (table, _op), n in self.counts.items():
-            out[table] += n
-        return dict(out)
-
-    def per_op(self) -> dict[str, int]:
-        out: Counter = Counter()
-        for (_table, op), n in self.counts.items():
-            out[op] += n
-        return dict(out)
 
 
 @dataclass(slots=True)
@@ -187,6 +163,7 @@ class BoundedRun:
         on_commit: Callable[[int, str], None] | None = None,
         sink: ContiguousSink | None = None,
         stop: Stop | None = None,
+        hold: Hold | None = None,
     ) -> None:
         from binlog_assets.formats import make_decoder
 
@@ -197,7 +174,7 @@ class BoundedRun:
                                                schema_registry=settings.schema_registry)
         self.on_commit = on_commit
         self.sink = sink
-        self.stop = stop
+        self.stop, self.hold = stop, hold
         # (offset, events, raw value) polled but not yet given to the sink.
         self._sink_buffer: deque[tuple[int, list[ChangeEvent], bytes | None]] = deque()
         self._sink_end: int | None = None
@@ -227,7 +204,7 @@ class BoundedRun:
         sources: list[CheckpointSource] = [
             override_source(self.settings.start_offset),
             *self.settings.extra_checkpoint_sources,
-            kafka_committed_source(consumer, self.tp),
+            self.settings.kafka_checkpoint or kafka_committed_source(consumer, self.tp),
             reset_source(consumer, self.tp, policy, watermarks),
         ]
         return resolve_checkpoint(sources)
@@ -296,7 +273,8 @@ class BoundedRun:
                 # Events not started are dropped (the next run reads them again); the
                 # workers finish what they run and report it as they exit.
                 dispatcher.close(timeout=s.handler_timeout_seconds or 10.0)
-            self._commit(consumer, tracker, summary)
+            self._commit(consumer, tracker, summary, final=poll.halt is None
+                         and summary.stop_reason != STOP_INTERRUPTED)
             if poll.halt is not None:
                 # What came before the record is committed; the record and all after it
                 # wait for the next run.
@@ -553,7 +531,7 @@ class BoundedRun:
         ) from dispatcher.failure
 
     # -- commit -----------------------------------------------------------------------
-    def _flush_sink(self, end_offset: int) -> None:
+    def _sink_range(self, end_offset: int) -> tuple[list[ChangeEvent], dict[int, bytes]]:
         events: list[ChangeEvent] = []
         raw: dict[int, bytes] = {}
         buf = self._sink_buffer
@@ -562,17 +540,23 @@ class BoundedRun:
             events.extend(decoded)
             if value is not None:
                 raw[offset] = value
-        self.sink(events, raw, end_offset)
+        return events, raw
+
+    def _flush_sink(self, end_offset: int) -> None:
+        self.sink(*self._sink_range(end_offset), end_offset)
         self._sink_end = end_offset
 
     def _commit(self, consumer: Consumer, tracker: OffsetTracker,
-                summary: RunSummary | None) -> None:
+                summary: RunSummary | None, *, final: bool = False) -> None:
         # What to commit is read first, then the dead letters are flushed: an event a lane
         # dead-letters and marks done after this read is not committed past, so every
         # dead letter below the commit has been acknowledged by the broker.
         offset, metadata = tracker.commit_point()
         if self._dlq is not None:
             self._dlq.flush()
+        if final and self.hold is not None:  # the caller commits it (`Hold`)
+            self.hold(*self._sink_range(offset), offset, metadata)
+            return
         if offset > (self._sink_end or 0):
             fault_point("after_handlers")
             if self.sink is not None:

@@ -1,6 +1,7 @@
 """The bronze changelog: every change event, appended once, with its Kafka coordinates, in
 one Delta table written by delta-rs (no JVM); each write is one commit carrying the
-transaction `group/topic/partition` -> end offset and a survey of its rows.
+transaction `group/topic/partition` -> end offset of each partition it writes and a
+survey of its rows.
 
 Its columns and write rules: docs/architecture.md, "The changelog".
 """
@@ -11,6 +12,7 @@ import threading
 import uuid
 from base64 import b64encode
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from decimal import Decimal
 from typing import TYPE_CHECKING, Any
@@ -145,6 +147,8 @@ def event_row(event: ChangeEvent, raw: bytes | None, ingested_at: datetime) -> t
 SURVEY_MAX_GROUPS = 256
 # Nor does one whose survey would take more than this much of the Delta log (wide tables'
 # declared types): every commit's metadata is read again by history and log replays.
+# A commit of several partitions' ranges (`write_many`) has both bounds once per
+# partition: as much as the commits of each range alone would have.
 SURVEY_MAX_BYTES = 64 * 1024
 # A range of more commits than this is scanned rather than read from the log.
 SURVEY_MAX_COMMITS = 2000
@@ -158,10 +162,11 @@ _ROW_COLUMN_TYPES, _ROW_VALUE_TYPES = 16, 17
 _ROW_SOURCE_TS = 14
 
 
-def survey_of_rows(rows: Sequence[tuple]) -> list[list] | None:
+def survey_of_rows(rows: Sequence[tuple], max_groups: int = SURVEY_MAX_GROUPS
+                   ) -> list[list] | None:
     """The survey of `event_row` tuples: [table, op, column_types, value_types,
     key_columns, rows, last position (phase, file, pos, row, offset, row_index)] per
-    group, or None past SURVEY_MAX_GROUPS groups."""
+    group, or None past `max_groups` groups."""
     groups: dict[tuple, list] = {}
     for r in rows:
         group = (r[_ROW_TABLE], r[_ROW_OP], r[_ROW_COLUMN_TYPES], r[_ROW_VALUE_TYPES],
@@ -169,7 +174,7 @@ def survey_of_rows(rows: Sequence[tuple]) -> list[list] | None:
         position = (*r[_ROW_POSITION], r[_ROW_OFFSET], r[_ROW_INDEX])
         entry = groups.get(group)
         if entry is None:
-            if len(groups) >= SURVEY_MAX_GROUPS:
+            if len(groups) >= max_groups:
                 return None
             groups[group] = [1, position]
         else:
@@ -190,9 +195,10 @@ def source_times(rows: Sequence[tuple]) -> dict[str, int]:
 
 
 def commit_metadata(tag: str, survey: list[list] | None,
-                    times: dict[str, int] | None = None) -> str:
+                    times: dict[str, int] | None = None,
+                    max_bytes: int = SURVEY_MAX_BYTES) -> str:
     """A changelog commit's `userMetadata`: the survey and the tables' latest source
-    times (`times`), left out when the survey is None or larger than SURVEY_MAX_BYTES."""
+    times (`times`), left out when the survey is None or larger than `max_bytes`."""
     bare = orjson.dumps({"tag": tag}).decode()
     if survey is None:
         return bare
@@ -200,7 +206,7 @@ def commit_metadata(tag: str, survey: list[list] | None,
     if times:
         doc["times"] = times
     full = orjson.dumps(doc).decode()
-    return full if len(full) <= SURVEY_MAX_BYTES else bare
+    return full if len(full) <= max_bytes else bare
 
 
 def commit_doc(metadata: str | None) -> dict[str, Any]:
@@ -264,6 +270,33 @@ class ConcurrentPartitionWrite(RuntimeError):
     """Another writer committed the same partition's transaction at the same time."""
 
 
+@dataclass(frozen=True)
+class PartitionWrite:
+    """One partition's range for `ChangelogWriter.write_many`: its events (offsets below
+    `end_offset`), their raw values, and the fence's `check` (see `write`)."""
+
+    events: Sequence[ChangeEvent]
+    raw: Mapping[int, bytes] | None
+    group_id: str
+    topic: str
+    partition: int
+    end_offset: int
+    check: Callable[[int | None], None] | None = None
+
+    @property
+    def txn(self) -> str:
+        return changelog_app_id(self.group_id, self.topic, self.partition)
+
+    def validate(self) -> None:
+        for event in self.events:
+            if event.topic != self.topic or event.partition != self.partition:
+                raise ValueError(f"event from {event.topic}[{event.partition}] in a write "
+                                 f"for {self.topic}[{self.partition}]")
+            if event.offset >= self.end_offset:
+                raise ValueError(f"event at offset {event.offset} is not below end_offset "
+                                 f"{self.end_offset}")
+
+
 class ChangelogWriter:
     """Appends decoded events to the changelog with delta-rs, one idempotent commit per
     call. Safe to share between threads: commits of one writer take turns."""
@@ -307,12 +340,19 @@ class ChangelogWriter:
 
     def checkpoint(self, group_id: str, topic: str, partition: int) -> int | None:
         """The end offset last written for the partition (None: never, or no table)."""
+        return self.checkpoints(group_id, [(topic, partition)])[(topic, partition)]
+
+    def checkpoints(self, group_id: str, partitions: Sequence[tuple[str, int]]
+                    ) -> dict[tuple[str, int], int | None]:
+        """`checkpoint` of each (topic, partition), from one look at the table's log."""
         from deltalake import DeltaTable
 
         with self._lock:
             if self._table is None and not DeltaTable.is_deltatable(self.uri):
-                return None
-            return self._open().transaction_version(changelog_app_id(group_id, topic, partition))
+                return dict.fromkeys(partitions)
+            table = self._open()
+            return {(topic, partition): table.transaction_version(
+                changelog_app_id(group_id, topic, partition)) for topic, partition in partitions}
 
     def write(
         self,
@@ -335,35 +375,57 @@ class ChangelogWriter:
         given the partition's checkpoint as the write reads it, before anything is
         written, under the writer's lock; it raises to write nothing (the fence's check).
         """
+        [outcome] = self.write_many([PartitionWrite(events, raw, group_id, topic, partition,
+                                                    end_offset, check)])
+        if isinstance(outcome, BaseException):
+            raise outcome
+        return outcome
+
+    def write_many(self, parts: Sequence[PartitionWrite]) -> list[int | None | Exception]:
+        """`write` of several partitions' ranges in one commit, carrying each one's rows
+        and its transaction: per part, in order, the commit's version, None (written
+        before, as `write`), or the exception its `check` raised (that part adds
+        nothing, the others are committed). A conflicting commit raises
+        ConcurrentPartitionWrite for all: nothing is written."""
         from deltalake import CommitProperties, Transaction, write_deltalake
         from deltalake.exceptions import CommitFailedError
 
-        txn = changelog_app_id(group_id, topic, partition)
-        for event in events:
-            if event.topic != topic or event.partition != partition:
-                raise ValueError(f"event from {event.topic}[{event.partition}] in a write "
-                                 f"for {topic}[{partition}]")
-            if event.offset >= end_offset:
-                raise ValueError(f"event at offset {event.offset} is not below end_offset "
-                                 f"{end_offset}")
+        for part in parts:
+            part.validate()
         now = datetime.now(UTC)
+        outcomes: list[int | None | Exception] = [None] * len(parts)
         with self._lock:
             table = self._open()
-            done = table.transaction_version(txn)
-            if check is not None:
-                check(done)
-            if done is not None and done >= end_offset:
-                return None
-            rows = [event_row(e, raw.get(e.offset) if raw else None, now)
-                    for e in events if done is None or e.offset >= done]
-            tag = f"{txn}@{end_offset}#{uuid.uuid4().hex}"
+            rows: list[tuple] = []
+            written: list[int] = []  # indexes of the parts this commit carries
+            for i, part in enumerate(parts):
+                done = table.transaction_version(part.txn)
+                if part.check is not None:
+                    try:
+                        part.check(done)
+                    except Exception as exc:  # that part's fence: the others go on
+                        outcomes[i] = exc
+                        continue
+                if done is not None and done >= part.end_offset:
+                    continue
+                raw = part.raw
+                rows += [event_row(e, raw.get(e.offset) if raw else None, now)
+                         for e in part.events if done is None or e.offset >= done]
+                written.append(i)
+            if not written:
+                return outcomes
+            tag = ",".join(f"{parts[i].txn}@{parts[i].end_offset}" for i in written)
+            n = len(written)
             try:
                 write_deltalake(
                     table, _arrow_table(rows, now), mode="append",
                     commit_properties=CommitProperties(
-                        app_transactions=[Transaction(txn, end_offset)],
+                        app_transactions=[Transaction(parts[i].txn, parts[i].end_offset)
+                                          for i in written],
                         custom_metadata={"userMetadata": commit_metadata(
-                            tag, survey_of_rows(rows), source_times(rows))}),
+                            f"{tag}#{uuid.uuid4().hex}",
+                            survey_of_rows(rows, SURVEY_MAX_GROUPS * n), source_times(rows),
+                            SURVEY_MAX_BYTES * n)}),
                 )
             except CommitFailedError as e:
                 # delta-rs's conflict check refuses a commit whose transaction id another
@@ -371,10 +433,14 @@ class ChangelogWriter:
                 # partition, which on object storage no file lock prevents.
                 if "Concurrent transaction" not in str(e):
                     raise
+                names = ", ".join(f"{parts[i].topic}[{parts[i].partition}]" for i in written)
                 raise ConcurrentPartitionWrite(
-                    f"{topic}[{partition}]: another run committed this partition's "
-                    f"changelog at the same time ({e})") from e
-            return table.version()
+                    f"{names}: another run committed this partition's changelog at the "
+                    f"same time ({e})") from e
+            version = table.version()
+            for i in written:
+                outcomes[i] = version
+            return outcomes
 
 
     def append(self, events: Sequence[ChangeEvent], tag: str) -> int:

@@ -26,7 +26,7 @@ from binlog_assets.orchestration.consume_runs import (
     plan_run,
     run_partitions,
 )
-from binlog_assets.orchestration.metadata_checkpoint import latest_metadata_checkpoint
+from binlog_assets.orchestration.metadata_checkpoint import latest_metadata_checkpoints
 from binlog_assets.orchestration.partitions import KAFKA_PARTITIONS_NAME, partition_key
 from binlog_assets.orchestration.resources import BinlakeResource
 from binlog_assets.orchestration.sensors import (
@@ -166,13 +166,17 @@ def follow_changelog(context: dg.OpExecutionContext, config: ChangelogFollowConf
     def consume(keys: list[str]) -> list[PartitionOutcome]:
         plan = plan_run(pipeline, kafka_conf, keys, ChangelogRunConfig(), group=group,
                         writer=writer)
+        # Every partition's latest materialization at once, not a query each.
+        recorded = latest_metadata_checkpoints(instance, keys)
         outcomes = run_partitions(
             plan,
-            metadata_checkpoint=lambda key: latest_metadata_checkpoint(instance, key),
+            metadata_checkpoint=recorded.get,
             # Terminated mid-round: what its partitions committed is still recorded.
             on_interrupt=lambda stopped: report(plan.report, stopped),
             # due() has just measured them: the worker processes' rule needs no other.
-            lags={k: lags.get(k, 0) for k in keys})
+            lags={k: lags.get(k, 0) for k in keys},
+            # One changelog commit and one Kafka commit for the round's partitions.
+            together=True)
         report(plan.report, outcomes)
         return outcomes
 

@@ -37,6 +37,7 @@ from binlog_assets.orchestration.consume_workers import (
     worker_stop,
 )
 from binlog_assets.orchestration.partitions import parse_partition_key
+from binlog_assets.orchestration.round_commit import RoundCommit
 
 # Partitions of one run consumed at the same time, each by its own consumer and lanes:
 # their fixed costs (round trips to the coordinator and the leader, the Delta commits)
@@ -111,10 +112,14 @@ def run_partition(
     *,
     metadata_checkpoint: Callable[[], Checkpoint | None] = lambda: None,
     stop: Stop | None = None,
+    together: RoundCommit | None = None,
 ) -> tuple[RunSummary, FencedChangelogSink]:
-    """`consume_partition` by its plan. `handlers` defaults to the source's registry."""
+    """`consume_partition` by its plan. `handlers` defaults to the source's registry.
+    `together`: the round whose checkpoints it starts from and which makes its last
+    commit point with the other partitions' (`round_commit.py`)."""
     topic, partition, group = plan.topic, plan.partition, plan.settings.group_id
-    initial = plan.writer.checkpoint(group, topic, partition)
+    initial = (together.changelog[(topic, partition)] if together is not None
+               else plan.writer.checkpoint(group, topic, partition))
     sink = FencedChangelogSink(plan.writer, group=group,
                                topic=topic, partition=partition, expected=initial,
                                lakehouse=plan.lakehouse)
@@ -131,10 +136,13 @@ def run_partition(
             lambda: None if initial is None else Checkpoint(initial, CHANGELOG),
             metadata_checkpoint,
         ),
+        kafka_checkpoint=None if together is None else (
+            lambda: together.kafka_checkpoint(topic, partition)),
     )
+    hold = None if together is None else together.hold(plan.key, plan.settings.source, sink)
     with handlers.opened():
         summary = BoundedRun(topic, partition, handlers, settings, sink=sink,
-                             stop=stop).run()
+                             stop=stop, hold=hold).run()
     return summary, sink
 
 
@@ -260,12 +268,15 @@ def run_partitions(
     parallel: int = PARTITIONS_IN_PARALLEL,
     on_interrupt: Callable[[list[PartitionOutcome]], None] = lambda outcomes: None,
     lags: Mapping[str, int] | None = None,
+    together: bool = False,
 ) -> list[PartitionOutcome]:
     """Bounded runs of every partition of `plan`, `parallel` at a time, sharing one
     changelog writer and the handlers' clients (opened once for the run). A partition
     that fails does not stop the others: its outcome carries the error. `lags`: each
     partition's lag as the caller has just measured it, for the worker processes'
-    backlog rule (`WorkerRule.processes`), which otherwise measures it.
+    backlog rule (`WorkerRule.processes`), which otherwise measures it. `together`: the
+    partitions run in this process start from checkpoints read once for all and make
+    their last commit points together (`RoundCommit`).
 
     Interrupted while it waits (Dagster terminates a run with SIGINT, raised here as
     `DagsterExecutionInterruptedError`), it starts no more partitions, stops those
@@ -288,7 +299,8 @@ def run_partitions(
                     raise partition
                 summary, sink = run_partition(
                     partition, handlers,
-                    metadata_checkpoint=lambda key=key: metadata_checkpoint(key), stop=stop)
+                    metadata_checkpoint=lambda key=key: metadata_checkpoint(key), stop=stop,
+                    together=round_)
                 done[key] = PartitionOutcome(key, summary, sink)
             except Exception as exc:  # reported per partition by the caller
                 done[key] = PartitionOutcome(key, error=exc)
@@ -317,6 +329,9 @@ def run_partitions(
     stop = worker_stop() if workers else threading.Event()
 
     with ExitStack() as opened:
+        round_ = _round(plan, opened) if together else None
+        if isinstance(round_, Exception):  # no partition can start without its checkpoints
+            return [PartitionOutcome(key, error=round_) for key in keys]
         for registry in [handlers] if handlers is not None else plan.registries:
             opened.enter_context(registry.opened())
         # Partitions run in threads even when there is one: the interrupt is raised in
@@ -333,6 +348,38 @@ def run_partitions(
         except BaseException:
             stop.set()
             wait(futures)
+            _commit_round(round_, done)
             on_interrupt([done[key] for key in keys if key in done])
             raise
+        _commit_round(round_, done)
         return [done[key] for key in keys]
+
+
+def _round(plan: RunPlan, opened: ExitStack) -> RoundCommit | Exception | None:
+    """The run's `RoundCommit`, its checkpoints read, closed with `opened`; the error
+    that kept it from reading them; None when no partition has a source to run."""
+    plans = [p for p in plan.partitions.values() if isinstance(p, PartitionPlan)]
+    if not plans:
+        return None
+    first = plans[0]
+    round_ = RoundCommit(plan.kafka_conf, plan.group, first.writer,
+                         first.settings.commit_timeout_seconds)
+    opened.callback(round_.close)
+    try:
+        round_.read_checkpoints([(p.topic, p.partition) for p in plans])
+    except Exception as exc:
+        return exc
+    return round_
+
+
+def _commit_round(round_: RoundCommit | None, done: dict[str, PartitionOutcome]) -> None:
+    """The held commit points of the partitions that ran to their end, made together;
+    each outcome then says what its partition committed, or the error that stopped it."""
+    if round_ is None:
+        return
+    ended = [key for key, o in done.items() if o.error is None and o.summary is not None]
+    for key, result in round_.commit(ended).items():
+        if isinstance(result, BaseException):
+            done[key] = PartitionOutcome(key, error=result)
+        else:
+            done[key].summary.committed_offset = result
