@@ -78,7 +78,7 @@ from binlog_assets.dev.postgres import (  # noqa: E402
     PostgresServer,
     postgres_instance_yaml,
 )
-from binlog_assets.dev.process import free_port, terminate  # noqa: E402
+from binlog_assets.dev.process import free_port, port_open, terminate  # noqa: E402
 from binlog_assets.dev.redis import REDIS_URL_ENV, RedisServer  # noqa: E402
 from binlog_assets.dev.spark_connect import SparkConnectServer  # noqa: E402
 from binlog_assets.examples.customer_cache import cell_text  # noqa: E402
@@ -532,7 +532,13 @@ def inject(soak: Soak, fault: Fault, rng: random.Random) -> None:
         fault.skipped, fault.detail = True, f"no {job} run running in 120 s"
     elif kind == "spark_restart":
         soak.spark.stop()
-        fault.detail = f"spark connect back in {soak.spark.start():.1f}s"
+        # Once (load 9) stop() returned while the old server still listened, and
+        # start() refused the taken port: wait for the port to be free first.
+        released = time.monotonic()
+        while port_open(soak.spark.port) and time.monotonic() - released < 120:
+            time.sleep(0.5)
+        fault.detail = (f"port free {time.monotonic() - released:.1f}s after the stop, "
+                        f"spark connect back in {soak.spark.start():.1f}s")
     elif kind == "daemon_restart":
         soak.stop_daemon()
         time.sleep(rng.uniform(1, 5))
