@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 JARS := .cache/jars
 export DAGSTER_HOME := $(CURDIR)/var/dagster
 
-.PHONY: setup registry class-archive demo test test-long drills-long test-unit stack-up stack-down stack-status source-up source-down source-status dev lint bench bench-catchup
+.PHONY: setup registry class-archive demo test test-long drills-long soak test-unit stack-up stack-down stack-status source-up source-down source-status dev lint bench bench-catchup
 
 setup: .cache/apt.stamp $(VENV)/.installed $(JARS)/kafka/.stamp $(JARS)/delta/.stamp $(JARS)/connect/.stamp $(JARS)/s3/.stamp $(DAGSTER_HOME)/dagster.yaml class-archive
 
@@ -69,6 +69,14 @@ test-long: setup registry
 ## figures go to var/drills/report.json and report.md (BINLAKE_DRILL_REPORT moves them).
 drills-long: setup registry
 	$(PY) -m pytest -q -s -m long tests/drills tests/orchestration/test_fencing.py
+
+## The soak (tests/soak/soak.py): the shipped automation on a PostgreSQL instance under a
+## MariaDB workload and faults on a seeded schedule, SOAK_MINUTES of workload, then the
+## drain and its checks; the report goes to var/soak/report.json and report.md.
+SOAK_MINUTES ?= 30
+SOAK_SEED ?= 1
+soak: setup
+	$(PY) tests/soak/soak.py --minutes $(SOAK_MINUTES) --seed $(SOAK_SEED)
 
 test-unit: setup
 	$(PY) -m pytest -q -m "not integration"

@@ -60,6 +60,9 @@ _PAYLOAD_KEY = b',"payload":'
 
 # Distinct row schemas are few (one per table version); the bound guards a runaway.
 _MAX_CACHED_PLANS = 4096
+# The `row` of a schema change read during a snapshot: below every row the snapshot
+# reads at the same binlog position (see `_schema_change`).
+SNAPSHOT_SCHEMA_ROW = -1
 
 # A double holds every decimal of at most this many digits as written.
 _DOUBLE_DIGITS = 15
@@ -458,6 +461,12 @@ class DebeziumDecoder(ChangeDecoder):
         if type(source) is not dict:
             raise self._fail("field 'source' must be an object")
         position = self._position(source, None) if source else Position()
+        if position.phase == PHASE_SNAPSHOT:
+            # The initial snapshot replays each table's schema (DROP TABLE IF EXISTS, DROP
+            # DATABASE IF EXISTS, CREATE TABLE) and then reads its rows, all at the one
+            # binlog position the snapshot started from, into other topics than this
+            # one: their Kafka offsets do not say which came first. The schema did.
+            position = position._replace(row=SNAPSHOT_SCHEMA_ROW)
         source_ts = source.get("ts_ms") or doc.get("ts_ms")
         database = doc.get("databaseName") or source.get("db")
         changes = doc.get("tableChanges") or []

@@ -217,11 +217,15 @@ def _appends_only(log, first: int, last: int) -> bool:  # noqa: ANN001 - a Delta
     return True
 
 
+# Commits whose surveys `_tables` reads at most; past that it reads the rows' tables.
+SURVEYED_COMMITS = 2000
+
+
 def _tables(log, route: ReplicaRoute, first: int, last: int) -> list[str]:  # noqa: ANN001
     """The source tables of versions `first`..`last` routed to `route`: from the
     commits' surveys, or from the rows' distinct tables when one carries none."""
     names: set[str] = set()
-    found = _commits(log, first, last) if last - first < 2000 else {}
+    found = _commits(log, first, last) if last - first < SURVEYED_COMMITS else {}
     surveyed = len(found.keys() & set(range(first, last + 1))) == last - first + 1
     for version in range(first, last + 1) if surveyed else ():
         entry = found[version]
@@ -232,11 +236,13 @@ def _tables(log, route: ReplicaRoute, first: int, last: int) -> list[str]:  # no
             break
         names.update(group[0] for group in survey)
     if not surveyed:
+        import pyarrow as pa
         from deltalake import QueryBuilder
 
         query = QueryBuilder().register("changelog", log)
-        names = {r["table"] for r in query.execute(
-            'SELECT DISTINCT "table" FROM changelog').read_all().to_pylist()}
+        # delta-rs answers with an arro3 table, which has no `to_pylist`.
+        names = set(pa.table(query.execute(
+            'SELECT DISTINCT "table" FROM changelog').read_all()).column("table").to_pylist())
     return route.select(names)
 
 

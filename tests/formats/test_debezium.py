@@ -419,3 +419,26 @@ def test_drop_database_becomes_a_database_wide_ddl_event():
     [event] = decoder.decode(encode(record), offset=5)
     assert (event.op, event.table, event.ddl) == ("ddl", "inventory.*", record["ddl"])
     assert decoder.skipped == {}
+
+
+def test_snapshot_schema_changes_order_before_the_snapshot_rows():
+    # Debezium's initial snapshot replays each table's schema (DROP TABLE IF EXISTS, DROP
+    # DATABASE IF EXISTS, CREATE TABLE) into the schema-change topic and then reads the
+    # rows into the tables' topics, all at one binlog position. The Kafka offset cannot
+    # order events of different topics: a DROP DATABASE at offset 21 of the schema topic
+    # must not land after the row at offset 3 of a table's topic (the replica would drop
+    # the rows read before offset 21 of its own topic).
+    decoder = DebeziumDecoder()
+    source = {"db": "inventory", "file": "mysql-bin.000004", "pos": 154, "row": 0,
+              "snapshot": "true", "ts_ms": 1700000000000}
+    [drop] = decoder.decode(encode(
+        {"source": source, "databaseName": "inventory", "tableChanges": [],
+         "ddl": "DROP DATABASE IF EXISTS `inventory`"}), topic="dbserver1", offset=21)
+    [row] = decoder.decode(encode(envelope("r", after={"id": 1}, **source)),
+                           topic="dbserver1.inventory.products", offset=3)
+    assert drop.sort_key() < row.sort_key()
+    # A streamed DDL keeps its own binlog position.
+    [alter] = decoder.decode(encode(
+        {"source": {**source, "snapshot": "false", "pos": 999}, "databaseName": "inventory",
+         "tableChanges": [], "ddl": "DROP DATABASE `inventory`"}), offset=22)
+    assert alter.position == Position(PHASE_STREAM, 4, 999, 0)

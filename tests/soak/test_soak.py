@@ -1,0 +1,41 @@
+"""The soak's short variant (`tests/soak/soak.py`; `make soak` runs the 30-minute one).
+
+90 s of workload over 20 tables with one fault of each of five kinds (the consume run
+and the replica follower SIGKILLed, the broker restarted, the daemon restarted, the code
+location reloaded), then the drain and every check of the long run: replicas and the
+Redis cache equal to their tables, every malformed record dead-lettered with its
+coordinates, lag 0, no run left running, no handler call repeated without a fault before
+it, each killed run failed in the instance.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import tempfile
+from pathlib import Path
+
+import pytest
+from soak import ENV, markdown, soak
+
+SHORT_FAULTS = ["kill_consume_run", "kill_follower_run", "broker_restart",
+                "daemon_restart", "code_reload"]
+
+
+@pytest.mark.integration
+def test_soak_short(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The soak points this process at its own instance and config: put them back after.
+    for name in ENV:
+        monkeypatch.delenv(name, raising=False)
+    work = Path(tempfile.mkdtemp(prefix="binlake-soak-"))
+    report = soak(minutes=1.5, seed=7, tables=20, kinds=SHORT_FAULTS, repeats=1, rate=10.0,
+                  work=work, drain_timeout=600.0)
+    (tmp_path / "report.json").write_text(json.dumps(report, indent=1, default=str))
+    assert "error" not in report, report.get("error")
+    print(markdown(report))
+    assert report["drain"]["replicas"]["rows_compared"] > 0
+    assert report["dead_letters"]["sent"] > 0
+    assert {f["kind"] for f in report["faults"]} == set(SHORT_FAULTS)
+    failed = {name: ok for name, ok in report["checks"].items() if not ok}
+    assert not failed, f"soak checks failed: {failed}; see {work}"
+    shutil.rmtree(work, ignore_errors=True)
