@@ -1,4 +1,5 @@
-"""The soak's short variant (`tests/soak/soak.py`; `make soak` runs the 30-minute one).
+"""The soak's short variant (`tests/soak/soak.py`; `make soak` runs the 30-minute one),
+in `make test-long`.
 
 90 s of workload over 20 tables with one fault of each of five kinds (the consume run
 and the replica follower SIGKILLed, the broker restarted, the daemon restarted, the code
@@ -22,7 +23,10 @@ SHORT_FAULTS = ["kill_consume_run", "kill_follower_run", "broker_restart",
                 "daemon_restart", "code_reload"]
 
 
+# About 6.5 minutes (the stack's start and the first build of 20 replicas are most of
+# it): past the default suite's budget, so in `make test-long`.
 @pytest.mark.integration
+@pytest.mark.long
 def test_soak_short(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # The soak points this process at its own instance and config: put them back after.
     for name in ENV:
