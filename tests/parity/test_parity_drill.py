@@ -4,10 +4,11 @@ and the check must then pass; and under a running workload the check raises no f
 alarm across `RUNS` runs.
 
 The damages: rows edited in the Delta table (tests/parity/test_parity_integration.py),
-a range of Kafka offsets skipped by the consumer, and `ALTER TABLE … TRUNCATE PARTITION`
-and `DROP PARTITION` at the source (rows removed with no row events). A changelog
-commit's rows cannot be deleted: the changelog is an append-only Delta table, which
-refuses the delete.
+a changelog commit's rows deleted before an apply (its append-only guard turned off
+first: Delta refuses the delete otherwise; the apply still reads them from the change
+feed, a rebuild then loses them), a range of Kafka offsets skipped by the
+consumer, and `ALTER TABLE … TRUNCATE PARTITION` and `DROP PARTITION` at the source
+(rows removed with no row events).
 """
 
 from __future__ import annotations
@@ -150,6 +151,35 @@ def test_skipped_kafka_offsets_are_found_and_repaired(drill: PipelineConfig, mar
     _consume(drill, start={"shop.drill.acc": skip_from + 5})
     _apply(drill, spark)
     _found_then_repaired(drill, "acc", [f"drill.acc {i}: differs" for i in range(1, 6)],
+                         spark)
+
+
+def test_a_changelog_commits_rows_deleted_before_an_apply_are_found_and_repaired(
+        drill: PipelineConfig, mariadb, spark) -> None:
+    from deltalake import DeltaTable
+
+    from binlog_assets.lakehouse.changelog import changelog_uri
+    from binlog_assets.lakehouse.delta_log import delta_rs_uri
+
+    with mariadb.connect().cursor() as cur:
+        for i in range(11, 16):
+            cur.execute("UPDATE drill.acc SET note = 'lost' WHERE id = %s", (i,))
+    _consume(drill)
+    # Someone turns the changelog's append-only guard off and deletes the commit's rows
+    # before the replica applied them.
+    changelog = DeltaTable(delta_rs_uri(changelog_uri(drill)))
+    changelog.alter.set_table_properties({"delta.appendOnly": "false"})
+    deleted = changelog.delete("`table` = 'drill.acc' AND op = 'u' AND after LIKE '%lost%'")
+    changelog.alter.set_table_properties({"delta.appendOnly": "true"})
+    assert deleted["num_deleted_rows"] == 5
+    # An apply reads the commits it has not applied through their change feed, which
+    # still holds the rows: the replica gets the updates.
+    _apply(drill, spark)
+    report = _check(drill, "acc")
+    assert report.passed, report.summary()
+    # A rebuild reads the changelog as it stands: the updates are lost.
+    ReplicaBuilder(spark, drill).rebuild("acc")
+    _found_then_repaired(drill, "acc", [f"drill.acc {i}: differs" for i in range(11, 16)],
                          spark)
 
 
