@@ -142,9 +142,14 @@ def parity_resync_sensor(pipeline: PipelineConfig) -> dg.SensorDefinition | None
         seen = int(context.cursor or 0)
         latest = context.instance.event_log_storage.get_latest_asset_check_execution_by_key(
             list(keys))
+        # A check still running (planned) may end failed: the cursor stays below it.
+        planned = [r.id for r in latest.values()
+                   if r.status == AssetCheckExecutionRecordStatus.PLANNED]
+        below = min(planned) if planned else None
         newest = seen
         for key, record in sorted(latest.items(), key=lambda kr: kr[1].id):
-            if record.id <= seen or record.event is None:
+            if record.id <= seen or record.event is None or (
+                    below is not None and record.id >= below):
                 continue
             newest = max(newest, record.id)
             if record.status != AssetCheckExecutionRecordStatus.FAILED:

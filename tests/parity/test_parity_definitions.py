@@ -155,3 +155,38 @@ def test_a_failed_check_names_each_chunk_as_the_resync_job_takes_it() -> None:
         {"table": "shop.b", "lower": [20, "x"], "upper": None},
         {"table": "shop.c", "lower": "-", "upper": "-"},  # no exact JSON form of a date
         {"table": "shop.log", "lower": "-", "upper": "-"}]
+
+
+def test_a_check_still_running_when_the_sensor_ticks_is_resynced_once_it_fails(
+        monkeypatch) -> None:
+    from types import SimpleNamespace
+
+    from dagster._core.storage.asset_check_execution_record import (
+        AssetCheckExecutionRecordStatus as Status,
+    )
+
+    from binlog_assets.orchestration.resync_job import parity_resync_sensor
+
+    sensor = parity_resync_sensor(_config(resync=True))
+    a = dg.AssetCheckKey(dg.AssetKey(["replica", "a"]), PARITY_CHECK)
+    log = dg.AssetCheckKey(dg.AssetKey(["replica", "log"]), PARITY_CHECK)
+    failed = {"mismatches": dg.MetadataValue.json(
+        [{"table": "shop.a", "range": "(-inf, 28]", "lower": None, "upper": [28]}])}
+
+    def record(id_: int, status, metadata=None):  # noqa: ANN001, ANN202
+        evaluation = SimpleNamespace(metadata=metadata or {})
+        return SimpleNamespace(id=id_, status=status, event=SimpleNamespace(
+            dagster_event=SimpleNamespace(asset_check_evaluation_data=evaluation)))
+
+    with dg.instance_for_test() as instance:
+        latest: dict = {}
+        monkeypatch.setattr(instance.event_log_storage,
+                            "get_latest_asset_check_execution_by_key", lambda keys: latest)
+        # One run checks both: a's check is still planned when log's passed.
+        latest.update({a: record(5, Status.PLANNED), log: record(6, Status.SUCCEEDED)})
+        first = dg.build_sensor_context(instance=instance)
+        assert [r for r in sensor(first) if isinstance(r, dg.RunRequest)] == []
+        latest[a] = record(5, Status.FAILED, failed)
+        then = dg.build_sensor_context(instance=instance, cursor=first.cursor)
+        requests = [r for r in sensor(then) if isinstance(r, dg.RunRequest)]
+        assert [r.run_key for r in requests] == ["parity-5-0"]
