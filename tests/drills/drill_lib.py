@@ -158,11 +158,20 @@ def dead_letter_coordinates(kafka_conf: dict, topic: str) -> Counter:
     return out
 
 
+COORDINATES = ("topic", "partition", "offset", "row_index")
+
+
 def changelog_coordinates(frame) -> Counter:
-    """(topic, partition, offset, row_index) -> rows, of a changelog DataFrame."""
-    rows = frame.groupBy("topic", "partition", "offset", "row_index").count().collect()
-    return Counter({(r["topic"], r["partition"], r["offset"], r["row_index"]): r["count"]
-                    for r in rows})
+    """(topic, partition, offset, row_index) -> rows, of a changelog DataFrame, or of the
+    changelog table at a path (read by delta-rs: no Spark job)."""
+    if isinstance(frame, str | Path):
+        from deltalake import DeltaTable
+
+        table = DeltaTable(str(frame)).to_pyarrow_table(columns=list(COORDINATES))
+        return Counter(zip(*(table.column(c).to_pylist() for c in COORDINATES),
+                           strict=True))
+    rows = frame.groupBy(*COORDINATES).count().collect()
+    return Counter({tuple(r[c] for c in COORDINATES): r["count"] for r in rows})
 
 
 def coordinate_diff(expected: Counter, got: Counter) -> dict[str, int]:
