@@ -26,7 +26,11 @@ from confluent_kafka import (
 )
 
 from binlog_assets.consume.checkpoint import retry_retriable
-from binlog_assets.consume.preflight import check_cluster
+from binlog_assets.consume.preflight import check_cluster, describe
+
+# A request to the cluster that takes this long waited for a broker (restarting, frozen,
+# unreachable): a caller that measures again and again says so (`waited_for_kafka`).
+SLOW_ANSWER_SECONDS = 5.0
 
 
 @dataclass(frozen=True)
@@ -112,6 +116,21 @@ def measure_lag(kafka_conf: dict, group_id: str, topics: Iterable[str], *,
     finally:
         if own:
             consumer.close()
+
+
+def waited_for_kafka(kafka_conf: dict, what: str, seconds: float, *,
+                     answered: bool = True) -> str | None:
+    """The warning for a request to the cluster (`what`) that took `seconds`, None when
+    it took less than SLOW_ANSWER_SECONDS: a follower that waits on a broker restart or
+    a frozen broker names what it waits for and how long, instead of going quiet."""
+    if seconds < SLOW_ANSWER_SECONDS:
+        return None
+    if answered:
+        return (f"waited {seconds:.1f} s for Kafka at {describe(kafka_conf)} to answer "
+                f"{what}: a broker was unreachable or not answering, and no partition "
+                f"was consumed meanwhile")
+    return (f"Kafka at {describe(kafka_conf)} did not answer {what} for {seconds:.1f} s: "
+            f"a broker is unreachable or not answering")
 
 
 def _log_ends(consumer: Consumer, tps: list[tuple[str, int]], end: int) -> list[int]:

@@ -119,7 +119,12 @@ def follow_partitions(due: Callable[[], Sequence[str]],
        description="Consume every partition's new records into the changelog as they arrive.")
 def follow_changelog(context: dg.OpExecutionContext, config: ChangelogFollowConfig,
                      binlake: BinlakeResource) -> None:
-    from binlog_assets.consume.lag import PartitionLag, lag_consumer, measure_lag
+    from binlog_assets.consume.lag import (
+        PartitionLag,
+        lag_consumer,
+        measure_lag,
+        waited_for_kafka,
+    )
     from binlog_assets.consume.preflight import check_cluster
 
     pipeline = binlake.pipeline
@@ -141,7 +146,19 @@ def follow_changelog(context: dg.OpExecutionContext, config: ChangelogFollowConf
         return False
 
     def measure() -> list[PartitionLag]:
-        return measure_lag(kafka_conf, group, topics, check=False, consumer=offsets)
+        # A broker restarting or frozen holds this call (librdkafka waits for it up to
+        # its timeouts) and the follower with it: a long wait is logged, not silent.
+        began, answered = time.monotonic(), False
+        try:
+            lags = measure_lag(kafka_conf, group, topics, check=False, consumer=offsets)
+            answered = True
+            return lags
+        finally:
+            line = waited_for_kafka(kafka_conf, "the lag measurement of "
+                                    f"{len(topics)} topics", time.monotonic() - began,
+                                    answered=answered)
+            if line is not None:
+                context.log.warning(line)
 
     lags: dict[str, int] = {}  # each partition's lag at the start of the round
 
