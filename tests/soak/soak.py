@@ -329,9 +329,13 @@ class Maintenance(threading.Thread):
                         run_id, of_type=dg.DagsterEventType.ASSET_OBSERVATION).records)
                     if "files_after" in e.asset_observation.metadata
                     and e.asset_observation.asset_key == CHANGELOG_ASSET_KEY]
+                created = record.create_timestamp.timestamp()
                 runs.append({
                     "run_id": run_id, "status": record.dagster_run.status.value,
                     "began": record.start_time, "ended": record.end_time,
+                    # in the queue (the spark pool's slot) and then running, seconds
+                    "queued_s": round((record.start_time or created) - created, 1),
+                    "ran_s": round((record.end_time or 0) - (record.start_time or 0), 1),
                     "changelog_files": [(m["files_before"].value, m["files_after"].value)
                                         for m in compacted]})
         return {"every_s": self.every, "runs": runs, "skipped_turns": self.skipped,
@@ -1135,7 +1139,8 @@ def markdown(report: dict[str, Any]) -> str:
         "- maintenance every {every_s} s: {n} runs {statuses}, changelog files (before, "
         "after) per compaction {files}; skipped turns {skipped}".format(
             n=len(report["maintenance"]["runs"]), every_s=report["maintenance"]["every_s"],
-            statuses=[r["status"] for r in report["maintenance"]["runs"]],
+            statuses=[(r["status"], f"queued {r['queued_s']} s", f"ran {r['ran_s']} s")
+                      for r in report["maintenance"]["runs"]],
             files=[r["changelog_files"] for r in report["maintenance"]["runs"]],
             skipped=report["maintenance"]["skipped_turns"]),
         f"- changelog live files at the end {report['changelog_bound']}",
