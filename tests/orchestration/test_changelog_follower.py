@@ -110,7 +110,7 @@ def test_a_round_measures_the_lags_twice_through_the_kept_consumer(
         raise AssertionError("lag measured through another consumer")
 
     monkeypatch.setattr(lag, "measure_lag", measure_lag)
-    monkeypatch.setattr(lag, "lag_consumer", lambda *a: Kept())
+    monkeypatch.setattr(lag, "lag_consumer", lambda *a, **k: Kept())
     monkeypatch.setattr(preflight, "check_cluster", lambda conf: None)
     monkeypatch.setattr(backlog, "measure_lag", elsewhere)
     monkeypatch.setattr(changelog_asset, "measure_lag", elsewhere)
@@ -174,7 +174,7 @@ def test_a_lag_measurement_that_waited_for_the_broker_is_a_warning(
 
     monkeypatch.setattr(lag, "measure_lag", measure_lag)
     monkeypatch.setattr(lag, "SLOW_ANSWER_SECONDS", 0.2)
-    monkeypatch.setattr(lag, "lag_consumer", lambda *a: Kept())
+    monkeypatch.setattr(lag, "lag_consumer", lambda *a, **k: Kept())
     monkeypatch.setattr(preflight, "check_cluster", lambda conf: None)
     monkeypatch.setattr(changelog_follower, "changelog_backfill_in_progress",
                         lambda instance: None)
@@ -219,8 +219,30 @@ def test_lags_measured_after_the_round_are_split_by_source() -> None:
 class Kept:
     """The follower's one lag consumer."""
 
+    def poll(self, timeout: float) -> None:
+        return None
+
     def close(self) -> None:
         pass
+
+
+def test_connection_errors_of_the_lag_consumer_are_one_warning() -> None:
+    """A broker restarting closes the lag consumer's connections and refuses new ones
+    (librdkafka's `_TRANSPORT`, `_ALL_BROKERS_DOWN`): the round that saw them is one
+    warning naming Kafka and how long it waited; other errors and no errors are none."""
+    from binlog_assets.consume.lag import Unreachable
+
+    unreachable = Unreachable()
+    conf = {"bootstrap.servers": "127.0.0.1:9"}
+    assert unreachable.warning(conf, "a round of 3 partitions", 0.5) is None
+    unreachable(KafkaError(KafkaError._TRANSPORT, "127.0.0.1:9/1: Connection refused"))
+    unreachable(KafkaError(KafkaError._ALL_BROKERS_DOWN, "1/1 brokers are down"))
+    unreachable(KafkaError(KafkaError._MSG_TIMED_OUT, "not a connection error"))
+    line = unreachable.warning(conf, "a round of 3 partitions", 14.2)
+    assert line == ("Kafka at 127.0.0.1:9 (PLAINTEXT) was unreachable during a round of 3 "
+                    "partitions (2 connection errors, the first: 127.0.0.1:9/1: Connection "
+                    "refused); it waited 14.2 s")
+    assert unreachable.warning(conf, "a round of 3 partitions", 0.5) is None
 
 
 def test_the_row_count_is_read_at_most_every_so_often() -> None:
