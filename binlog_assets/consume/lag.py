@@ -16,17 +16,23 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Any
 
 from confluent_kafka import (
     OFFSET_BEGINNING,
     OFFSET_END,
     Consumer,
+    KafkaError,
     KafkaException,
     TopicPartition,
 )
 
 from binlog_assets.consume.checkpoint import retry_retriable
-from binlog_assets.consume.preflight import check_cluster
+from binlog_assets.consume.preflight import check_cluster, describe
+
+# A request to the cluster that takes this long waited for a broker (restarting, frozen,
+# unreachable): a caller that measures again and again says so (`waited_for_kafka`).
+SLOW_ANSWER_SECONDS = 5.0
 
 
 @dataclass(frozen=True)
@@ -80,9 +86,39 @@ def lags_of(lags: Iterable[PartitionLag], topics: Iterable[str]) -> list[Partiti
     return [pl for pl in lags if any(_named(pl.topic, e) for e in entries)]
 
 
-def lag_consumer(kafka_conf: dict, group_id: str) -> Consumer:
-    """A consumer that only asks the cluster for offsets (never subscribes nor commits)."""
-    return Consumer({**kafka_conf, "group.id": group_id, "enable.auto.commit": False})
+def lag_consumer(kafka_conf: dict, group_id: str, error_cb: Any = None) -> Consumer:  # noqa: ANN401
+    """A consumer that only asks the cluster for offsets (never subscribes nor commits);
+    `error_cb` gets librdkafka's client errors (served by `poll(0)`, which, the consumer
+    having no assignment, returns no record)."""
+    extra = {"error_cb": error_cb} if error_cb is not None else {}
+    return Consumer({**kafka_conf, "group.id": group_id, "enable.auto.commit": False,
+                     **extra})
+
+
+# librdkafka's errors for a broker that went away (closed connections, refused
+# reconnects, every broker down): what a follower reports as Kafka being unreachable.
+UNREACHABLE = (KafkaError._TRANSPORT, KafkaError._ALL_BROKERS_DOWN, KafkaError._TIMED_OUT)
+
+
+class Unreachable:
+    """An `error_cb` that keeps librdkafka's broker-connection errors until `taken`."""
+
+    def __init__(self) -> None:
+        self.errors: list[str] = []
+
+    def __call__(self, error: KafkaError) -> None:
+        if error.code() in UNREACHABLE:
+            self.errors.append(error.str())
+
+    def warning(self, kafka_conf: dict, what: str, seconds: float) -> str | None:
+        """The warning for the errors seen since the last call (None without any): Kafka
+        was unreachable during `what`, which took `seconds`."""
+        errors, self.errors = self.errors, []
+        if not errors:
+            return None
+        return (f"Kafka at {describe(kafka_conf)} was unreachable during {what} "
+                f"({len(errors)} connection errors, the first: {errors[0]}); it waited "
+                f"{seconds:.1f} s")
 
 
 def measure_lag(kafka_conf: dict, group_id: str, topics: Iterable[str], *,
@@ -112,6 +148,21 @@ def measure_lag(kafka_conf: dict, group_id: str, topics: Iterable[str], *,
     finally:
         if own:
             consumer.close()
+
+
+def waited_for_kafka(kafka_conf: dict, what: str, seconds: float, *,
+                     answered: bool = True) -> str | None:
+    """The warning for a request to the cluster (`what`) that took `seconds`, None when
+    it took less than SLOW_ANSWER_SECONDS: a follower that waits on a broker restart or
+    a frozen broker names what it waits for and how long, instead of going quiet."""
+    if seconds < SLOW_ANSWER_SECONDS:
+        return None
+    if answered:
+        return (f"waited {seconds:.1f} s for Kafka at {describe(kafka_conf)} to answer "
+                f"{what}: a broker was unreachable or not answering, and no partition "
+                f"was consumed meanwhile")
+    return (f"Kafka at {describe(kafka_conf)} did not answer {what} for {seconds:.1f} s: "
+            f"a broker is unreachable or not answering")
 
 
 def _log_ends(consumer: Consumer, tps: list[tuple[str, int]], end: int) -> list[int]:

@@ -119,7 +119,13 @@ def follow_partitions(due: Callable[[], Sequence[str]],
        description="Consume every partition's new records into the changelog as they arrive.")
 def follow_changelog(context: dg.OpExecutionContext, config: ChangelogFollowConfig,
                      binlake: BinlakeResource) -> None:
-    from binlog_assets.consume.lag import PartitionLag, lag_consumer, measure_lag
+    from binlog_assets.consume.lag import (
+        PartitionLag,
+        Unreachable,
+        lag_consumer,
+        measure_lag,
+        waited_for_kafka,
+    )
     from binlog_assets.consume.preflight import check_cluster
 
     pipeline = binlake.pipeline
@@ -141,7 +147,22 @@ def follow_changelog(context: dg.OpExecutionContext, config: ChangelogFollowConf
         return False
 
     def measure() -> list[PartitionLag]:
-        return measure_lag(kafka_conf, group, topics, check=False, consumer=offsets)
+        # A broker restarting or frozen holds this call (librdkafka waits for it up to
+        # its timeouts) and the follower with it: a long wait is logged, not silent.
+        began, answered = time.monotonic(), False
+        try:
+            lags = measure_lag(kafka_conf, group, topics, check=False, consumer=offsets)
+            answered = True
+            return lags
+        finally:
+            what = f"the lag measurement of {len(topics)} topics"
+            line = waited_for_kafka(kafka_conf, what, time.monotonic() - began,
+                                    answered=answered)
+            if line is not None:
+                unreachable.errors.clear()  # this line names the wait already
+                context.log.warning(line)
+            else:
+                warn_unreachable(what, time.monotonic() - began)
 
     lags: dict[str, int] = {}  # each partition's lag at the start of the round
 
@@ -163,7 +184,17 @@ def follow_changelog(context: dg.OpExecutionContext, config: ChangelogFollowConf
         report_outcomes(context, run, outcomes, final=False, lags_at_end=measure(),
                         row_count=lambda: row_count.after(outcomes), one_line=True)
 
+    def warn_unreachable(what: str, seconds: float) -> None:
+        # The lag consumer's connection errors (a broker restarting closes its
+        # connections and refuses new ones) are served by a poll; the round or the
+        # measurement that saw them waited for the broker, however it ended.
+        offsets.poll(0)
+        line = unreachable.warning(kafka_conf, what, seconds)
+        if line is not None:
+            context.log.warning(line)
+
     def consume(keys: list[str]) -> list[PartitionOutcome]:
+        began = time.monotonic()
         plan = plan_run(pipeline, kafka_conf, keys, ChangelogRunConfig(), group=group,
                         writer=writer)
         # Every partition's latest materialization at once, not a query each.
@@ -178,13 +209,15 @@ def follow_changelog(context: dg.OpExecutionContext, config: ChangelogFollowConf
             # One changelog commit and one Kafka commit for the round's partitions.
             together=True)
         report(plan.report, outcomes)
+        warn_unreachable(f"a round of {len(keys)} partitions", time.monotonic() - began)
         return outcomes
 
     failing: dict[str, BaseException] = {}
     check_cluster(kafka_conf)
     # One consumer asks for the offsets of every round: a new one each poll would cost
     # a connection and its threads.
-    offsets = lag_consumer(kafka_conf, group)
+    unreachable = Unreachable()
+    offsets = lag_consumer(kafka_conf, group, error_cb=unreachable)
     try:
         for outcomes in follow_partitions(due, consume, stop=stop,
                                           poll=pipeline.dagster.changelog_poll_seconds):

@@ -9,6 +9,8 @@ stands aside while the follower is configured.
 
 from __future__ import annotations
 
+import logging
+import re
 import threading
 import time
 from collections import Counter
@@ -17,6 +19,7 @@ from pathlib import Path
 import dagster as dg
 import pytest
 import yaml
+from confluent_kafka import KafkaError, KafkaException
 from run_inputs import changelog_coordinates, produce_inserts, run_config_file
 
 from binlog_assets.config import PipelineConfig, load_config
@@ -107,7 +110,7 @@ def test_a_round_measures_the_lags_twice_through_the_kept_consumer(
         raise AssertionError("lag measured through another consumer")
 
     monkeypatch.setattr(lag, "measure_lag", measure_lag)
-    monkeypatch.setattr(lag, "lag_consumer", lambda *a: Kept())
+    monkeypatch.setattr(lag, "lag_consumer", lambda *a, **k: Kept())
     monkeypatch.setattr(preflight, "check_cluster", lambda conf: None)
     monkeypatch.setattr(backlog, "measure_lag", elsewhere)
     monkeypatch.setattr(changelog_asset, "measure_lag", elsewhere)
@@ -148,6 +151,53 @@ def test_a_round_measures_the_lags_twice_through_the_kept_consumer(
     assert rounds[1][1] == {"a:0": 50, "b:0": 60}
 
 
+def test_a_lag_measurement_that_waited_for_the_broker_is_a_warning(
+        monkeypatch, tmp_path: Path) -> None:
+    """A broker restarting or frozen holds the follower's lag measurement (librdkafka
+    waits for it): the run logs a warning naming Kafka and the wait, and goes on; a
+    measurement that fails is named too before the run fails with its error."""
+    from binlog_assets.consume import lag, preflight
+    from binlog_assets.consume.lag import PartitionLag
+    from binlog_assets.orchestration import changelog_follower
+
+    calls = iter(range(100))
+
+    def measure_lag(kafka_conf: dict, group: str, topics: list[str], *, check: bool = True,
+                    consumer: object = None) -> list[PartitionLag]:
+        n = next(calls)
+        if n == 1:
+            time.sleep(0.3)  # the broker away, then back
+        if n == 3:
+            time.sleep(0.3)
+            raise KafkaException(KafkaError(KafkaError._TRANSPORT, "all brokers down"))
+        return [PartitionLag(t, 0, 0, 0, 0) for t in topics]
+
+    monkeypatch.setattr(lag, "measure_lag", measure_lag)
+    monkeypatch.setattr(lag, "SLOW_ANSWER_SECONDS", 0.2)
+    monkeypatch.setattr(lag, "lag_consumer", lambda *a, **k: Kept())
+    monkeypatch.setattr(preflight, "check_cluster", lambda conf: None)
+    monkeypatch.setattr(changelog_follower, "changelog_backfill_in_progress",
+                        lambda instance: None)
+    (tmp_path / "binlake.yaml").write_text(yaml.safe_dump({
+        "kafka": {"bootstrap.servers": "localhost:1", "group.id": "g"},
+        "dagster": {"changelog_poll_seconds": 0.01},
+        "sources": [{"name": "a", "topics": ["a"]}]}))
+    resource = BinlakeResource(config_path=str(tmp_path / "binlake.yaml"))
+    with dg.instance_for_test() as instance:
+        instance.add_dynamic_partitions(KAFKA_PARTITIONS_NAME, ["a:0"])
+        result = follow_changelog_job.execute_in_process(
+            instance=instance, resources={"binlake": resource}, raise_on_error=False,
+            run_config={"ops": {"follow_changelog": {"config": {"seconds": 60}}}})
+        warnings = [e.message for e in instance.all_logs(result.run_id)
+                    if e.level == logging.WARNING]
+    assert not result.success
+    assert len(warnings) == 2, warnings
+    assert re.match(r"waited \d+\.\d s for Kafka at localhost:1 \(PLAINTEXT\) to answer "
+                    r"the lag measurement of 1 topics: a broker was unreachable", warnings[0])
+    assert re.match(r"Kafka at localhost:1 \(PLAINTEXT\) did not answer the lag measurement "
+                    r"of 1 topics for \d+\.\d s", warnings[1])
+
+
 def test_lags_measured_after_the_round_are_split_by_source() -> None:
     """A run's report measures its sources' topics at once, and each source's
     observation gets the partitions a measurement of its own topics would."""
@@ -169,8 +219,30 @@ def test_lags_measured_after_the_round_are_split_by_source() -> None:
 class Kept:
     """The follower's one lag consumer."""
 
+    def poll(self, timeout: float) -> None:
+        return None
+
     def close(self) -> None:
         pass
+
+
+def test_connection_errors_of_the_lag_consumer_are_one_warning() -> None:
+    """A broker restarting closes the lag consumer's connections and refuses new ones
+    (librdkafka's `_TRANSPORT`, `_ALL_BROKERS_DOWN`): the round that saw them is one
+    warning naming Kafka and how long it waited; other errors and no errors are none."""
+    from binlog_assets.consume.lag import Unreachable
+
+    unreachable = Unreachable()
+    conf = {"bootstrap.servers": "127.0.0.1:9"}
+    assert unreachable.warning(conf, "a round of 3 partitions", 0.5) is None
+    unreachable(KafkaError(KafkaError._TRANSPORT, "127.0.0.1:9/1: Connection refused"))
+    unreachable(KafkaError(KafkaError._ALL_BROKERS_DOWN, "1/1 brokers are down"))
+    unreachable(KafkaError(KafkaError._MSG_TIMED_OUT, "not a connection error"))
+    line = unreachable.warning(conf, "a round of 3 partitions", 14.2)
+    assert line == ("Kafka at 127.0.0.1:9 (PLAINTEXT) was unreachable during a round of 3 "
+                    "partitions (2 connection errors, the first: 127.0.0.1:9/1: Connection "
+                    "refused); it waited 14.2 s")
+    assert unreachable.warning(conf, "a round of 3 partitions", 0.5) is None
 
 
 def test_the_row_count_is_read_at_most_every_so_often() -> None:

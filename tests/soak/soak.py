@@ -40,6 +40,7 @@ import contextlib
 import json
 import os
 import random
+import re
 import shutil
 import signal
 import subprocess
@@ -48,6 +49,7 @@ import tempfile
 import threading
 import time
 import traceback
+import uuid
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -83,7 +85,9 @@ from binlog_assets.dev.redis import REDIS_URL_ENV, RedisServer  # noqa: E402
 from binlog_assets.dev.spark_connect import SparkConnectServer  # noqa: E402
 from binlog_assets.examples.customer_cache import cell_text  # noqa: E402
 from binlog_assets.lakehouse.changelog import changelog_uri  # noqa: E402
+from binlog_assets.orchestration.maintenance import MAINTENANCE_JOB_NAME  # noqa: E402
 from binlog_assets.orchestration.partitions import (  # noqa: E402
+    CHANGELOG_ASSET_KEY,
     KAFKA_PARTITIONS_NAME,
     partition_key,
 )
@@ -102,6 +106,23 @@ ROWS = 30
 # What the soak sets in its own environment too (the Dagster processes get them all).
 ENV = ("BINLAKE_CONFIG", "DAGSTER_HOME", DAGSTER_PG_URL_ENV, REDIS_URL_ENV)
 DLQ = f"binlake.dlq.{DATABASE}"
+# The tag of the runs the soak submits itself (maintenance), as a schedule tags its own.
+SOAK_TAG = "binlake/soak"
+# Faults the pipeline's runs cannot see: nothing of Dagster's is disturbed (a daemon
+# restart, a code location reload: the runs go on in their processes), or only the source
+# is (Kafka Connect or MariaDB restarted: Debezium resumes from its offsets, and Kafka
+# just receives no records for a while, which no run can tell from a quiet source).
+# `faults_visible` lists them instead of asking for evidence.
+NOT_VISIBLE = ("daemon_restart", "code_reload", "connect_restart", "mariadb_restart")
+# What an evidence line of each other kind must say: the killed run failed; Kafka or its
+# broker, a commit to it (the group coordinator) or librdkafka's transport error; Spark.
+EVIDENCE = {
+    "kill_consume_run": r"^killed run \w+: FAILURE$",
+    "kill_follower_run": r"^killed run \w+: FAILURE$",
+    "broker_restart": r"(?i)kafka|broker|coordinator|_TRANSPORT",
+    "broker_freeze": r"(?i)kafka|broker|coordinator|_TRANSPORT",
+    "spark_restart": r"(?i)spark",
+}
 RUNNING = (dg.DagsterRunStatus.QUEUED, dg.DagsterRunStatus.NOT_STARTED,
            dg.DagsterRunStatus.STARTING, dg.DagsterRunStatus.STARTED,
            dg.DagsterRunStatus.CANCELING)
@@ -113,6 +134,42 @@ def topic(i: int) -> str:
 
 def log(message: str) -> None:
     print(f"[soak {time.strftime('%H:%M:%S')}] {message}", flush=True)
+
+
+def begin(starts: dict[str, Any]) -> Any:  # noqa: ANN401 - the join below
+    """Call each of `starts` in its own thread; returns the join: it waits for them all
+    and gives the seconds each took (raising the first error)."""
+    took: dict[str, float] = {}
+    errors: list[BaseException] = []
+
+    def one(name: str, start: Any) -> None:  # noqa: ANN401 - a service's start
+        began = time.monotonic()
+        try:
+            start()
+        except BaseException as e:  # noqa: BLE001 - raised by the join, after the others
+            errors.append(e)
+        took[name] = round(time.monotonic() - began, 1)
+        log(f"{name} ready in {took[name]:.1f}s")
+
+    threads = [threading.Thread(target=one, args=item, name=f"start-{item[0]}")
+               for item in starts.items()]
+    for thread in threads:
+        thread.start()
+
+    def join() -> dict[str, float]:
+        for thread in threads:
+            thread.join()
+        if errors:
+            raise errors[0]
+        return took
+
+    return join
+
+
+def parallel(starts: dict[str, Any]) -> dict[str, float]:
+    """Call each of `starts` at once; the seconds each took (the first error raised once
+    all ended)."""
+    return begin(starts)()
 
 
 # --- the workload -----------------------------------------------------------------------
@@ -223,6 +280,68 @@ class Workload(threading.Thread):
             raise RuntimeError(f"{left} malformed records not acknowledged in 120 s")
 
 
+class Maintenance(threading.Thread):
+    """`lakehouse_maintenance_job` every `every` seconds while everything else runs, as
+    its nightly schedule would submit it (through the instance's run queue): a turn
+    whose last run has not ended is skipped, as a schedule's tick is not (a schedule
+    would queue it behind; the soak keeps one at a time, like one night's)."""
+
+    def __init__(self, soak: Soak, every: float) -> None:
+        super().__init__(daemon=True, name="soak-maintenance")
+        self.soak, self.every = soak, every
+        self.stop = threading.Event()
+        self.run_ids: list[str] = []
+        self.skipped = 0
+        self.errors: list[str] = []
+
+    def run(self) -> None:
+        while not self.stop.wait(self.every):
+            try:
+                if self.run_ids and self._unfinished(self.run_ids[-1]):
+                    self.skipped += 1
+                    continue
+                self.run_ids.append(self.soak.submit(MAINTENANCE_JOB_NAME))
+                log(f"maintenance run {self.run_ids[-1][:8]} submitted")
+            except Exception as e:  # noqa: BLE001 - reported; the check fails on none run
+                self.errors.append(f"{type(e).__name__}: {str(e)[:300]}")
+
+    def _unfinished(self, run_id: str) -> bool:
+        with self.soak.instance() as instance:
+            run = instance.get_run_by_id(run_id)
+        return run is not None and run.status in RUNNING
+
+    def finish(self, timeout: float) -> dict[str, Any]:
+        """Stop submitting, wait for the last run to end; each run's status and times,
+        and what its compaction of the changelog recorded."""
+        self.stop.set()
+        self.join(200)
+        deadline = time.monotonic() + timeout
+        while self.run_ids and self._unfinished(self.run_ids[-1]) \
+                and time.monotonic() < deadline:
+            time.sleep(2)
+        runs = []
+        with self.soak.instance() as instance:
+            for run_id in self.run_ids:
+                record = instance.get_run_record_by_id(run_id)
+                compacted = [e.asset_observation.metadata for e in (
+                    r.event_log_entry.dagster_event.event_specific_data
+                    for r in instance.get_records_for_run(
+                        run_id, of_type=dg.DagsterEventType.ASSET_OBSERVATION).records)
+                    if "files_after" in e.asset_observation.metadata
+                    and e.asset_observation.asset_key == CHANGELOG_ASSET_KEY]
+                created = record.create_timestamp.timestamp()
+                runs.append({
+                    "run_id": run_id, "status": record.dagster_run.status.value,
+                    "began": record.start_time, "ended": record.end_time,
+                    # in the queue (the spark pool's slot) and then running, seconds
+                    "queued_s": round((record.start_time or created) - created, 1),
+                    "ran_s": round((record.end_time or 0) - (record.start_time or 0), 1),
+                    "changelog_files": [(m["files_before"].value, m["files_after"].value)
+                                        for m in compacted]})
+        return {"every_s": self.every, "runs": runs, "skipped_turns": self.skipped,
+                "submit_errors": self.errors}
+
+
 class Progress(threading.Thread):
     """Samples the Delta versions of the changelog and of a few replicas every `every`
     seconds, so each fault's recovery can be read off: the first commit after it."""
@@ -272,11 +391,14 @@ class Soak:
     env: dict[str, str] = field(default_factory=dict)
     settings: dict[str, Any] = field(default_factory=dict)
     started: list[subprocess.Popen] = field(default_factory=list)
+    timings: dict[str, float] = field(default_factory=dict)  # each part's start, seconds
 
     def __post_init__(self) -> None:
         self.work.mkdir(parents=True, exist_ok=True)
         self.work.chmod(0o755)  # as root, PostgreSQL runs as its own user
-        self.broker = KafkaBroker(self.work / "kafka")
+        # Its port known before it starts: the config (and Spark Connect's, from it) is
+        # written while the broker starts.
+        self.broker = KafkaBroker(self.work / "kafka", port=free_port())
         self.mariadb = MariaDBServer(self.work / "mariadb")
         self.postgres = PostgresServer(self.work / "postgres")
         self.redis = RedisServer(self.work / "redis")
@@ -294,20 +416,12 @@ class Soak:
         return {"bootstrap.servers": self.broker.bootstrap_servers}
 
     def start(self) -> None:
-        for name, service in (("postgres", self.postgres), ("kafka", self.broker),
-                              ("mariadb", self.mariadb), ("redis", self.redis)):
-            log(f"{name} ready in {service.start():.1f}s")
-        with self.mariadb.connect() as conn, conn.cursor() as cur:
-            cur.execute(f"CREATE DATABASE {DATABASE}")
-            for i in range(self.tables):
-                cur.execute(f"CREATE TABLE {DATABASE}.t{i} (id INT PRIMARY KEY, "
-                            f"v INT NOT NULL, note VARCHAR(40))")
-                cur.execute(f"INSERT INTO {DATABASE}.t{i} VALUES "
-                            + ",".join(f"({r}, {r}, 'row {r}')" for r in range(ROWS)))
-        self.connect = KafkaConnect(self.work / "connect", self.broker.bootstrap_servers,
-                                    DebeziumConnector.for_server(self.mariadb,
-                                                                 topic_prefix=DATABASE))
-        log(f"kafka connect + debezium ready in {self.connect.start():.1f}s")
+        """The stack, its parts at once where they need nothing of each other (on 2 cores
+        a start is mostly a wait: a JVM loading classes, a server opening its port).
+        Spark Connect (a JVM and a session, the longest) starts with the first ones and
+        runs on while Kafka Connect (Debezium's snapshot needs MariaDB and the broker)
+        and the code server start; the daemon once all are up. Each part's seconds in
+        `self.timings`."""
         self.settings = {
             "kafka": {"bootstrap.servers": self.broker.bootstrap_servers,
                       "group.id": self.group, "auto.offset.reset": "earliest",
@@ -324,7 +438,22 @@ class Soak:
                                     for n in self.names]}],
         }
         self.spark = SparkConnectServer.for_config(self.pipeline, self.work / "spark-connect")
-        log(f"spark connect ready in {self.spark.start():.1f}s")
+        spark = begin({"spark_connect": self.spark.start})
+        self.timings.update(parallel({
+            "postgres": self.postgres.start, "kafka": self.broker.start,
+            "mariadb": self.mariadb.start, "redis": self.redis.start}))
+        began = time.monotonic()
+        with self.mariadb.connect() as conn, conn.cursor() as cur:
+            cur.execute(f"CREATE DATABASE {DATABASE}")
+            for i in range(self.tables):
+                cur.execute(f"CREATE TABLE {DATABASE}.t{i} (id INT PRIMARY KEY, "
+                            f"v INT NOT NULL, note VARCHAR(40))")
+                cur.execute(f"INSERT INTO {DATABASE}.t{i} VALUES "
+                            + ",".join(f"({r}, {r}, 'row {r}')" for r in range(ROWS)))
+        self.timings["tables"] = round(time.monotonic() - began, 1)
+        self.connect = KafkaConnect(self.work / "connect", self.broker.bootstrap_servers,
+                                    DebeziumConnector.for_server(self.mariadb,
+                                                                 topic_prefix=DATABASE))
         config_path = self.work / "binlake.yaml"
         config_path.write_text(yaml.safe_dump(self.settings))
         home = self.work / "dagster"
@@ -342,8 +471,14 @@ class Soak:
             instance.add_dynamic_partitions(
                 KAFKA_PARTITIONS_NAME, [partition_key(t, 0) for t in self.topics])
         self.code_port = free_port()
-        self.start_code_server()
+        self.timings.update(parallel({
+            "connect_debezium": self.connect.start, "code_server": self.start_code_server}))
+        began = time.monotonic()
+        self.timings.update(spark())
+        self.timings["spark_wait"] = round(time.monotonic() - began, 1)
+        began = time.monotonic()
         self.start_daemon()
+        self.timings["daemon_spawn"] = round(time.monotonic() - began, 1)
 
     @property
     def pipeline(self):  # noqa: ANN201 - PipelineConfig
@@ -360,8 +495,10 @@ class Soak:
         self.started.append(proc)
         return proc
 
-    def start_code_server(self) -> None:
-        """The `binlake` location's code server, as `dagster dev` starts one per location."""
+    def start_code_server(self) -> float:
+        """The `binlake` location's code server, as `dagster dev` starts one per location;
+        the seconds until it answered."""
+        began = time.monotonic()
         self.code_server = self._dagster(
             "dagster", ["code-server", "start", "-m", "binlog_assets.definitions",
                         "--location-name", "binlake", "-h", "127.0.0.1",
@@ -371,6 +508,7 @@ class Soak:
             "host": "127.0.0.1", "port": self.code_port, "location_name": "binlake"}}]}
         (self.work / "workspace.yaml").write_text(yaml.safe_dump(workspace))
         self.wait_code_server()
+        return time.monotonic() - began
 
     def code_client(self):  # noqa: ANN201 - DagsterGrpcClient
         from dagster._grpc.client import DagsterGrpcClient
@@ -449,6 +587,19 @@ class Soak:
         with self.instance() as instance:
             return [r.dagster_run for r in instance.get_run_records(
                 dg.RunsFilter(job_name=job, statuses=[dg.DagsterRunStatus.STARTED]))]
+
+    def submit(self, job: str) -> str:
+        """Submit a run of `job` to the instance's run queue, as a schedule's tick does
+        (`dagster job launch` on the workspace: the run is created from the code
+        server's snapshot of the job and handed to the instance's QueuedRunCoordinator,
+        the daemon dequeues it under the pools' and tags' limits); its run id."""
+        run_id = str(uuid.uuid4())
+        subprocess.run(
+            [str(Path(sys.executable).with_name("dagster")), "job", "launch",
+             "-w", str(self.work / "workspace.yaml"), "-l", "binlake", "-j", job,
+             "--run-id", run_id, "--tags", json.dumps({SOAK_TAG: job})],
+            cwd=ROOT, env=self.env, check=True, capture_output=True, timeout=180)
+        return run_id
 
     def drained(self, ends: dict[str, int]) -> dict[str, int]:
         """Lag per partition: end offset minus the group's committed offset."""
@@ -604,10 +755,43 @@ def measure(soak: Soak) -> dict[str, Any]:
         "at": time.time(), "processes": procs,
         "lakehouse_bytes": _du(soak.work / "lakehouse"),
         "changelog_files": sum(1 for p in changelog.rglob("*.parquet")),
+        # The files of its current version (those on disk stay until VACUUM's retention).
+        "changelog_live_files":
+            DeltaTable(str(changelog)).get_add_actions(flatten=True).num_rows,
         "changelog_log_files": sum(1 for _ in (changelog / "_delta_log").glob("*")),
         "instance_db_bytes": db_size, "postgres_dir_bytes": _du(soak.postgres.data_dir),
         "event_log_rows": rows, "event_log_bytes": size,
     }
+
+
+def changelog_bound(soak: Soak) -> dict[str, Any]:
+    """The changelog's live files against what maintenance leaves them at: the files the
+    last compaction (an OPTIMIZE commit) added, plus every file committed after the
+    version it read (the rows written while and after it ran). Without maintenance every
+    commit's file stays live (405 after 90 s of workload over 20 tables), so the live
+    count grows with the commits; with it, it stays below this bound."""
+    changelog = Path(changelog_uri(soak.pipeline).removeprefix("file://"))
+    live = DeltaTable(str(changelog)).get_add_actions(flatten=True).num_rows
+    adds: dict[int, int] = {}
+    optimize: tuple[int, int] | None = None  # (version, the version it read)
+    for path in sorted((changelog / "_delta_log").glob("*.json")):
+        version, added = int(path.stem), 0
+        for line in path.read_text().splitlines():
+            action = json.loads(line)
+            added += "add" in action
+            info = action.get("commitInfo") or {}
+            if info.get("operation") == "OPTIMIZE":
+                read = info.get("readVersion")
+                optimize = (version, version - 1 if read is None else int(read))
+        adds[version] = added
+    if optimize is None:
+        return {"live_files": live, "bound": None, "written": sum(adds.values())}
+    version, read = optimize
+    since = sum(n for v, n in adds.items() if v > read and v != version)
+    return {"live_files": live, "bound": adds[version] + since,
+            "compaction_left": adds[version], "written_since": since,
+            "optimize_version": version, "versions": max(adds) + 1,
+            "written": sum(adds.values())}
 
 
 # --- checks -----------------------------------------------------------------------------
@@ -708,7 +892,7 @@ def fault_evidence(soak: Soak, faults: list[Fault], window: float = 180.0) -> No
                 "ORDER BY id",
                 (fault.began, until))
             for run_id, event_type, body in cur.fetchall():
-                message = json.loads(body).get("user_message") or ""
+                message = failure_cause(body) or json.loads(body).get("user_message") or ""
                 if event_type == "ENGINE_EVENT" and not any(
                         w in message.lower() for w in ("fail", "kill", "no longer",
                                                        "lost", "terminat", "crash")):
@@ -717,6 +901,31 @@ def fault_evidence(soak: Soak, faults: list[Fault], window: float = 180.0) -> No
                     continue
                 fault.visible.append(f"{run_id[:8]} {event_type or 'LOG'}: "
                                      f"{message[:200]}")
+
+
+def failure_cause(body: str) -> str | None:
+    """A failure event's error (its message and the cause chain's), which the event's
+    own message ("Execution of step ... failed.") leaves out."""
+    from dagster._core.events.log import EventLogEntry
+    from dagster._serdes import deserialize_value
+
+    with contextlib.suppress(Exception):
+        event = deserialize_value(body, EventLogEntry).dagster_event
+        error = getattr(event.event_specific_data, "error", None) if event else None
+        parts = []
+        while error is not None and len(parts) < 3:
+            parts.append(error.message.strip().splitlines()[0] if error.message else
+                         error.cls_name or "")
+            error = error.cause
+        return " <- ".join(p for p in parts if p) or None
+    return None
+
+
+def seen(fault: dict[str, Any]) -> list[str]:
+    """The evidence lines that name the fault (EVIDENCE), of those `fault_evidence`
+    collected in its window."""
+    pattern = EVIDENCE.get(fault["kind"])
+    return [line for line in fault["visible"] if pattern and re.search(pattern, line)]
 
 
 def duplicates(soak: Soak, faults: list[Fault]) -> dict[str, Any]:
@@ -748,14 +957,19 @@ def duplicates(soak: Soak, faults: list[Fault]) -> dict[str, Any]:
 # --- the run ----------------------------------------------------------------------------
 
 def soak(minutes: float, seed: int, tables: int, kinds: list[str], repeats: int,
-         rate: float, work: Path, drain_timeout: float) -> dict[str, Any]:
+         rate: float, work: Path, drain_timeout: float,
+         maintenance_every: float = 300.0) -> dict[str, Any]:
     seconds = minutes * 60
     stack = Soak(work, tables=tables, seed=seed)
     report: dict[str, Any] = {"minutes": minutes, "seed": seed, "tables": tables,
-                              "rate": rate, "work": str(work)}
+                              "rate": rate, "work": str(work),
+                              "load_at_start": os.getloadavg()}
     began = time.time()
+    maintenance: Maintenance | None = None
     try:
         stack.start()
+        report["startup"] = dict(stack.timings)
+        report["started_s"] = round(time.time() - began, 1)
         with stack.instance() as instance:
             deadline = time.monotonic() + drain_timeout
             missing = list(stack.names)
@@ -766,7 +980,9 @@ def soak(minutes: float, seed: int, tables: int, kinds: list[str], repeats: int,
         if missing:
             raise TimeoutError(f"replicas not built: {missing}")
         report["built_s"] = round(time.time() - began, 1)
-        log(f"{tables} replicas built {report['built_s']}s after the start")
+        report["startup"]["first_build"] = round(report["built_s"] - report["started_s"], 1)
+        log(f"{tables} replicas built {report['built_s']}s after the start "
+            f"({report['startup']})")
         report["start"] = measure(stack)
         faults = schedule(kinds, repeats, seconds, seed)
         workload = Workload(stack.mariadb, stack.broker.bootstrap_servers, tables, rate,
@@ -776,7 +992,11 @@ def soak(minutes: float, seed: int, tables: int, kinds: list[str], repeats: int,
         progress = Progress({"changelog": changelog_uri(stack.pipeline),
                              **{n: table_uri(stack.pipeline, n) for n in replicas}})
         progress.start()
+        # `maintenance_every` 0: no maintenance (the quick variant's 2 minutes).
+        maintenance = Maintenance(stack, maintenance_every) if maintenance_every > 0 else None
         workload.start()
+        if maintenance is not None:
+            maintenance.start()
         load_began = time.monotonic()
         for fault in faults:
             wait = fault.planned - (time.monotonic() - load_began)
@@ -798,9 +1018,18 @@ def soak(minutes: float, seed: int, tables: int, kinds: list[str], repeats: int,
         report["statements"] = dict(workload.ops)
         report["statements_failed"] = workload.failed
         report["specials"] = [kind for _t, kind in workload.specials_done]
-        log(f"workload stopped: {dict(workload.ops)}, {workload.failed} failed; draining")
+        log(f"workload stopped: {dict(workload.ops)}, {workload.failed} failed")
+        # The last maintenance run ends before the drain, whose checks then see the
+        # tables as maintenance left them (its commits are changelog and replica versions
+        # the followers go on from).
+        report["maintenance"] = (maintenance.finish(drain_timeout) if maintenance is not None
+                                 else {"runs": [], "off": True, "every_s": 0,
+                                       "skipped_turns": 0})
+        maintenance = None
+        log(f"maintenance: {report['maintenance']}; draining")
         report["drain"] = wait_drained(stack, drain_timeout)
         log(f"drained in {report['drain']['converged_s']}s")
+        report["changelog_bound"] = changelog_bound(stack)
         progress.stop.set()
         for fault in faults:
             fault.recovered_changelog_s = progress.first_commit_after(fault.ended,
@@ -837,11 +1066,18 @@ def soak(minutes: float, seed: int, tables: int, kinds: list[str], repeats: int,
                                             f"{record.dagster_run.status.value}")
         fault_evidence(stack, faults)
         report["faults"] = [vars(f) for f in faults]
+        report["faults_unseen"] = unseen_faults(report["faults"])
+        report["faults_not_visible_in_dagster"] = [
+            f"{i} {f.kind}" for i, f in enumerate(faults)
+            if not f.skipped and f.kind in NOT_VISIBLE]
     except Exception:  # noqa: BLE001 - the report says where it stopped
         report["error"] = traceback.format_exc()
         log(report["error"])
     finally:
+        if maintenance is not None:
+            maintenance.stop.set()
         report["seconds"] = round(time.time() - began, 1)
+        report["load_at_end"] = os.getloadavg()
         stack.stop()
     report["checks"] = checks(report)
     return report
@@ -851,7 +1087,7 @@ def checks(report: dict[str, Any]) -> dict[str, bool]:
     if "error" in report:
         return {"completed": False}
     drain, dups = report["drain"], report["duplicates"]
-    faults = report["faults"]
+    faults, bound = report["faults"], report["changelog_bound"]
     return {
         "replicas_equal": not drain["replicas"]["mismatched"],
         "cache_equal": drain["cache"]["mismatches"] == 0,
@@ -865,7 +1101,21 @@ def checks(report: dict[str, Any]) -> dict[str, bool]:
                                   for f in faults if f["target"]),
         "every_fault_injected": all(not f["skipped"] and "injection failed" not in f["detail"]
                                     for f in faults),
-    }
+        "faults_visible": not unseen_faults(faults),
+    } | ({} if report["maintenance"].get("off") else {
+        "maintenance_ran": bool(runs := report["maintenance"]["runs"])
+        and all(r["status"] == "SUCCESS" for r in runs),
+        "changelog_files_bounded": bound["bound"] is not None
+        and bound["live_files"] <= bound["bound"],
+    })
+
+
+def unseen_faults(faults: list[dict[str, Any]]) -> list[str]:
+    """The injected faults of a kind Dagster can see with no evidence in the instance
+    (`fault_evidence`: the killed run's failure, a failed run, or a run's warning or
+    error naming it); the kinds it cannot see (NOT_VISIBLE) are listed in the report."""
+    return [f"{i} {f['kind']}" for i, f in enumerate(faults)
+            if not f["skipped"] and f["kind"] not in NOT_VISIBLE and not seen(f)]
 
 
 def markdown(report: dict[str, Any]) -> str:
@@ -889,19 +1139,34 @@ def markdown(report: dict[str, Any]) -> str:
         f"{dups['repeats']} by fault kind {dups['by_kind']}, unexplained "
         f"{dups['unexplained']}, in the same process {dups['same_process']}",
         f"- runs: {report['runs']}",
+        f"- start (s, load {report['load_at_start']}): {report['startup']}; stack up "
+        f"{report['started_s']} s",
+        "- maintenance every {every_s} s: {n} runs {statuses}, changelog files (before, "
+        "after) per compaction {files}; skipped turns {skipped}".format(
+            n=len(report["maintenance"]["runs"]), every_s=report["maintenance"]["every_s"],
+            statuses=[(r["status"], f"queued {r['queued_s']} s", f"ran {r['ran_s']} s")
+                      for r in report["maintenance"]["runs"]],
+            files=[r["changelog_files"] for r in report["maintenance"]["runs"]],
+            skipped=report["maintenance"]["skipped_turns"]),
+        f"- changelog live files at the end {report['changelog_bound']}",
+        f"- faults not visible in Dagster (by kind): "
+        f"{report['faults_not_visible_in_dagster']}; visible kinds without evidence: "
+        f"{report['faults_unseen']}",
         "",
         "| # | fault | at | s | detail | next changelog / replica commit s | seen in Dagster |",
         "| --- | --- | --- | --- | --- | --- | --- |",
     ]
     for i, f in enumerate(report["faults"]):
-        seen = "; ".join(f["visible"][:3]).replace("|", "/").replace("\n", " ")
+        named = seen(f) or (["not visible in Dagster"] if f["kind"] in NOT_VISIBLE else [])
+        shown = "; ".join(named[:3]).replace("|", "/").replace("\n", " ")
         lines.append(f"| {i} | {f['kind']} | {time.strftime('%H:%M:%S', time.gmtime(f['began']))}"
                      f" | {f['ended'] - f['began']:.1f} | {f['detail']} | "
                      f"{f['recovered_changelog_s']} / {f['recovered_replicas_s']} | "
-                     f"{seen or '-'} |")
+                     f"{shown or '-'} |")
     lines += ["", "| measure | start | end |", "| --- | --- | --- |"]
     start, end = report["start"], report["end"]
-    for key in ("lakehouse_bytes", "changelog_files", "changelog_log_files",
+    for key in ("lakehouse_bytes", "changelog_files", "changelog_live_files",
+                "changelog_log_files",
                 "instance_db_bytes", "postgres_dir_bytes", "event_log_rows", "event_log_bytes"):
         lines.append(f"| {key} | {start[key]} | {end[key]} |")
     for name in sorted(set(start["processes"]) | set(end["processes"])):
@@ -922,6 +1187,8 @@ def main(argv: list[str] | None = None) -> int:
                         help=f"kinds, comma-separated (of {', '.join(FAULTS)})")
     parser.add_argument("--repeats", type=int, default=2, help="faults of each kind")
     parser.add_argument("--drain-timeout", type=float, default=900.0)
+    parser.add_argument("--maintenance-every", type=float, default=300.0,
+                        help="seconds between runs of lakehouse_maintenance_job")
     parser.add_argument("--report", type=Path, default=ROOT / "var" / "soak")
     parser.add_argument("--keep", action="store_true", help="keep the work directory")
     args = parser.parse_args(argv)
@@ -931,7 +1198,7 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     work = Path(tempfile.mkdtemp(prefix="binlake-soak-"))
     report = soak(args.minutes, args.seed, args.tables, kinds, args.repeats, args.rate,
-                  work, args.drain_timeout)
+                  work, args.drain_timeout, args.maintenance_every)
     args.report.mkdir(parents=True, exist_ok=True)
     (args.report / "report.json").write_text(json.dumps(report, indent=1, default=str))
     if "error" not in report:

@@ -1,12 +1,16 @@
-"""The soak's short variant (`tests/soak/soak.py`; `make soak` runs the 30-minute one),
-in `make test-long`.
+"""The soak's short variants (`tests/soak/soak.py`; `make soak` runs the 30-minute one).
 
-90 s of workload over 20 tables with one fault of each of five kinds (the consume run
-and the replica follower SIGKILLed, the broker restarted, the daemon restarted, the code
-location reloaded), then the drain and every check of the long run: replicas and the
-Redis cache equal to their tables, every malformed record dead-lettered with its
-coordinates, lag 0, no run left running, no handler call repeated without a fault before
-it, each killed run failed in the instance.
+- `test_soak_quick` (`make test`, about 2 minutes): 30 s of workload over 4 tables,
+  a consume run SIGKILLed, no maintenance.
+- `test_soak_short` (`make test-long`): 90 s of workload over 20 tables with one fault
+  of each of five kinds (the consume run and the replica follower SIGKILLed, the broker
+  restarted, the daemon restarted, the code location reloaded), maintenance every 40 s.
+
+Both make every check of the long run: replicas and the Redis cache equal to their
+tables, every malformed record dead-lettered with its coordinates, lag 0, no run left
+running, no handler call repeated without a fault before it, each killed run failed in
+the instance, each fault Dagster can see seen; with maintenance on, every maintenance
+run a success and the changelog's live files within what maintenance leaves.
 """
 
 from __future__ import annotations
@@ -23,23 +27,44 @@ SHORT_FAULTS = ["kill_consume_run", "kill_follower_run", "broker_restart",
                 "daemon_restart", "code_reload"]
 
 
-# About 6.5 minutes (the stack's start and the first build of 20 replicas are most of
-# it): past the default suite's budget, so in `make test-long`.
-@pytest.mark.integration
-@pytest.mark.long
-def test_soak_short(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def run_soak(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, faults: list[str],
+             **kwargs: object) -> dict:
     # The soak points this process at its own instance and config: put them back after.
     for name in ENV:
         monkeypatch.delenv(name, raising=False)
     work = Path(tempfile.mkdtemp(prefix="binlake-soak-"))
-    report = soak(minutes=1.5, seed=7, tables=20, kinds=SHORT_FAULTS, repeats=1, rate=10.0,
-                  work=work, drain_timeout=600.0)
+    report = soak(kinds=faults, repeats=1, rate=10.0, work=work, **kwargs)
     (tmp_path / "report.json").write_text(json.dumps(report, indent=1, default=str))
     assert "error" not in report, report.get("error")
     print(markdown(report))
     assert report["drain"]["replicas"]["rows_compared"] > 0
     assert report["dead_letters"]["sent"] > 0
-    assert {f["kind"] for f in report["faults"]} == set(SHORT_FAULTS)
+    assert {f["kind"] for f in report["faults"]} == set(faults)
     failed = {name: ok for name, ok in report["checks"].items() if not ok}
     assert not failed, f"soak checks failed: {failed}; see {work}"
     shutil.rmtree(work, ignore_errors=True)
+    return report
+
+
+QUICK_FAULTS = ["kill_consume_run"]
+
+
+# About 2 minutes at a low load: the stack's start (Spark Connect's start, the others
+# beside it), the first build of 4 replicas, 30 s of workload with one consume run
+# SIGKILLed, the drain. Maintenance (a run waits for the spark pool's slot, then about
+# 45 s) and the other faults are in `test_soak_short` and `make soak`.
+@pytest.mark.integration
+def test_soak_quick(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    report = run_soak(tmp_path, monkeypatch, QUICK_FAULTS, minutes=0.5, seed=3, tables=4,
+                      drain_timeout=300.0, maintenance_every=0)
+    assert report["maintenance"]["off"] and "maintenance_ran" not in report["checks"]
+
+
+# About 8.5 minutes (the stack's start and the first build of 20 replicas, then a
+# maintenance run of 20 replicas, are most of it): past the default suite's budget, so
+# in `make test-long`.
+@pytest.mark.integration
+@pytest.mark.long
+def test_soak_short(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    run_soak(tmp_path, monkeypatch, SHORT_FAULTS, minutes=1.5, seed=7, tables=20,
+             drain_timeout=600.0, maintenance_every=40.0)
