@@ -14,6 +14,7 @@ gRPC to it.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -174,6 +175,28 @@ def _remote_session(url: str) -> SparkSession:
     if session is None:
         session = _REMOTE_SESSIONS[url] = _connect(url, new=False)
     return session
+
+
+def remote_session_lost(pipeline: PipelineConfig) -> bool:
+    """Whether this process's Spark Connect session stopped answering (its server was
+    stopped or restarted: the session is gone with it): a probe query on it fails. False
+    without one, or for Spark in this process."""
+    session = _REMOTE_SESSIONS.get(pipeline.spark.remote or "")
+    if session is None:
+        return False
+    try:
+        session.sql("SELECT 1").collect()
+    except Exception:  # noqa: BLE001 - any failure of the probe is the answer
+        return True
+    return False
+
+
+def forget_remote_session(pipeline: PipelineConfig) -> None:
+    """Drop this process's Spark Connect session: the next `get_spark` opens a new one."""
+    session = _REMOTE_SESSIONS.pop(pipeline.spark.remote or "", None)
+    if session is not None:
+        with contextlib.suppress(Exception):
+            session.stop()
 
 
 def new_session(spark: SparkSession, pipeline: PipelineConfig) -> SparkSession:
