@@ -157,10 +157,9 @@ def debezium_connect(
 
 
 # The folders in the order `make test` hands their files to its workers (`--dist
-# loadfile`): the soak's quick variant, the long drills and the Spark applies first, the
-# folders of many short tests last, so that these fill both workers at the end instead
-# of one long file.
-FOLDER_ORDER = ("soak", "drills", "parity", "lakehouse", "orchestration", "dev", "consume")
+# loadfile`): the long drills and the Spark applies first, the folders of many short
+# tests last, so that these fill both workers at the end instead of one long file.
+FOLDER_ORDER = ("drills", "parity", "lakehouse", "orchestration", "dev", "consume")
 
 
 def _folder_rank(item: pytest.Item) -> int:
