@@ -155,14 +155,25 @@ def read_survey(spark: SparkSession | None, pipeline: PipelineConfig, after_vers
     log = _changelog_log(pipeline)
     if log is None:
         return None
-    history = log.history(log.version() - first + 1)
-    found = {h["version"]: (h.get("operation"), commit_doc(h.get("userMetadata")))
-             for h in history if first <= h.get("version", -1) <= up_to}
-    if len(found) != up_to - first + 1:
+    uri, table_id = log.table_uri, log.metadata().id
+    # Every replica of a cycle asks for the same range: merged once.
+    with _commits_lock:
+        last = _merged.get(uri)
+    if last is not None and last[:3] == (table_id, first, up_to):
+        return last[3]
+    groups = _merged_surveys(log, first, up_to)
+    with _commits_lock:
+        _merged[uri] = (table_id, first, up_to, groups)
+    return groups
+
+
+def _merged_surveys(log: DeltaTable, first: int, up_to: int) -> list[SurveyGroup] | None:
+    found = _commit_docs(log, first, up_to)
+    if found is None:
         return None  # log entries cleaned up
     merged: dict[tuple, tuple[int, list[int]]] = {}  # group -> (rows, last position)
     times: dict[str, int] = {}  # table -> latest source time, of commits that record it
-    for operation, doc in found.values():
+    for operation, doc in found:
         survey = doc.get("survey", [] if operation == CREATE_OPERATION else None)
         if survey is None:
             return None
@@ -175,6 +186,38 @@ def read_survey(spark: SparkSession | None, pipeline: PipelineConfig, after_vers
             times[table] = max(ts, times.get(table, ts))
     return [SurveyGroup(*key[:4], list(key[4]), n, last, times.get(key[0]))
             for key, (n, last) in merged.items()]
+
+
+# changelog location -> (table id, version -> (operation, metadata document)): a commit's
+# metadata never changes, and every replica of a follower cycle surveys the same versions;
+# reading them again per replica cost a log read per version (O(tables) per replica).
+_commits: dict[str, tuple[str, dict[int, tuple[str | None, dict]]]] = {}
+# changelog location -> (table id, first, last version, their merged surveys)
+_merged: dict[str, tuple[str, int, int, list[SurveyGroup] | None]] = {}
+_commits_lock = threading.Lock()
+
+
+def _commit_docs(log: DeltaTable, first: int, up_to: int
+                 ) -> list[tuple[str | None, dict]] | None:
+    """(operation, metadata document) of changelog versions `first`..`up_to`, each read
+    from the log once per process and table; None when the log no longer has them all."""
+    uri, table_id = log.table_uri, log.metadata().id
+    with _commits_lock:
+        known = _commits.get(uri)
+        docs = dict(known[1]) if known is not None and known[0] == table_id else {}
+    missing = [v for v in range(first, up_to + 1) if v not in docs]
+    if missing:
+        newest = log.version()
+        for h in log.history(newest - missing[0] + 1):
+            version = h.get("version", -1)
+            if version >= missing[0] and version not in docs:
+                docs[version] = (h.get("operation"), commit_doc(h.get("userMetadata")))
+        # The newest versions are the ones the next cycles survey again.
+        kept = {v: d for v, d in docs.items() if v > newest - SURVEY_MAX_COMMITS}
+        with _commits_lock:
+            _commits[uri] = (table_id, kept)
+    found = [docs[v] for v in range(first, up_to + 1) if v in docs]
+    return found if len(found) == up_to - first + 1 else None
 
 
 def changelog_frame(spark: SparkSession, pipeline: PipelineConfig) -> DataFrame:
