@@ -45,6 +45,7 @@ CHANGE_FEED_COLUMNS = ("_change_type", "_commit_version", "_commit_timestamp")
 _locations: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 _databases: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 _views: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_database_uris: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def delta_rs_uri(uri: str) -> str:
@@ -72,6 +73,7 @@ def share_lookups(parent: SparkSession, child: SparkSession) -> None:
     _locations[child] = _known(parent)
     _databases[child] = _databases.setdefault(parent, set())
     _views[child] = known_views(parent)
+    _database_uris[child] = _database_uris.setdefault(parent, {})
 
 
 def known_views(spark: SparkSession) -> set[tuple[str, str]]:
@@ -85,6 +87,14 @@ def ensure_database(spark: SparkSession, database: str) -> None:
     if database not in made:
         spark.sql(f"CREATE DATABASE IF NOT EXISTS {qualified(database)}")
         made.add(database)
+
+
+def database_location(spark: SparkSession, database: str) -> str:
+    """The database's location URI, looked up once per catalog and process."""
+    uris = _database_uris.setdefault(spark, {})
+    if database not in uris:
+        uris[database] = spark.catalog.getDatabase(database).locationUri
+    return uris[database]
 
 
 def table_exists(spark: SparkSession, database: str, table: str) -> bool:
@@ -284,6 +294,19 @@ def create_table(spark: SparkSession, table: tuple[str, str], schema: T.StructTy
         if e.getCondition() == "TABLE_OR_VIEW_ALREADY_EXISTS":
             raise TableCreatedMeanwhile(f"{'.'.join(table)} was created meanwhile") from e
         raise
+    if not exists_ok:
+        _remember_created(spark, table)
+
+
+def _remember_created(spark: SparkSession, table: tuple[str, str]) -> None:
+    """A table this session just created without a LOCATION is at its database's
+    default path: remembered there, its first commit then asks the catalog nothing (a
+    DESCRIBE, 0.1-0.2 s). Unremembered where delta-rs finds no table there."""
+    from deltalake import DeltaTable
+
+    location = f"{database_location(spark, table[0]).rstrip('/')}/{table[1].lower()}"
+    if DeltaTable.is_deltatable(delta_rs_uri(location)):
+        remember(spark, *table, location)
 
 
 # One creation of a table at a time in this process (the builders of the follower share
@@ -306,7 +329,7 @@ def _creating(spark: SparkSession, table: tuple[str, str]) -> Iterator[None]:
 
 
 def _clear_unborn(spark: SparkSession, table: tuple[str, str]) -> None:
-    uri = spark.catalog.getDatabase(table[0]).locationUri
+    uri = database_location(spark, table[0])
     if not uri.startswith("file:"):
         # On object storage the debris stays, and Delta's error names its location.
         return

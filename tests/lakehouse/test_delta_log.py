@@ -204,3 +204,37 @@ def test_create_table_quotes_names_and_property_values() -> None:
     ]
     create_table(spark, ("shop", "plain"), schema, {})
     assert spark.statements[-1].endswith("USING DELTA")
+
+
+class CreatingSpark(FakeSpark):
+    """A FakeSpark whose CREATE TABLE makes the table's first commit where Spark would:
+    its database's default path, the table's name in lower case."""
+
+    def __init__(self, warehouse: Path) -> None:
+        super().__init__()
+        self.warehouse = warehouse
+        self.databases_asked = 0
+
+    def getDatabase(self, name: str) -> SimpleNamespace:  # Spark's spelling
+        self.databases_asked += 1
+        return SimpleNamespace(locationUri=f"file:{self.warehouse}/{name}.db")
+
+    def sql(self, statement: str) -> FakeRows:
+        if statement.startswith("CREATE TABLE `shop`.`Orders`"):
+            write_deltalake(str(self.warehouse / "shop.db" / "orders"),
+                            pa.table({"id": pa.array([], pa.int64())}))
+        return super().sql(statement)
+
+
+def test_a_table_just_created_is_found_at_its_default_path(tmp_path: Path) -> None:
+    spark = CreatingSpark(tmp_path)
+    schema = T.StructType([T.StructField("id", T.LongType())])
+    create_table(spark, ("shop", "Orders"), schema, {}, exists_ok=False)
+    # Its first commit asks the catalog nothing more.
+    assert table_location(spark, "shop", "Orders") == f"file:{tmp_path}/shop.db/orders"
+    assert not any(s.startswith("DESCRIBE") for s in spark.statements)
+    # Where the path holds no table (another location), the catalog is asked.
+    create_table(spark, ("shop", "elsewhere"), schema, {}, exists_ok=False)
+    with pytest.raises(ValueError, match="no location"):
+        table_location(spark, "shop", "elsewhere")
+    assert spark.databases_asked == 1

@@ -364,6 +364,7 @@ def test_a_new_small_replica_is_created_by_spark_and_filled_by_delta_rs(
     """Spark's CREATE TABLE (catalog, schema, properties), then one delta-rs commit with
     the rows and the applied changelog version. A crash between the two leaves an empty
     replica that the next apply fills, exactly once."""
+    from binlog_assets.lakehouse import delta_log
     from binlog_assets.lakehouse.delta_log import open_log, table_location
     from binlog_assets.lakehouse.replica import builder as replica_module
     from binlog_assets.lakehouse.replica.plan import KEY_PROPERTY, TRUNCATED_PROPERTY
@@ -382,6 +383,10 @@ def test_a_new_small_replica_is_created_by_spark_and_filled_by_delta_rs(
     monkeypatch.setattr(replica_module, "commit_rows", crash)
     with pytest.raises(RuntimeError, match="killed"):
         builder.apply("orders")
+    # Remembered at its creation, where the catalog says it is: its commits ask no one.
+    described = {r["col_name"]: r["data_type"]
+                 for r in spark.sql(f"DESCRIBE TABLE EXTENDED {db}.orders").collect()}
+    assert delta_log._known(spark)[(db, "orders")] == described["Location"]
     log = open_log(table_location(spark, db, "orders"))
     assert (log.version(), log.transaction_version(APP_ID)) == (0, None)
     props = log.metadata().configuration
