@@ -33,6 +33,7 @@ from binlog_assets.lakehouse.delta_log import (
     table_version,
 )
 from binlog_assets.lakehouse.identifiers import qualified, quote
+from binlog_assets.lakehouse.replica.commit import SPARK_ONLY_PROPERTIES
 from binlog_assets.lakehouse.replica.plan import KEY_PROPERTY
 
 if TYPE_CHECKING:
@@ -57,13 +58,22 @@ def purge_tombstones(spark: SparkSession, table: tuple[str, str], now: datetime,
     last = float(props.get(PURGED_PROPERTY, "0"))
     if now.timestamp() - last < (window * PURGE_EVERY).total_seconds():
         return 0
+    purged_at = {PURGED_PROPERTY: f"{now.timestamp():.3f}"}
+    if not SPARK_ONLY_PROPERTIES.intersection(props):
+        # delta-rs deletes as Spark's DELETE would (files pruned by the same statistics),
+        # without the second or more of Spark planning a DELETE and an ALTER cost.
+        log = open_log(table_location(spark, *table))
+        cutoff = (now - window).astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+        metrics = log.delete(f"_op = '{OP_DELETE}' AND _applied_at < '{cutoff}'")
+        log.alter.set_table_properties(purged_at, raise_if_not_exists=False)
+        return int(metrics.get("num_deleted_rows", 0))
     before = table_version(spark, *table)
     # The session time zone is UTC (spark_conf), as the literal is read in it.
     cutoff = (now - window).astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S.%f")
     spark.sql(f"DELETE FROM {qualified(*table)} WHERE _op = '{OP_DELETE}' "
               f"AND _applied_at < TIMESTAMP '{cutoff}'")
     purged = int(metrics_since(spark, *table, before).get("numDeletedRows", 0))
-    set_properties(spark, table, {PURGED_PROPERTY: f"{now.timestamp():.3f}"})
+    set_properties(spark, table, purged_at)
     return purged
 
 

@@ -14,8 +14,9 @@ from binlog_assets.config import PipelineConfig
 from binlog_assets.formats.event import ChangeEvent, Position
 from binlog_assets.lakehouse.changelog import ChangelogWriter
 from binlog_assets.lakehouse.changelog_reader import changelog_version, register_changelog
-from binlog_assets.lakehouse.delta_log import known_views
+from binlog_assets.lakehouse.delta_log import known_views, open_log, table_location
 from binlog_assets.lakehouse.identifiers import UnsafeIdentifierError
+from binlog_assets.lakehouse.maintenance import PURGED_PROPERTY
 from binlog_assets.lakehouse.replica.builder import ReplicaBuilder
 
 ORDERS = [{"source": "shop.orders", "replica": "orders"}]
@@ -97,6 +98,31 @@ def test_tombstones_are_purged_after_the_window(spark, make_config_each_path: Ma
     part.write(part.records([[src.insert(row(2))]]))
     assert builder.apply("orders").tombstones == 1
     assert [r["id"] for r in spark.table(f"{pipeline.lakehouse.database}.orders").collect()] == [2]
+    # Purged by delta-rs, no Spark DELETE: the delete, then the purge time.
+    log = open_log(table_location(spark, pipeline.lakehouse.database, "orders"))
+    purge = log.history(2)
+    assert [(h["operation"], "clientVersion" in h) for h in purge] == [
+        ("SET TBLPROPERTIES", True), ("DELETE", True)]
+    assert float(log.metadata().configuration[PURGED_PROPERTY]) > 0
+
+
+# Spark's DELETE, kept for the features delta-rs does not write: the same purge.
+@pytest.mark.long
+def test_tombstones_of_a_table_with_deletion_vectors_are_purged_by_spark(
+        spark, make_config: MakeConfig) -> None:
+    pipeline = make_config(ORDERS, retention_hours=1 / 3600, table_features=["deletion_vectors"])
+    part, builder = setup(spark, pipeline)
+    src = Source("shop.orders")
+    part.write(part.records([[src.insert(row(1))], [src.insert(row(3))], [src.delete(row(1))]]))
+    assert builder.apply("orders").tombstones == 0
+    time.sleep(1.5)
+    part.write(part.records([[src.insert(row(2))]]))
+    assert builder.apply("orders").tombstones == 1
+    table = spark.table(f"{pipeline.lakehouse.database}.orders")
+    assert sorted(r["id"] for r in table.collect()) == [2, 3]
+    log = open_log(table_location(spark, pipeline.lakehouse.database, "orders"))
+    assert [(h["operation"], "engineInfo" in h) for h in log.history(2)] == [
+        ("SET TBLPROPERTIES", True), ("DELETE", True)]
 
 
 def test_truncate_clears_older_rows_and_drops_later_arriving_older_changes(
