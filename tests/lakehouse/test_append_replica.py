@@ -14,7 +14,7 @@ from lake_events import MakeConfig, Partition, Source, row
 from binlog_assets.config import parse_config
 from binlog_assets.lakehouse.audit import expected_log_rows
 from binlog_assets.lakehouse.changelog import ChangelogWriter
-from binlog_assets.lakehouse.delta_log import table_exists
+from binlog_assets.lakehouse.delta_log import open_log, table_exists, table_location
 from binlog_assets.lakehouse.replica.builder import ReplicaBuilder, ReplicaError
 from binlog_assets.orchestration.replica_assets import build_replica_assets
 from binlog_assets.orchestration.replica_reports import ROW_COUNT_CHECK, replica_key
@@ -34,10 +34,14 @@ def _keyless() -> Source:
     return Source("app.logs", key_columns=())
 
 
+# A small batch is appended by delta-rs from the driver; Spark's append and MERGE (the
+# way of a batch past `driver_commit_rows`, here 0) give the same log, in the long run.
+@pytest.mark.parametrize("by", ["delta-rs", pytest.param("spark", marks=pytest.mark.long)])
 def test_keyless_table_becomes_the_log_of_its_changes_each_once(
-        spark, make_config: MakeConfig) -> None:
+        spark, make_config: MakeConfig, by: str) -> None:
     # A tombstone window this short would purge every delete of a keyed replica.
-    pipeline = make_config([LOGS], retention_hours=1e-9)
+    pipeline = make_config([LOGS], retention_hours=1e-9,
+                           **({"driver_commit_rows": 0} if by == "spark" else {}))
     part, builder = Partition(ChangelogWriter(pipeline)), ReplicaBuilder(spark, pipeline)
     src = _keyless()
     a = row(1, "1.00", "a")
@@ -69,6 +73,10 @@ def test_keyless_table_becomes_the_log_of_its_changes_each_once(
     part.write([*resent, *part.records([[src.insert(row(3))]])])
     replay = builder.apply("logs")
     assert (replay.rows, replay.written) == (8, 1)
+    log = open_log(table_location(spark, pipeline.lakehouse.database, "logs"))
+    writers = [("clientVersion" in h and "delta-rs") or "spark"
+               for h in log.history() if h["operation"] != "CREATE TABLE"]
+    assert writers and set(writers) == {by}
     assert len(_log(spark, pipeline)) == 7
     assert expected_log_rows(spark, pipeline, "logs", replay.applied_version) == 7
     assert builder.apply("logs", up_to_version=first.applied_version).skipped

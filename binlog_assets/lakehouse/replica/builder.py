@@ -58,6 +58,7 @@ from binlog_assets.lakehouse.delta_log import (
 from binlog_assets.lakehouse.identifiers import check_unmapped_names, col, qualified
 from binlog_assets.lakehouse.maintenance import PURGED_PROPERTY, purge_tombstones
 from binlog_assets.lakehouse.replica.commit import (
+    commit_appended,
     commit_arrow,
     commit_rows,
     commit_version,
@@ -312,13 +313,16 @@ class ReplicaBuilder:
         table = self.table_name(route.replica)
         schema = new.schema if new is not None else (
             pa.schema(open_log(location).schema().to_arrow()))
-        rows = driver_rows(self.pipeline, start, up_to, survey, rule.key, columns, schema, now)
+        rows = driver_rows(self.pipeline, start, up_to, survey, rule, columns, schema, now)
         fault_point("during_replica_merge")
         if new is not None:
             create_table(self.spark, new.name, new.schema, new.properties, exists_ok=False)
             location = table_location(self.spark, *new.name)
-        written = commit_arrow(location, rows, rule.key, APP_ID, up_to,
-                               merge=new is None and files != 0)
+        merge = new is None and files != 0
+        if rule.append:  # a log of changes: no live rows, no view, no tombstones
+            written = commit_appended(location, rows, APP_ID, up_to, merge=merge)
+            return self._result(route, survey, up_to, rule, changes, written=written)
+        written = commit_arrow(location, rows, rule.key, APP_ID, up_to, merge=merge)
         if new is not None:
             self._ensure_view(route.replica, create=True)
         return self._result(route, survey, up_to, rule, changes, written=written,

@@ -5,7 +5,8 @@ of each key and typed in the driver (`driver.py`), or by Spark and collected as
 Arrow where only Spark reproduces its values, and committed by delta-rs in the statement
 Spark would run: a MERGE on the key whose update is guarded by the position, or an
 append (into a replica without data files, or one just created by Spark's CREATE TABLE,
-which keeps its catalog entry, schema and properties). Spark's Delta MERGE or CTAS of a
+which keeps its catalog entry, schema and properties); into an append-only replica, an
+insert of the changes it does not hold yet (`commit_appended`). Spark's Delta MERGE or CTAS of a
 few rows is a second or more of driver planning and jobs; delta-rs commits the same rows
 in tens of milliseconds. The commit carries the replica's transaction (`APP_ID`, the
 changelog version), as Spark's does.
@@ -75,6 +76,47 @@ def commit_arrow(location: str, batch: pa.Table, key: list[str], app_id: str, ve
         commit_version(location, app_id, version)
     return int(metrics.get("num_target_rows_inserted", 0)
                + metrics.get("num_target_rows_updated", 0))
+
+
+def _identity_sql(alias: str) -> str:
+    """`columns.change_identity` of `alias`'s `_position`, as delta-rs's SQL compares."""
+    p = f"{alias}._position"
+    fallback = f"{p}.file = 0 AND {p}.pos = 0"
+    return " AND ".join([
+        *(f"{p}.{f} = {{o}}._position.{f}" for f in ("phase", "file", "pos", "row")),
+        *(f"(CASE WHEN {fallback} THEN {p}.{f} ELSE -1 END) = "
+          f"(CASE WHEN {{o}}._position.file = 0 AND {{o}}._position.pos = 0 "
+          f"THEN {{o}}._position.{f} ELSE -1 END)" for f in ("offset", "row_index"))])
+
+
+_SAME_CHANGE = ("t._source_db = s._source_db AND t._source_table = s._source_table AND "
+                + _identity_sql("t").replace("{o}", "s"))
+
+
+def commit_appended(location: str, batch: pa.Table, app_id: str, version: int, *,
+                    merge: bool) -> int:
+    """Append the changes `batch` (each once, `driver.appended_rows`) to the append-only
+    replica at `location` with the transaction (`app_id`, `version`); with `merge`, only
+    those whose change the replica does not hold yet (a copy delivered again at another
+    Kafka offset, or by a second consumer group), as Spark's MERGE on the change's
+    identity does. Returns the rows written."""
+    import pyarrow as pa
+    from deltalake import CommitProperties, Transaction, write_deltalake
+
+    log = open_log(location)
+    target = pa.schema(log.schema().to_arrow())
+    batch = batch.cast(pa.schema([target.field(n) for n in batch.schema.names]))
+    commit = CommitProperties(app_transactions=[Transaction(app_id, version)])
+    if not merge:
+        write_deltalake(log, batch, mode="append", commit_properties=commit)
+        return batch.num_rows
+    metrics = (log.merge(batch, _SAME_CHANGE, source_alias="s", target_alias="t",
+                         commit_properties=commit)
+               .when_not_matched_insert_all().execute())
+    done = open_log(location).transaction_version(app_id)
+    if done is None or done < version:
+        commit_version(location, app_id, version)  # every change was there already
+    return int(metrics.get("num_target_rows_inserted", 0))
 
 
 def commit_version(location: str, app_id: str, version: int) -> None:

@@ -3,10 +3,11 @@ commit (`commit.py`) writes to the replica.
 
 Spark's apply is a plan built in Python and a job per replica, most of a small apply's
 time whatever its size. For a batch of row changes only (no DDL, truncates, cut-overs,
-history or key override: `eligible`), the same result is computed here from the
+history or key override: `in_driver`), the same result is computed here from the
 changelog rows as Arrow (`changelog_arrow.py`): each key keeps its change of highest
 position, and the winners' JSON images are typed by the replica's columns with Spark's
-rules (`rows.cast_text` under ANSI casts, the session time zone UTC). A value
+rules (`rows.cast_text` under ANSI casts, the session time zone UTC). An append-only
+replica takes every change of a batch without DDL once, truncates included. A value
 whose Spark cast this module does not reproduce exactly raises `NotInDriver`, and the
 apply goes the Spark way for the whole batch: the two ways never mix in one commit.
 """
@@ -26,7 +27,7 @@ from binlog_assets.formats.event import OP_DELETE
 from binlog_assets.lakehouse.changelog_arrow import changes_of
 from binlog_assets.lakehouse.columns import POSITION_FIELDS, split_table
 from binlog_assets.lakehouse.replica.commit import driver_commits
-from binlog_assets.lakehouse.replica.plan import ROW_OPS, TRUNCATED_PROPERTY
+from binlog_assets.lakehouse.replica.plan import MERGED_OPS, ROW_OPS, TRUNCATED_PROPERTY
 from binlog_assets.lakehouse.replica.routes import SOURCE_KEY_COLUMNS
 from binlog_assets.lakehouse.replica.rows import column_spellings
 
@@ -202,20 +203,25 @@ def _binary(value: Any) -> bytes:
 
 def in_driver(route: ReplicaRoute, survey: Survey, rule: Rule, props: dict[str, str],
               sources: Sources, new: NewTable | None, cutovers: list, limit: int) -> bool:
-    """Whether the batch is row changes only, small enough, into a replica whose commit
-    delta-rs makes: what `driver_rows` computes as Spark's apply would."""
-    return (not rule.append and not route.history and not route.key_columns
-            and not cutovers and not survey.ddl and not survey.truncates
-            and not sources.dropped and props.get(TRUNCATED_PROPERTY) != "true"
-            and driver_commits(props if new is None else new.properties, survey.rows, limit,
-                               truncates=False))
+    """Whether the batch is small, without DDL, into a replica whose commit delta-rs
+    makes: row changes only into a keyed replica (`driver_rows`), or any changes into an
+    append-only one (`appended_rows`), computed as Spark's apply would."""
+    if (cutovers or survey.ddl or sources.dropped
+            or not driver_commits(props if new is None else new.properties, survey.rows,
+                                  limit, truncates=False)):
+        return False
+    # An append-only replica logs a truncate as a row of its own: no delete below it.
+    return rule.append or (not route.history and not route.key_columns
+                           and not survey.truncates
+                           and props.get(TRUNCATED_PROPERTY) != "true")
 
 
 def driver_rows(pipeline: PipelineConfig, after_version: int | None, up_to: int,
-                survey: Survey, key: list[str], columns: dict[str, T.DataType],
+                survey: Survey, rule: Rule, columns: dict[str, T.DataType],
                 schema: pa.Schema | T.StructType, now: datetime) -> pa.Table:
-    """The batch's rows for the replica, reduced and typed into `schema` (the replica's
-    Arrow schema, or the Spark schema of a replica about to be created)."""
+    """The batch's rows for the replica, typed into `schema` (the replica's Arrow
+    schema, or the Spark schema of a replica about to be created): reduced to one per
+    key, or every change once for an append-only replica."""
     from pyspark.sql.pandas.types import to_arrow_schema
 
     if isinstance(schema, T.StructType):
@@ -223,11 +229,65 @@ def driver_rows(pipeline: PipelineConfig, after_version: int | None, up_to: int,
     from deltalake.exceptions import DeltaError
 
     try:
-        changes = changes_of(pipeline, after_version, up_to, survey.tables, ROW_OPS)
+        changes = changes_of(pipeline, after_version, up_to, survey.tables,
+                             MERGED_OPS if rule.append else ROW_OPS)
     except DeltaError as exc:
         # Versions no longer in the log, say: Spark's read of them checks and says so.
         raise NotInDriver(f"the changelog's versions: {exc}") from exc
-    return reduced_rows(changes, survey, key, columns, schema, now)
+    if rule.append:
+        return appended_rows(changes, survey, columns, schema, now)
+    return reduced_rows(changes, survey, rule.key, columns, schema, now)
+
+
+def appended_rows(changes: pa.Table, survey: Survey, columns: dict[str, T.DataType],
+                  schema: pa.Schema, now: datetime) -> pa.Table:
+    """Each change among `changes` once (of copies with the same binlog coordinates,
+    the first by Kafka offset), as rows of an append-only replica typed into `schema`:
+    the after-image, a delete's before-image, nulls for a truncate."""
+    import pyarrow as pa
+
+    spellings = column_spellings(columns, survey)
+    convert = {name: converter(t) for name, t in columns.items()}
+    data = {name: changes.column(name).to_pylist() for name in changes.schema.names}
+    ops, tables, offsets = data["op"], data["table"], data["offset"]
+    positions = list(zip(*(data[source] for _, _, source in POSITION_FIELDS), strict=True))
+    firsts: dict[tuple, int] = {}
+    for i, position in enumerate(positions):
+        if None in position:
+            raise NotInDriver(f"a change at offset {offsets[i]} without a position")
+        change = (tables[i], *change_identity(position))
+        first = firsts.get(change)
+        if first is None or position < positions[first]:
+            firsts[change] = i
+    plan = []
+    for name in schema.names:
+        if name in _META:
+            plan.append((_META[name], None, None))
+        elif name in convert:
+            plan.append(("image", spellings[name.lower()], convert[name]))
+        else:
+            raise NotInDriver(f"replica column {name!r} the batch does not shape")
+    out: list[list] = [[] for _ in plan]
+    field_names = [n for n, _, _ in POSITION_FIELDS]
+    for i in sorted(firsts.values()):
+        image = _json(_image(data, i, ops[i])) or {}
+        db, table = split_table(tables[i])
+        ts = data["source_ts"][i]
+        meta = (db, table, ops[i], dict(zip(field_names, positions[i], strict=True)),
+                None if ts is None else _EPOCH + timedelta(milliseconds=ts), now)
+        for column, (kind, arg, cast) in zip(out, plan, strict=True):
+            column.append(cast(_first(image, arg)) if kind == "image" else meta[kind])
+    return pa.table([pa.array(column, type=schema.field(i).type)
+                     for i, column in enumerate(out)], schema=schema)
+
+
+def change_identity(position: tuple) -> tuple:
+    """`columns.change_identity` of a position tuple (in `POSITION_FIELDS` order): the
+    binlog coordinates, the Kafka offset and row only for a source without them."""
+    phase, file, pos, row, offset, row_index = position
+    no_coordinates = file == 0 and pos == 0
+    return (phase, file, pos, row, offset if no_coordinates else -1,
+            row_index if no_coordinates else -1)
 
 
 def reduced_rows(changes: pa.Table, survey: Survey, key: list[str],
