@@ -5,6 +5,7 @@ from __future__ import annotations
 from lake_events import MakeConfig, Partition, Source, row
 
 from binlog_assets.lakehouse.changelog import ChangelogWriter
+from binlog_assets.lakehouse.delta_log import open_log, table_location
 from binlog_assets.lakehouse.replica.builder import ReplicaBuilder
 from binlog_assets.orchestration.replica_reports import replica_table_metadata
 from binlog_assets.orchestration.table_metadata import replica_definition_metadata
@@ -83,3 +84,41 @@ def test_history_keeps_columns_named_like_its_working_columns(
     versions = spark.table(f"{db}.orders_history").orderBy("_valid_from").collect()
     assert [(v["id"], v["_stored"], v["_id"], v["_is_current"]) for v in versions] == [
         (1, "s1", "i1", False), (1, "s2", "i2", True)]
+
+
+def test_a_small_batch_gives_the_history_spark_would(spark, make_config: MakeConfig) -> None:
+    """The driver's versions (delta-rs, `history_driver.py`) and Spark's MERGE, batch by
+    batch over the same changes: re-sent copies, a late update placed in its chain, a
+    late change closed by a truncate stored before it, deletes and re-inserts."""
+    src = Source("shop.orders")
+    one_a, one_b, one_late = row(1, note="a"), row(1, note="b"), row(1, note="late")
+    c1, c3, c2 = src.insert(one_a), src.insert(row(3, note="three")), src.insert(row(2))
+    u1_late = src.update(one_a, one_late)
+    u1 = src.update(one_late, one_b)
+    u3_late = src.update(row(3, note="three"), row(3, note="3b"))
+    d2 = src.delete(row(2))
+    truncate = src.truncate()
+    c1_again, c4 = src.insert(row(1, note="again")), src.insert(row(4))
+    batches = [[[c1], [c3], [c2], u1, [d2]], [[truncate]],
+               [u1, u1_late, [c1_again], [c4]], [u3_late, [c1_again]]]
+
+    def history(driver_rows: int | None) -> list[tuple]:
+        pipeline = make_config([{"source": "shop.orders", "replica": "orders",
+                                 "history": True}], driver_commit_rows=driver_rows)
+        part, builder = Partition(ChangelogWriter(pipeline)), ReplicaBuilder(spark, pipeline)
+        for records in batches:
+            part.write(part.records(records))
+            builder.apply("orders")
+        table = f"{pipeline.lakehouse.database}.orders_history"
+        log = open_log(table_location(spark, *table.split(".")))
+        engines.append({("clientVersion" in h and "delta-rs") or "spark"
+                        for h in log.history() if h["operation"] == "MERGE"})
+        return sorted((tuple(v.asDict(recursive=True).get(c) for c in (
+            "id", "note", "_op", "_valid_from", "_valid_to", "_is_current", "_source_ts"))
+            for v in spark.table(table).collect()), key=repr)
+
+    engines: list[set[str]] = []
+    by_driver, by_spark = history(None), history(0)
+    assert engines == [{"delta-rs", "spark"}, {"spark"}]  # the truncate's batch: Spark
+    assert by_driver == by_spark
+    assert len(by_driver) == 10

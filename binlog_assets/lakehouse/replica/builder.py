@@ -21,10 +21,12 @@ from binlog_assets.config import PipelineConfig
 from binlog_assets.faults import fault_point
 from binlog_assets.formats.event import OP_DELETE, OP_TRUNCATE
 from binlog_assets.lakehouse.changelog import SURVEY_MAX_COMMITS
+from binlog_assets.lakehouse.changelog_arrow import changes_of
 from binlog_assets.lakehouse.changelog_reader import (
     LazyRange,
     changelog_version,
     read_changelog,
+    register_changelog,
 )
 from binlog_assets.lakehouse.columns import (
     POSITION_TYPE,
@@ -82,11 +84,18 @@ from binlog_assets.lakehouse.replica.ddl_apply import (
     replica_sources,
     shape_new_table,
 )
-from binlog_assets.lakehouse.replica.driver import NotInDriver, driver_rows, in_driver
+from binlog_assets.lakehouse.replica.driver import (
+    NotInDriver,
+    driver_rows,
+    history_changes,
+    in_driver,
+)
+from binlog_assets.lakehouse.replica.history_driver import merge_history_versions
 from binlog_assets.lakehouse.replica.plan import (
     APPEND_ONLY,
     KEY_PROPERTY,
     MERGED_OPS,
+    ROW_OPS,
     RULE_PROPERTY,
     SHARDED_PROPERTY,
     TRUNCATED_PROPERTY,
@@ -176,6 +185,9 @@ class ReplicaBuilder:
         (default: the changelog's current version)."""
         route = replica_route(self.pipeline, replica)
         with self._lock, log_scope():
+            # Spark SQL, dbt and users name the changelog in the catalog, which an apply
+            # by the driver alone would never register (once per catalog and process).
+            register_changelog(self.spark, self.pipeline)
             try:
                 return self._apply(route, up_to_version)
             except TableCreatedMeanwhile:
@@ -248,7 +260,7 @@ class ReplicaBuilder:
                      self.pipeline.lakehouse.driver_commit_rows):
             with suppress(NotInDriver):  # else Spark's way below, for the whole batch
                 return self._driver_apply(route, survey, rule, changes, columns, start, up_to,
-                                          props, location, files, new)
+                                          props, location, files, new, behind)
         if rule.append:
             from binlog_assets.lakehouse.append_replica import append_changes
 
@@ -304,9 +316,10 @@ class ReplicaBuilder:
     def _driver_apply(self, route: ReplicaRoute, survey: Survey, rule: Rule, changes: list[str],
                       columns: dict[str, T.DataType], start: int | None, up_to: int,
                       props: dict[str, str], location: str, files: int,
-                      new: NewTable | None) -> ReplicaResult:
+                      new: NewTable | None, behind: list[tuple[str, str]]) -> ReplicaResult:
         """The batch reduced and typed in the driver (`driver.py`), committed by
-        delta-rs; into a new replica after Spark's CREATE TABLE."""
+        delta-rs; into a new replica after Spark's CREATE TABLE; its versions merged into
+        the history table (`history_driver.py`) when it has one behind."""
         import pyarrow as pa
 
         now = datetime.now(UTC)
@@ -314,6 +327,11 @@ class ReplicaBuilder:
         schema = new.schema if new is not None else (
             pa.schema(open_log(location).schema().to_arrow()))
         rows = driver_rows(self.pipeline, start, up_to, survey, rule, columns, schema, now)
+        history = self.history_name(route.replica)
+        # Typed before any commit: a value only Spark types sends the whole batch there.
+        versions = (history_changes(changes_of(self.pipeline, start, up_to, survey.tables,
+                                               ROW_OPS), survey, rule.key, columns, now)
+                    if route.history and history in behind else None)
         fault_point("during_replica_merge")
         if new is not None:
             create_table(self.spark, new.name, new.schema, new.properties, exists_ok=False)
@@ -322,9 +340,14 @@ class ReplicaBuilder:
         if rule.append:  # a log of changes: no live rows, no view, no tombstones
             written = commit_appended(location, rows, APP_ID, up_to, merge=merge)
             return self._result(route, survey, up_to, rule, changes, written=written)
-        written = commit_arrow(location, rows, rule.key, APP_ID, up_to, merge=merge)
+        # Behind alone when a crash came between the replica's commit and its history's.
+        written = (commit_arrow(location, rows, rule.key, APP_ID, up_to, merge=merge)
+                   if table in behind else 0)
         if new is not None:
             self._ensure_view(route.replica, create=True)
+        if versions is not None:
+            merge_history_versions(table_location(self.spark, *history), versions, rule.key,
+                                   APP_ID, up_to)
         return self._result(route, survey, up_to, rule, changes, written=written,
                             tombstones=purge_tombstones(
                                 self.spark, table, now, props,

@@ -78,19 +78,21 @@ def commit_arrow(location: str, batch: pa.Table, key: list[str], app_id: str, ve
                + metrics.get("num_target_rows_updated", 0))
 
 
-def _identity_sql(alias: str) -> str:
-    """`columns.change_identity` of `alias`'s `_position`, as delta-rs's SQL compares."""
-    p = f"{alias}._position"
-    fallback = f"{p}.file = 0 AND {p}.pos = 0"
-    return " AND ".join([
-        *(f"{p}.{f} = {{o}}._position.{f}" for f in ("phase", "file", "pos", "row")),
-        *(f"(CASE WHEN {fallback} THEN {p}.{f} ELSE -1 END) = "
-          f"(CASE WHEN {{o}}._position.file = 0 AND {{o}}._position.pos = 0 "
-          f"THEN {{o}}._position.{f} ELSE -1 END)" for f in ("offset", "row_index"))])
+def identity_sql(target: str, source: str, column: str = "_position") -> str:
+    """`columns.change_identity(target.column) = change_identity(source.column)` as
+    delta-rs's SQL compares positions."""
+    def identity(alias: str, field: str) -> str:
+        p = f"{alias}.{column}"
+        return f"(CASE WHEN {p}.file = 0 AND {p}.pos = 0 THEN {p}.{field} ELSE -1 END)"
+
+    return " AND ".join(
+        [*(f"{target}.{column}.{f} = {source}.{column}.{f}" for f in ("phase", "file", "pos",
+                                                                       "row")),
+         *(f"{identity(target, f)} = {identity(source, f)}" for f in ("offset", "row_index"))])
 
 
 _SAME_CHANGE = ("t._source_db = s._source_db AND t._source_table = s._source_table AND "
-                + _identity_sql("t").replace("{o}", "s"))
+                + identity_sql("t", "s"))
 
 
 def commit_appended(location: str, batch: pa.Table, app_id: str, version: int, *,

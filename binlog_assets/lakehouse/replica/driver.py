@@ -32,7 +32,7 @@ from binlog_assets.lakehouse.replica.routes import SOURCE_KEY_COLUMNS
 from binlog_assets.lakehouse.replica.rows import column_spellings
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import Callable, Iterator
 
     import pyarrow as pa
 
@@ -211,8 +211,7 @@ def in_driver(route: ReplicaRoute, survey: Survey, rule: Rule, props: dict[str, 
                                   limit, truncates=False)):
         return False
     # An append-only replica logs a truncate as a row of its own: no delete below it.
-    return rule.append or (not route.history and not route.key_columns
-                           and not survey.truncates
+    return rule.append or (not route.key_columns and not survey.truncates
                            and props.get(TRUNCATED_PROPERTY) != "true")
 
 
@@ -302,31 +301,14 @@ def reduced_rows(changes: pa.Table, survey: Survey, key: list[str],
     spellings = column_spellings(columns, survey)
     convert = {name: converter(t) for name, t in columns.items()}
     data = {name: changes.column(name).to_pylist() for name in changes.schema.names}
-    ops, tables, offsets = data["op"], data["table"], data["offset"]
+    ops, tables = data["op"], data["table"]
     positions = list(zip(*(data[source] for _, _, source in POSITION_FIELDS), strict=True))
     # group -> (row, typed key values, parsed image or None)
     winners: dict[tuple, tuple[int, list, dict | None]] = {}
-    key_spellings = [(k, spellings[k.lower()], convert[k]) for k in source_key]
-    for i, record_text in enumerate(data["key"]):
-        position = positions[i]
-        if None in position:
-            raise NotInDriver(f"a change at offset {offsets[i]} without a position")
-        record = _json(record_text) or {}
-        image = None
-        values = []
-        for column, names, cast in key_spellings:
-            value = record.get(column)
-            if value is None:
-                if image is None:
-                    image = _json(_image(data, i, ops[i])) or {}
-                value = _first(image, names)
-            value = cast(value)
-            if value is None:
-                raise NotInDriver(f"a change at offset {offsets[i]} without its key")
-            values.append(value)
+    for i, values, image in _keyed(data, positions, source_key, spellings, convert):
         group = (*split_table(tables[i]), *values) if sharded else tuple(values)
         best = winners.get(group)
-        if best is None or position > positions[best[0]]:
+        if best is None or positions[i] > positions[best[0]]:
             winners[group] = (i, values, image)
     # How each replica column is filled, decided once.
     keyed = dict(zip(source_key, range(len(source_key)), strict=True))
@@ -359,6 +341,60 @@ def reduced_rows(changes: pa.Table, survey: Survey, key: list[str],
                 column.append(meta[kind])
     return pa.table([pa.array(column, type=schema.field(i).type)
                      for i, column in enumerate(out)], schema=schema)
+
+
+def _keyed(data: dict[str, list], positions: list[tuple], source_key: list[str],
+           spellings: dict[str, list[str]], convert: dict[str, Callable[[Any], Any]]
+           ) -> Iterator[tuple[int, list, dict | None]]:
+    """(row, typed key values, parsed image or None) of each change: the key read off
+    the record's key, else its image (parsed only then)."""
+    ops, offsets = data["op"], data["offset"]
+    key_spellings = [(k, spellings[k.lower()], convert[k]) for k in source_key]
+    for i, record_text in enumerate(data["key"]):
+        if None in positions[i]:
+            raise NotInDriver(f"a change at offset {offsets[i]} without a position")
+        record = _json(record_text) or {}
+        image = None
+        values = []
+        for column, names, cast in key_spellings:
+            value = record.get(column)
+            if value is None:
+                if image is None:
+                    image = _json(_image(data, i, ops[i])) or {}
+                value = _first(image, names)
+            value = cast(value)
+            if value is None:
+                raise NotInDriver(f"a change at offset {offsets[i]} without its key")
+            values.append(value)
+        yield i, values, image
+
+
+def history_changes(changes: pa.Table, survey: Survey, key: list[str],
+                    columns: dict[str, T.DataType], now: datetime) -> list[dict[str, Any]]:
+    """Every row change among `changes` as a version of the history table (before its
+    `_valid_to` and `_is_current`), typed as `history.merge_history` types them."""
+    source_key = [k for k in key if k not in SOURCE_KEY_COLUMNS]
+    spellings = column_spellings(columns, survey)
+    convert = {name: converter(t) for name, t in columns.items()}
+    data = {name: changes.column(name).to_pylist() for name in changes.schema.names}
+    positions = list(zip(*(data[source] for _, _, source in POSITION_FIELDS), strict=True))
+    field_names = [n for n, _, _ in POSITION_FIELDS]
+    out = []
+    for i, values, image in _keyed(data, positions, source_key, spellings, convert):
+        op = data["op"][i]
+        if image is None:
+            image = _json(_image(data, i, op)) or {}
+        db, table = split_table(data["table"][i])
+        ts = data["source_ts"][i]
+        row = {"_source_db": db, "_source_table": table,
+               **{name: cast(_first(image, spellings[name.lower()]))
+                  for name, cast in convert.items() if name not in source_key},
+               **dict(zip(source_key, values, strict=True)),
+               "_valid_from": dict(zip(field_names, positions[i], strict=True)), "_op": op,
+               "_source_ts": None if ts is None else _EPOCH + timedelta(milliseconds=ts),
+               "_applied_at": now}
+        out.append(row)
+    return out
 
 
 # Replica metadata columns -> their index in a winner's metadata tuple.
