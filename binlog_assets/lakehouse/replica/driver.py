@@ -248,32 +248,19 @@ def appended_rows(changes: pa.Table, survey: Survey, columns: dict[str, T.DataTy
     spellings = column_spellings(columns, survey)
     convert = {name: converter(t) for name, t in columns.items()}
     data = {name: changes.column(name).to_pylist() for name in changes.schema.names}
-    ops, tables, offsets = data["op"], data["table"], data["offset"]
+    ops, tables = data["op"], data["table"]
     positions = list(zip(*(data[source] for _, _, source in POSITION_FIELDS), strict=True))
     firsts: dict[tuple, int] = {}
-    for i, position in enumerate(positions):
-        if None in position:
-            raise NotInDriver(f"a change at offset {offsets[i]} without a position")
-        change = (tables[i], *change_identity(position))
+    for i, _, _ in _keyed(data, positions, [], spellings, convert):
+        change = (tables[i], *change_identity(positions[i]))
         first = firsts.get(change)
-        if first is None or position < positions[first]:
+        if first is None or positions[i] < positions[first]:
             firsts[change] = i
-    plan = []
-    for name in schema.names:
-        if name in _META:
-            plan.append((_META[name], None, None))
-        elif name in convert:
-            plan.append(("image", spellings[name.lower()], convert[name]))
-        else:
-            raise NotInDriver(f"replica column {name!r} the batch does not shape")
+    plan = _column_plan(schema, spellings, convert)
     out: list[list] = [[] for _ in plan]
-    field_names = [n for n, _, _ in POSITION_FIELDS]
     for i in sorted(firsts.values()):
         image = _json(_image(data, i, ops[i])) or {}
-        db, table = split_table(tables[i])
-        ts = data["source_ts"][i]
-        meta = (db, table, ops[i], dict(zip(field_names, positions[i], strict=True)),
-                None if ts is None else _EPOCH + timedelta(milliseconds=ts), now)
+        meta = _meta(data, positions, i, now)
         for column, (kind, arg, cast) in zip(out, plan, strict=True):
             column.append(cast(_first(image, arg)) if kind == "image" else meta[kind])
     return pa.table([pa.array(column, type=schema.field(i).type)
@@ -310,28 +297,13 @@ def reduced_rows(changes: pa.Table, survey: Survey, key: list[str],
         best = winners.get(group)
         if best is None or positions[i] > positions[best[0]]:
             winners[group] = (i, values, image)
-    # How each replica column is filled, decided once.
-    keyed = dict(zip(source_key, range(len(source_key)), strict=True))
-    plan = []
-    for name in schema.names:
-        if name in _META:
-            plan.append((_META[name], None, None))
-        elif name in keyed:
-            plan.append(("key", keyed[name], None))
-        elif name in convert:
-            plan.append(("image", spellings[name.lower()], convert[name]))
-        else:
-            raise NotInDriver(f"replica column {name!r} the batch does not shape")
+    plan = _column_plan(schema, spellings, convert,
+                        dict(zip(source_key, range(len(source_key)), strict=True)))
     out: list[list] = [[] for _ in plan]
-    field_names = [n for n, _, _ in POSITION_FIELDS]
     for i, values, image in winners.values():
-        op = ops[i]
         if image is None:
-            image = _json(_image(data, i, op)) or {}
-        db, table = split_table(tables[i])
-        ts = data["source_ts"][i]
-        meta = (db, table, op, dict(zip(field_names, positions[i], strict=True)),
-                None if ts is None else _EPOCH + timedelta(milliseconds=ts), now)
+            image = _json(_image(data, i, ops[i])) or {}
+        meta = _meta(data, positions, i, now)
         for column, (kind, arg, cast) in zip(out, plan, strict=True):
             if kind == "key":
                 column.append(values[arg])
@@ -353,6 +325,9 @@ def _keyed(data: dict[str, list], positions: list[tuple], source_key: list[str],
     for i, record_text in enumerate(data["key"]):
         if None in positions[i]:
             raise NotInDriver(f"a change at offset {offsets[i]} without a position")
+        if not key_spellings:
+            yield i, [], None
+            continue
         record = _json(record_text) or {}
         image = None
         values = []
@@ -378,26 +353,51 @@ def history_changes(changes: pa.Table, survey: Survey, key: list[str],
     convert = {name: converter(t) for name, t in columns.items()}
     data = {name: changes.column(name).to_pylist() for name in changes.schema.names}
     positions = list(zip(*(data[source] for _, _, source in POSITION_FIELDS), strict=True))
-    field_names = [n for n, _, _ in POSITION_FIELDS]
     out = []
     for i, values, image in _keyed(data, positions, source_key, spellings, convert):
-        op = data["op"][i]
         if image is None:
-            image = _json(_image(data, i, op)) or {}
-        db, table = split_table(data["table"][i])
-        ts = data["source_ts"][i]
+            image = _json(_image(data, i, data["op"][i])) or {}
+        db, table, op, position, source_ts, applied_at = _meta(data, positions, i, now)
         row = {"_source_db": db, "_source_table": table,
                **{name: cast(_first(image, spellings[name.lower()]))
                   for name, cast in convert.items() if name not in source_key},
                **dict(zip(source_key, values, strict=True)),
-               "_valid_from": dict(zip(field_names, positions[i], strict=True)), "_op": op,
-               "_source_ts": None if ts is None else _EPOCH + timedelta(milliseconds=ts),
-               "_applied_at": now}
+               "_valid_from": position, "_op": op, "_source_ts": source_ts,
+               "_applied_at": applied_at}
         out.append(row)
     return out
 
 
-# Replica metadata columns -> their index in a winner's metadata tuple.
+def _column_plan(schema: pa.Schema, spellings: dict[str, list[str]],
+                 convert: dict[str, Callable[[Any], Any]], keyed: dict[str, int] | None = None
+                 ) -> list[tuple]:
+    """How each replica column is filled, decided once: (metadata index, ...), ("key",
+    index in the key values, ...) or ("image", the column's spellings, its converter)."""
+    plan: list[tuple] = []
+    for name in schema.names:
+        if name in _META:
+            plan.append((_META[name], None, None))
+        elif keyed and name in keyed:
+            plan.append(("key", keyed[name], None))
+        elif name in convert:
+            plan.append(("image", spellings[name.lower()], convert[name]))
+        else:
+            raise NotInDriver(f"replica column {name!r} the batch does not shape")
+    return plan
+
+
+_FIELD_NAMES = [n for n, _, _ in POSITION_FIELDS]
+
+
+def _meta(data: dict[str, list], positions: list[tuple], i: int, now: datetime) -> tuple:
+    """A change's metadata columns, in `_META`'s order."""
+    db, table = split_table(data["table"][i])
+    ts = data["source_ts"][i]
+    return (db, table, data["op"][i], dict(zip(_FIELD_NAMES, positions[i], strict=True)),
+            None if ts is None else _EPOCH + timedelta(milliseconds=ts), now)
+
+
+# Replica metadata columns -> their index in a change's metadata tuple.
 _META = {"_source_db": 0, "_source_table": 1, "_op": 2, "_position": 3, "_source_ts": 4,
          "_applied_at": 5}
 
