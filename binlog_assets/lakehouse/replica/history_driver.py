@@ -76,7 +76,7 @@ def merge_history_versions(location: str, incoming: list[dict[str, Any]], key: l
         commit_version(location, app_id, version)
         return 0
     source = pa.Table.from_pylist(out, schema=schema)
-    match = " AND ".join([*(f"t.`{k}` = s.`{k}`" for k in key),
+    match = " AND ".join([*(f"t.{_ticked(k)} = s.{_ticked(k)}" for k in key),
                           identity_sql("t", "s", "_valid_from")])
     metrics = (log.merge(source, match, source_alias="s", target_alias="t",
                          commit_properties=commit)
@@ -115,6 +115,11 @@ def _literals(values: set, data_type: pa.DataType) -> str | None:
     if pa.types.is_string(data_type) or pa.types.is_large_string(data_type):
         return ", ".join("'" + str(v).replace("'", "''") + "'" for v in sorted(values))
     return None
+
+
+def _ticked(name: str) -> str:
+    """A column name as delta-rs's MERGE predicates take it (case kept)."""
+    return "`" + name.replace("`", "``") + "`"
 
 
 def _quoted(name: str) -> str:
