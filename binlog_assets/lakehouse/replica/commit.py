@@ -49,26 +49,35 @@ def commit_rows(location: str, rows: DataFrame, key: list[str], app_id: str, ver
 def commit_arrow(location: str, batch: pa.Table, key: list[str], app_id: str, version: int,
                  *, merge: bool) -> int:
     """`commit_rows` of rows already in Arrow."""
+    # Every column the batch has, as Spark's MERGE assigns them; the key match is plain
+    # equality: batches with truncate markers (null keys) stay with Spark.
+    assign = {_quoted(n): f"s.{_quoted(n)}" for n in batch.schema.names}
+    return _commit(location, batch, app_id, version, merge=merge,
+                   match=" AND ".join(f"t.{_quoted(k)} = s.{_quoted(k)}" for k in key),
+                   assign=assign)
+
+
+def _commit(location: str, batch: pa.Table, app_id: str, version: int, *, merge: bool,
+            match: str, assign: dict[str, str] | None) -> int:
+    """Append `batch` with the transaction (`app_id`, `version`), or MERGE it on `match`:
+    a matched row updated by `assign` when the change is newer, an unmatched one inserted
+    (every column when `assign` is None, which updates nothing). Returns the rows written."""
     import pyarrow as pa
     from deltalake import CommitProperties, Transaction, write_deltalake
 
     log = open_log(location)
     target = pa.schema(log.schema().to_arrow())
-    names = batch.schema.names
-    batch = batch.cast(pa.schema([target.field(n) for n in names]))
+    batch = batch.cast(pa.schema([target.field(n) for n in batch.schema.names]))
     commit = CommitProperties(app_transactions=[Transaction(app_id, version)])
     if not merge:
         write_deltalake(log, batch, mode="append", commit_properties=commit)
         return batch.num_rows
-    match = " AND ".join(f"t.{_quoted(k)} = s.{_quoted(k)}" for k in key)
-    # Every column the batch has, as Spark's MERGE assigns them; the key match is plain
-    # equality: batches with truncate markers (null keys) stay with Spark.
-    assign = {_quoted(n): f"s.{_quoted(n)}" for n in names}
-    metrics = (log.merge(batch, match, source_alias="s", target_alias="t",
-                         commit_properties=commit)
-               .when_matched_update(assign, predicate="s._position > t._position")
-               .when_not_matched_insert(assign)
-               .execute())
+    merger = log.merge(batch, match, source_alias="s", target_alias="t",
+                       commit_properties=commit)
+    merger = (merger.when_not_matched_insert_all() if assign is None else
+              merger.when_matched_update(assign, predicate="s._position > t._position")
+              .when_not_matched_insert(assign))
+    metrics = merger.execute()
     done = open_log(location).transaction_version(app_id)
     if done is None or done < version:
         # delta-rs commits nothing for a MERGE that changes no row (an empty batch, or
@@ -102,23 +111,8 @@ def commit_appended(location: str, batch: pa.Table, app_id: str, version: int, *
     those whose change the replica does not hold yet (a copy delivered again at another
     Kafka offset, or by a second consumer group), as Spark's MERGE on the change's
     identity does. Returns the rows written."""
-    import pyarrow as pa
-    from deltalake import CommitProperties, Transaction, write_deltalake
-
-    log = open_log(location)
-    target = pa.schema(log.schema().to_arrow())
-    batch = batch.cast(pa.schema([target.field(n) for n in batch.schema.names]))
-    commit = CommitProperties(app_transactions=[Transaction(app_id, version)])
-    if not merge:
-        write_deltalake(log, batch, mode="append", commit_properties=commit)
-        return batch.num_rows
-    metrics = (log.merge(batch, _SAME_CHANGE, source_alias="s", target_alias="t",
-                         commit_properties=commit)
-               .when_not_matched_insert_all().execute())
-    done = open_log(location).transaction_version(app_id)
-    if done is None or done < version:
-        commit_version(location, app_id, version)  # every change was there already
-    return int(metrics.get("num_target_rows_inserted", 0))
+    return _commit(location, batch, app_id, version, merge=merge, match=_SAME_CHANGE,
+                   assign=None)
 
 
 def commit_version(location: str, app_id: str, version: int) -> None:
