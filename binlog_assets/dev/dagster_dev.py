@@ -7,6 +7,10 @@ group gets SIGINT, and whatever is left of it after a grace period SIGKILL. Left
 `dagster dev` waits up to a minute for each of its webserver and daemon. The local stack
 (broker, Spark Connect, Redis) runs in sessions of its own and stays up for the next
 `make dev`; `make stack-down` stops it.
+
+Meanwhile a watch (`code_watch`) pings the code servers `dagster dev` started and
+reloads one that stopped answering, as the UI's Reload button would: their child
+process, which serves the location, is never started again otherwise.
 """
 
 from __future__ import annotations
@@ -20,6 +24,13 @@ import threading
 import time
 from pathlib import Path
 
+from binlog_assets.dev.code_watch import (
+    CodeWatch,
+    dagster_dev_workspace,
+    endpoints_from_workspace,
+    with_heartbeat_ttl,
+)
+
 # Seconds the runs in progress get to end once terminated, then the group once signalled:
 # together under the 10 s a Ctrl-C may take.
 RUNS_GRACE = 5.0
@@ -32,14 +43,23 @@ def main(argv: list[str] | None = None) -> int:
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
     proc = subprocess.Popen([str(Path(sys.executable).with_name("dagster")), "dev", *args],
-                            start_new_session=True)
+                            start_new_session=True, env=with_heartbeat_ttl(dict(os.environ)))
+    watch = CodeWatch(lambda: _code_servers(proc.pid),
+                      log=lambda line: print(f"binlake: {line}", flush=True))
+    watch.start()
     while proc.poll() is None and not stop.wait(0.5):
         pass
+    watch.stop.set()
     if proc.poll() is not None:
         return proc.returncode
     print("binlake: stopping dagster dev (runs in progress are terminated)", flush=True)
     terminate_runs(RUNS_GRACE)
     return stop_group(proc, GROUP_GRACE)
+
+
+def _code_servers(group: int) -> list:
+    workspace = dagster_dev_workspace(group)
+    return endpoints_from_workspace(workspace) if workspace is not None else []
 
 
 def terminate_runs(grace: float) -> None:

@@ -19,7 +19,10 @@ Faults (each timed and recorded): broker restart, broker frozen (SIGSTOP, SIGCON
 Kafka Connect restart, MariaDB restart, SIGKILL of the consume run (the changelog
 follower run, the process that reads Kafka and calls the handlers), SIGKILL of the
 replica follower run, Spark Connect server restart, daemon restart, code location reload
-(the code server's reload, as the UI's Reload button). At the end the workload stops,
+(the code server's reload, as the UI's Reload button), the code server's child killed
+(the process that serves the location; `make dev`'s watch, `binlog_assets.dev.code_watch`,
+runs here too and must reload it). A location that stays unanswered for
+LOCATION_LOST_AFTER seconds ends the soak at once, naming it. At the end the workload stops,
 the pipeline drains, and the soak checks: each replica equals its table (delta-rs, the
 README's `_op` filter), the cache equals its table, every malformed record is in the
 dead-letter topic with its coordinates, every partition's committed offset is at its end
@@ -70,6 +73,7 @@ from lake_events import LIVE_OPS  # noqa: E402
 from soak_handlers import DATABASE, cache, parse_coordinate, read_calls  # noqa: E402
 
 from binlog_assets.config import parse_config  # noqa: E402
+from binlog_assets.dev.code_watch import CodeWatch, Endpoint, with_heartbeat_ttl  # noqa: E402
 from binlog_assets.dev.connect import DebeziumConnector, KafkaConnect  # noqa: E402
 from binlog_assets.dev.dagster_dev import terminate_runs  # noqa: E402
 from binlog_assets.dev.demo import wait_for_debezium  # noqa: E402
@@ -97,7 +101,7 @@ from binlog_assets.orchestration.table_metadata import table_uri  # noqa: E402
 
 FAULTS = ("broker_restart", "broker_freeze", "connect_restart", "mariadb_restart",
           "kill_consume_run", "kill_follower_run", "spark_restart", "daemon_restart",
-          "code_reload")
+          "code_reload", "code_server_kill")
 # Faults that end a process doing handler work: handler calls beyond the first are the
 # README's at-least-once after them. After any other fault a repeat means a run failed
 # (and its log says why), which the report names.
@@ -113,7 +117,11 @@ SOAK_TAG = "binlake/soak"
 # is (Kafka Connect or MariaDB restarted: Debezium resumes from its offsets, and Kafka
 # just receives no records for a while, which no run can tell from a quiet source).
 # `faults_visible` lists them instead of asking for evidence.
-NOT_VISIBLE = ("daemon_restart", "code_reload", "connect_restart", "mariadb_restart")
+NOT_VISIBLE = ("daemon_restart", "code_reload", "connect_restart", "mariadb_restart",
+               "code_server_kill")
+# A location unanswered this long (its watch's reloads included) has been lost: the soak
+# ends there rather than wait out its workload and drain with nothing running.
+LOCATION_LOST_AFTER = 300.0
 # What an evidence line of each other kind must say: the killed run failed; Kafka or its
 # broker, a commit to it (the group coordinator) or librdkafka's transport error; Spark.
 EVIDENCE = {
@@ -388,6 +396,7 @@ class Soak:
     code_server: subprocess.Popen | None = None
     daemon: subprocess.Popen | None = None
     code_port: int = 0
+    watch: CodeWatch | None = None
     env: dict[str, str] = field(default_factory=dict)
     settings: dict[str, Any] = field(default_factory=dict)
     started: list[subprocess.Popen] = field(default_factory=list)
@@ -459,7 +468,7 @@ class Soak:
         home = self.work / "dagster"
         home.mkdir(exist_ok=True)
         (home / "dagster.yaml").write_text(postgres_instance_yaml())
-        self.env = {**os.environ, "BINLAKE_CONFIG": str(config_path),
+        self.env = {**with_heartbeat_ttl(dict(os.environ)), "BINLAKE_CONFIG": str(config_path),
                     "DAGSTER_HOME": str(home), DAGSTER_PG_URL_ENV: self.postgres.url,
                     REDIS_URL_ENV: self.redis.url, "DAGSTER_TELEMETRY_DISABLED": "1",
                     "PYTHONPATH": os.pathsep.join(
@@ -479,6 +488,10 @@ class Soak:
         began = time.monotonic()
         self.start_daemon()
         self.timings["daemon_spawn"] = round(time.monotonic() - began, 1)
+        # As `make dev` watches the code servers of its `dagster dev`.
+        self.watch = CodeWatch(lambda: [Endpoint("binlake", "127.0.0.1", self.code_port)],
+                               log=log)
+        self.watch.start()
 
     @property
     def pipeline(self):  # noqa: ANN201 - PipelineConfig
@@ -524,6 +537,31 @@ class Soak:
             time.sleep(1)
         raise TimeoutError(f"code server not up in {timeout:.0f}s")
 
+    def sleep(self, seconds: float) -> None:
+        """Sleep `seconds`, ending the soak at once if the code location is lost."""
+        deadline = time.monotonic() + seconds
+        while (left := deadline - time.monotonic()) > 0:
+            time.sleep(min(left, 2.0))
+            if self.watch is not None and \
+                    (lost := self.watch.unanswered_for()) > LOCATION_LOST_AFTER:
+                raise RuntimeError(
+                    f"the code location has not answered for {lost:.0f}s "
+                    f"(reloads: {self.watch.reloads})")
+
+    def code_server_child(self) -> int | None:
+        """The `dagster api grpc` process the code server serves the location from."""
+        for entry in Path("/proc").iterdir():
+            if not entry.name.isdigit():
+                continue
+            try:
+                ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+                cmd = (entry / "cmdline").read_bytes().split(b"\0")
+            except (OSError, IndexError, ValueError):
+                continue
+            if self.code_server is not None and ppid == self.code_server.pid and b"grpc" in cmd:
+                return int(entry.name)
+        return None
+
     def start_daemon(self) -> None:
         self.daemon = self._dagster("dagster-daemon",
                                     ["run", "-w", str(self.work / "workspace.yaml")],
@@ -541,6 +579,8 @@ class Soak:
 
     def stop(self) -> None:
         """Everything this soak started: the daemon, the runs, the code server, the stack."""
+        if self.watch is not None:
+            self.watch.stop.set()
         self.stop_daemon()
         with contextlib.suppress(Exception):
             if self.code_server is not None and self.code_server.poll() is None:
@@ -695,6 +735,18 @@ def inject(soak: Soak, fault: Fault, rng: random.Random) -> None:
         time.sleep(rng.uniform(1, 5))
         soak.start_daemon()
         fault.detail = "daemon restarted"
+    elif kind == "code_server_kill":
+        child = soak.code_server_child()
+        if child is None:
+            fault.skipped, fault.detail = True, "no code server child"
+            return
+        os.kill(child, signal.SIGKILL)
+        began = time.monotonic()
+        soak.wait_code_server(timeout=LOCATION_LOST_AFTER)
+        fault.detail = (f"SIGKILL code server child {child}; the location answered again "
+                        f"{time.monotonic() - began:.1f}s later (child "
+                        f"{soak.code_server_child()}, watch reloads "
+                        f"{len(soak.watch.reloads) if soak.watch else 0})")
     elif kind == "code_reload":
         reply = soak.code_client().reload_code(timeout=180)
         soak.wait_code_server()
@@ -848,7 +900,7 @@ def wait_drained(soak: Soak, timeout: float) -> dict[str, Any]:
     out["published_s"] = round(time.monotonic() - began, 1)
     lag = soak.drained(ends)
     while any(lag.values()) and time.monotonic() - began < timeout:
-        time.sleep(2)
+        soak.sleep(2)
         lag = soak.drained(ends)
     out["lag"] = {k: v for k, v in lag.items() if v}
     out["committed_s"] = round(time.monotonic() - began, 1)
@@ -856,7 +908,7 @@ def wait_drained(soak: Soak, timeout: float) -> dict[str, Any]:
     cached = compare_cache(soak)
     while (replicas["mismatched"] or cached["mismatches"]) and \
             time.monotonic() - began < timeout:
-        time.sleep(5)
+        soak.sleep(5)
         replicas, cached = compare_replicas(soak), compare_cache(soak)
     out["replicas"], out["cache"] = replicas, cached
     out["converged_s"] = round(time.monotonic() - began, 1)
@@ -1001,7 +1053,7 @@ def soak(minutes: float, seed: int, tables: int, kinds: list[str], repeats: int,
         for fault in faults:
             wait = fault.planned - (time.monotonic() - load_began)
             if wait > 0:
-                time.sleep(wait)
+                stack.sleep(wait)
             fault.began = time.time()
             log(f"fault {fault.kind}")
             try:
@@ -1012,7 +1064,7 @@ def soak(minutes: float, seed: int, tables: int, kinds: list[str], repeats: int,
             log(f"  {fault.detail} ({fault.ended - fault.began:.1f}s)")
         rest = seconds - (time.monotonic() - load_began)
         if rest > 0:
-            time.sleep(rest)
+            stack.sleep(rest)
         workload.finish()
         report["workload_s"] = round(time.monotonic() - load_began, 1)
         report["statements"] = dict(workload.ops)
@@ -1078,6 +1130,7 @@ def soak(minutes: float, seed: int, tables: int, kinds: list[str], repeats: int,
             maintenance.stop.set()
         report["seconds"] = round(time.time() - began, 1)
         report["load_at_end"] = os.getloadavg()
+        report["code_watch_reloads"] = stack.watch.reloads if stack.watch else []
         stack.stop()
     report["checks"] = checks(report)
     return report
@@ -1149,6 +1202,7 @@ def markdown(report: dict[str, Any]) -> str:
             files=[r["changelog_files"] for r in report["maintenance"]["runs"]],
             skipped=report["maintenance"]["skipped_turns"]),
         f"- changelog live files at the end {report['changelog_bound']}",
+        f"- code location reloads by the watch: {report['code_watch_reloads']}",
         f"- faults not visible in Dagster (by kind): "
         f"{report['faults_not_visible_in_dagster']}; visible kinds without evidence: "
         f"{report['faults_unseen']}",

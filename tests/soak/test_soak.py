@@ -3,8 +3,9 @@
 - `test_soak_quick` (`make test-long`, about 3 minutes): 30 s of workload over 4 tables,
   a consume run SIGKILLed, no maintenance.
 - `test_soak_short` (`make test-long`): 90 s of workload over 20 tables with one fault
-  of each of five kinds (the consume run and the replica follower SIGKILLed, the broker
-  restarted, the daemon restarted, the code location reloaded), maintenance every 40 s.
+  of each of six kinds (the consume run and the replica follower SIGKILLed, the broker
+  restarted, the daemon restarted, the code location reloaded, the code server's child
+  killed), maintenance every 40 s.
 
 Both make every check of the long run: replicas and the Redis cache equal to their
 tables, every malformed record dead-lettered with its coordinates, lag 0, no run left
@@ -24,7 +25,7 @@ import pytest
 from soak import ENV, markdown, soak
 
 SHORT_FAULTS = ["kill_consume_run", "kill_follower_run", "broker_restart",
-                "daemon_restart", "code_reload"]
+                "daemon_restart", "code_reload", "code_server_kill"]
 
 
 def run_soak(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, faults: list[str],
