@@ -108,6 +108,7 @@ def instrument(t: Timings, r: Round, measuring: list[bool]) -> None:
             (b, "_source_columns", "apply: _source_columns"),
             (builder, "in_driver", "apply: in_driver"),
             (b, "_driver_apply", "apply: _driver_apply"),
+            (builder, "batch_changes", "apply:   batch_changes"),
             (builder, "driver_rows", "apply:   driver_rows"),
             (builder, "open_log", "apply:   open_log"),
             (builder, "commit_arrow", "apply:   commit_arrow"),

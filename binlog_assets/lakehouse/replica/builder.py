@@ -21,7 +21,6 @@ from binlog_assets.config import PipelineConfig
 from binlog_assets.faults import fault_point
 from binlog_assets.formats.event import OP_DELETE, OP_TRUNCATE
 from binlog_assets.lakehouse.changelog import SURVEY_MAX_COMMITS
-from binlog_assets.lakehouse.changelog_arrow import changes_of
 from binlog_assets.lakehouse.changelog_reader import (
     LazyRange,
     changelog_version,
@@ -86,6 +85,7 @@ from binlog_assets.lakehouse.replica.ddl_apply import (
 )
 from binlog_assets.lakehouse.replica.driver import (
     NotInDriver,
+    batch_changes,
     driver_rows,
     history_changes,
     in_driver,
@@ -95,7 +95,6 @@ from binlog_assets.lakehouse.replica.plan import (
     APPEND_ONLY,
     KEY_PROPERTY,
     MERGED_OPS,
-    ROW_OPS,
     RULE_PROPERTY,
     SHARDED_PROPERTY,
     TRUNCATED_PROPERTY,
@@ -326,11 +325,11 @@ class ReplicaBuilder:
         table = self.table_name(route.replica)
         schema = new.schema if new is not None else (
             pa.schema(open_log(location).schema().to_arrow()))
-        rows = driver_rows(self.pipeline, start, up_to, survey, rule, columns, schema, now)
+        batch = batch_changes(self.pipeline, start, up_to, survey, rule)
+        rows = driver_rows(batch, survey, rule, columns, schema, now)
         history = self.history_name(route.replica)
         # Typed before any commit: a value only Spark types sends the whole batch there.
-        versions = (history_changes(changes_of(self.pipeline, start, up_to, survey.tables,
-                                               ROW_OPS), survey, rule.key, columns, now)
+        versions = (history_changes(batch, survey, rule.key, columns, now)
                     if route.history and history in behind else None)
         fault_point("during_replica_merge")
         if new is not None:

@@ -215,8 +215,22 @@ def in_driver(route: ReplicaRoute, survey: Survey, rule: Rule, props: dict[str, 
                            and props.get(TRUNCATED_PROPERTY) != "true")
 
 
-def driver_rows(pipeline: PipelineConfig, after_version: int | None, up_to: int,
-                survey: Survey, rule: Rule, columns: dict[str, T.DataType],
+def batch_changes(pipeline: PipelineConfig, after_version: int | None, up_to: int,
+                  survey: Survey, rule: Rule) -> pa.Table:
+    """The batch's changes of the replica's source tables, read once for the replica
+    and its history table: row changes, or every merged op for an append-only
+    replica."""
+    from deltalake.exceptions import DeltaError
+
+    try:
+        return changes_of(pipeline, after_version, up_to, survey.tables,
+                          MERGED_OPS if rule.append else ROW_OPS)
+    except DeltaError as exc:
+        # Versions no longer in the log, say: Spark's read of them checks and says so.
+        raise NotInDriver(f"the changelog's versions: {exc}") from exc
+
+
+def driver_rows(changes: pa.Table, survey: Survey, rule: Rule, columns: dict[str, T.DataType],
                 schema: pa.Schema | T.StructType, now: datetime) -> pa.Table:
     """The batch's rows for the replica, typed into `schema` (the replica's Arrow
     schema, or the Spark schema of a replica about to be created): reduced to one per
@@ -225,14 +239,6 @@ def driver_rows(pipeline: PipelineConfig, after_version: int | None, up_to: int,
 
     if isinstance(schema, T.StructType):
         schema = to_arrow_schema(schema, timezone="UTC")
-    from deltalake.exceptions import DeltaError
-
-    try:
-        changes = changes_of(pipeline, after_version, up_to, survey.tables,
-                             MERGED_OPS if rule.append else ROW_OPS)
-    except DeltaError as exc:
-        # Versions no longer in the log, say: Spark's read of them checks and says so.
-        raise NotInDriver(f"the changelog's versions: {exc}") from exc
     if rule.append:
         return appended_rows(changes, survey, columns, schema, now)
     return reduced_rows(changes, survey, rule.key, columns, schema, now)
