@@ -26,6 +26,7 @@ from binlog_assets.orchestration.consume_runs import (
     plan_run,
     run_partitions,
 )
+from binlog_assets.orchestration.lost_runs import unfinished_runs
 from binlog_assets.orchestration.metadata_checkpoint import latest_metadata_checkpoints
 from binlog_assets.orchestration.partitions import KAFKA_PARTITIONS_NAME, partition_key
 from binlog_assets.orchestration.resources import BinlakeResource
@@ -261,7 +262,6 @@ def changelog_follower_sensor(context: dg.SensorEvaluationContext, binlake: Binl
     backfill = changelog_backfill_in_progress(context.instance)
     if backfill is not None:
         return dg.SkipReason(f"backfill {backfill} of the changelog holds the partitions")
-    if context.instance.get_runs(filters=dg.RunsFilter(job_name=CHANGELOG_FOLLOW_JOB_NAME,
-                                                       statuses=UNFINISHED), limit=1):
+    if unfinished_runs(context.instance, CHANGELOG_FOLLOW_JOB_NAME, UNFINISHED):
         return dg.SkipReason("a changelog follower run is queued or running")
     return dg.RunRequest()

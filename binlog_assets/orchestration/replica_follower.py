@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING
 import dagster as dg
 from pydantic import Field
 
+from binlog_assets.orchestration.lost_runs import unfinished_runs
 from binlog_assets.orchestration.replica_reports import (
     counted_rows,
     failure_line,
@@ -388,7 +389,6 @@ def replica_follower_sensor(context: dg.SensorEvaluationContext, binlake: Binlak
     if not binlake.pipeline.dagster.replica_follow_seconds:
         return dg.SkipReason("dagster.replica_follow_seconds is 0: automation builds the "
                              "replicas after each consumer run")
-    if context.instance.get_runs(filters=dg.RunsFilter(job_name=FOLLOW_JOB_NAME,
-                                                       statuses=UNFINISHED), limit=1):
+    if unfinished_runs(context.instance, FOLLOW_JOB_NAME, UNFINISHED):
         return dg.SkipReason("a follower run is queued or running")
     return dg.RunRequest()

@@ -9,6 +9,7 @@ the sensor and the pool hand-over are tested on their own below.
 
 from __future__ import annotations
 
+import subprocess
 import threading
 import time
 
@@ -353,3 +354,29 @@ def test_the_sensor_keeps_one_follower_going_only_when_configured(make_config, t
         assert instance.get_runs()[0].job_name == FOLLOW_JOB_NAME
         skip = tick(instance, 60)
         assert isinstance(skip, dg.SkipReason) and "running" in skip.skip_message
+
+
+def test_the_sensor_fails_a_follower_run_whose_process_is_gone(make_config, tmp_path
+                                                               ) -> None:
+    """A follower run whose process died after the code server that launched it stays
+    STARTED with nobody to fail it; the sensor fails it and starts the next."""
+    from dagster._core.events import DagsterEvent, DagsterEventType, EngineEventData
+
+    pipeline = make_config([{"source": "shop.orders", "replica": "orders"}],
+                           dagster={"replica_follow_seconds": 60})
+    path = tmp_path / "binlake.yaml"
+    path.write_text(yaml.safe_dump(pipeline.model_dump(mode="json", exclude_none=True)))
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    with dg.instance_for_test() as instance:
+        run = instance.create_run_for_job(follow_replicas_job,
+                                          status=dg.DagsterRunStatus.STARTING)
+        instance.report_dagster_event(DagsterEvent(
+            event_type_value=DagsterEventType.RUN_START.value, job_name=FOLLOW_JOB_NAME),
+            run_id=run.run_id)
+        instance.report_engine_event("Executing steps in process", run,
+                                     EngineEventData.in_process(dead.pid))
+        assert isinstance(replica_follower_sensor(dg.build_sensor_context(
+            instance=instance, resources={"binlake": BinlakeResource(config_path=str(path))})),
+            dg.RunRequest)
+        assert instance.get_run_by_id(run.run_id).status == dg.DagsterRunStatus.FAILURE

@@ -1,0 +1,78 @@
+"""A follower run whose process is gone is failed, so its sensor can start the next.
+
+Runs started by Dagster's DefaultRunLauncher are processes of the code server that
+launched them, on this host. That code server notices when one of them dies and fails
+it; when the code server's own process went first (killed, or ended when it missed its
+heartbeats), nobody does: run monitoring cannot check such a run's worker, the run stays
+STARTED for good, and a sensor that keeps one follower run going waits on it forever.
+The follower sensors look up the run's worker (the pid its ENGINE_EVENT names) and fail
+the run when that process is gone.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import dagster as dg
+from dagster._core.events import DagsterEventType
+from dagster._core.launcher import DefaultRunLauncher
+
+# A process started this long after its run's start is another process with the pid.
+START_SLACK_SECONDS = 120.0
+
+
+def worker_pid(instance: dg.DagsterInstance, run_id: str) -> int | None:
+    """The pid of the process that executes the run's steps, from its engine events."""
+    records = instance.get_records_for_run(
+        run_id, of_type=DagsterEventType.ENGINE_EVENT, limit=20).records
+    for record in records:
+        event = record.event_log_entry.dagster_event
+        data = event.engine_event_data if event is not None else None
+        pid = data.metadata.get("pid") if data is not None and data.metadata else None
+        if pid is not None:
+            return int(pid.value)
+    return None
+
+
+def _started_at(pid: int) -> float | None:
+    """The process's start, in seconds since the epoch; None when it is gone or a
+    zombie."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        boot = next(float(line.split()[1]) for line in Path("/proc/stat").read_text()
+                    .splitlines() if line.startswith("btime "))
+    except (OSError, StopIteration, IndexError, ValueError):
+        return None
+    if fields[0] in ("Z", "X"):
+        return None
+    return boot + int(fields[19]) / os.sysconf("SC_CLK_TCK")
+
+
+def fail_lost_run(instance: dg.DagsterInstance, run: dg.DagsterRun) -> bool:
+    """Fail `run` if it is STARTED by this host's DefaultRunLauncher and the process that
+    executes it is gone; whether it did."""
+    if run.status != dg.DagsterRunStatus.STARTED or \
+            not isinstance(instance.run_launcher, DefaultRunLauncher):
+        return False
+    pid = worker_pid(instance, run.run_id)
+    record = instance.get_run_record_by_id(run.run_id)
+    if pid is None or record is None or record.start_time is None:
+        return False
+    started = _started_at(pid)
+    if started is not None and started <= record.start_time + START_SLACK_SECONDS:
+        return False
+    # A run that ended between the lookup and now wrote its own end before it exited.
+    if instance.get_run_by_id(run.run_id).status != dg.DagsterRunStatus.STARTED:
+        return False
+    instance.report_run_failed(
+        run, f"the run's process {pid} is gone and so is the code server that launched "
+             "it: nothing else would fail the run, and its sensor would wait on it")
+    return True
+
+
+def unfinished_runs(instance: dg.DagsterInstance, job_name: str,
+                    statuses: list[dg.DagsterRunStatus]) -> list[dg.DagsterRun]:
+    """The job's runs in `statuses`, less those failed here as lost."""
+    runs = instance.get_runs(filters=dg.RunsFilter(job_name=job_name, statuses=statuses))
+    return [run for run in runs if not fail_lost_run(instance, run)]
