@@ -549,18 +549,21 @@ class Soak:
                     f"(reloads: {self.watch.reloads})")
 
     def code_server_child(self) -> int | None:
-        """The `dagster api grpc` process the code server serves the location from."""
+        """The `dagster api grpc` process the code server serves the location from: its
+        newest (after a reload the old child lives on until its runs end)."""
+        children = []
         for entry in Path("/proc").iterdir():
             if not entry.name.isdigit():
                 continue
             try:
-                ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+                stat = (entry / "stat").read_text().rsplit(")", 1)[1].split()
                 cmd = (entry / "cmdline").read_bytes().split(b"\0")
             except (OSError, IndexError, ValueError):
                 continue
-            if self.code_server is not None and ppid == self.code_server.pid and b"grpc" in cmd:
-                return int(entry.name)
-        return None
+            if self.code_server is not None and int(stat[1]) == self.code_server.pid \
+                    and b"grpc" in cmd:
+                children.append((int(stat[19]), int(entry.name)))  # start time, pid
+        return max(children)[1] if children else None
 
     def start_daemon(self) -> None:
         self.daemon = self._dagster("dagster-daemon",
