@@ -98,8 +98,12 @@ class CodeWatch(threading.Thread):
 
     def run(self) -> None:
         while not self.stop.wait(self.every):
-            for endpoint in self.endpoints():
-                self.check(endpoint)
+            try:
+                for endpoint in self.endpoints():
+                    self.check(endpoint)
+            except Exception as e:  # noqa: BLE001 - a watch that ends watches nothing
+                # The endpoints come from a file `dagster dev` rewrites and removes.
+                self.log(f"code watch: {type(e).__name__}: {e}; trying again")
 
     def unanswered_for(self) -> float:
         """Seconds the longest-unanswered endpoint has gone without answering (0: all

@@ -126,3 +126,22 @@ def test_the_workspace_dagster_dev_hands_its_daemon(tmp_path: Path) -> None:
 def test_the_heartbeat_ttl_is_set_unless_named() -> None:
     assert with_heartbeat_ttl({})[HEARTBEAT_TTL_ENV] == "180"
     assert with_heartbeat_ttl({HEARTBEAT_TTL_ENV: "45"})[HEARTBEAT_TTL_ENV] == "45"
+
+
+def test_the_watch_outlives_an_error_finding_its_endpoints() -> None:
+    calls: list[int] = []
+
+    def endpoints() -> list[Endpoint]:
+        calls.append(1)
+        if len(calls) == 1:
+            raise FileNotFoundError("workspace.yaml")  # dagster dev removed it meanwhile
+        return []
+
+    lines: list[str] = []
+    watch = CodeWatch(endpoints, every=0.05, log=lines.append)
+    watch.start()
+    try:
+        _wait(lambda: len(calls) >= 3, "the watch's next rounds")
+    finally:
+        watch.stop.set()
+    assert "FileNotFoundError" in lines[0]
