@@ -53,6 +53,7 @@ from binlog_assets.consume.runtime import (
     consumer_defaults,
     raise_gc_threshold,
     restore_gc_threshold,
+    timed,
     yield_gil,
 )
 from binlog_assets.consume.summary import (
@@ -248,16 +249,17 @@ class BoundedRun:
                 handler_timeout_seconds=s.handler_timeout_seconds,
             ))
             consumer = self._consumer()
-            watermarks = Started(
-                lambda: consumer.get_watermark_offsets(self.tp, timeout=30, cached=False))
-            resolution = self._resolve(consumer, watermarks.result)
+            watermarks = Started(lambda: timed(
+                lambda: consumer.get_watermark_offsets(self.tp, timeout=30, cached=False)))
+            resolution = self._resolve(consumer, lambda: watermarks.result()[0])
             start = resolution.chosen
-            _low, end = watermarks.result()
+            (_low, end), waited = watermarks.result()
             tracker = OffsetTracker(start.offset, start.done_beyond)
             self._sink_end = start.offset
             summary = RunSummary(
                 self.tp.topic, self.tp.partition, start.offset, start.source, end,
                 start.offset, checkpoint_candidates=resolution.candidates,
+                kafka_wait_seconds=waited,
             )
             dispatcher = starting.result()
             dispatcher.report_done_to(tracker.done_many)
@@ -333,6 +335,7 @@ class BoundedRun:
         paused = False
         last_commit = time.monotonic()
         ramp = min(_FIRST_BATCH, s.batch_size)
+        stalled_since: float | None = None
         while poll.next_offset < end:
             if s.max_seconds is not None and time.monotonic() - poll.began >= s.max_seconds:
                 summary.stop_reason = STOP_MAX_SECONDS
@@ -369,8 +372,17 @@ class BoundedRun:
             ramp = min(2 * ramp, s.batch_size)
             if s.max_records is not None:
                 want = min(want, s.max_records - summary.records)
+            asked = time.monotonic()
             msgs = [] if full else consumer.consume(num_messages=want,
                                                     timeout=0.2 if paused else 1.0)
+            # Empty fetches in a row with records left below the end: Kafka is not
+            # delivering them (a frozen or restarting broker), however long it takes.
+            if msgs or paused or full:
+                stalled_since = None
+            else:
+                stalled_since = asked if stalled_since is None else stalled_since
+                summary.kafka_wait_seconds = max(summary.kafka_wait_seconds,
+                                                 time.monotonic() - stalled_since)
             if msgs:
                 fault_point("after_fetch")
                 self._handle_batch(poll, msgs)
@@ -565,10 +577,12 @@ class BoundedRun:
         target = [TopicPartition(self.tp.topic, self.tp.partition, offset, metadata=metadata)]
         if self._committer is None or self._committer.consumer is not consumer:
             self._committer = Committer(consumer, self.settings.commit_timeout_seconds)
-        self._committer.commit(target, f"committing {self.tp.topic}[{self.tp.partition}]@{offset}")
+        _answer, waited = timed(lambda: self._committer.commit(
+            target, f"committing {self.tp.topic}[{self.tp.partition}]@{offset}"))
         fault_point("after_kafka_commit")
         if summary is not None:
             summary.committed_offset = offset
+            summary.kafka_wait_seconds = max(summary.kafka_wait_seconds, waited)
         if self.on_commit is not None:
             self.on_commit(offset, metadata)
 

@@ -74,6 +74,12 @@ def yield_gil() -> None:
 T = TypeVar("T")
 
 
+def timed(call: Callable[[], T]) -> tuple[T, float]:
+    """What `call` returned and the seconds it took."""
+    began = time.monotonic()
+    return call(), time.monotonic() - began
+
+
 class Started(threading.Thread, Generic[T]):
     """`call()` running in a thread of its own from now on; `result()` waits for it."""
 

@@ -34,6 +34,9 @@ class RunSummary:
     stop_reason: str = STOP_END
     checkpoint_candidates: tuple[Checkpoint, ...] = ()
     handlers: dict[str, HandlerMetrics] = field(default_factory=dict)  # by handler name
+    # The longest the run waited on Kafka at once: for records below its end offset
+    # (consecutive empty fetches), its end offset, or a commit. A frozen broker shows here.
+    kafka_wait_seconds: float = 0.0
 
     @property
     def throughput(self) -> float:

@@ -18,7 +18,8 @@ from collections.abc import Callable, Iterator, Sequence
 import dagster as dg
 
 from binlog_assets.consume.checkpoint import disagreements
-from binlog_assets.consume.lag import PartitionLag, lags_of, measure_lag
+from binlog_assets.consume.lag import SLOW_ANSWER_SECONDS, PartitionLag, lags_of, measure_lag
+from binlog_assets.consume.preflight import describe
 from binlog_assets.consume.run import STOP_INTERRUPTED, RunSummary
 from binlog_assets.formats.event import (
     OP_CREATE,
@@ -215,6 +216,12 @@ def report_outcomes(context: dg.OpExecutionContext, run: RunReport,
                if any(r.stop_reason == STOP_INTERRUPTED for r in read) else "")
             + "; records (offsets) per partition: " + ", ".join(lines))
     summaries = {o.key: o.summary for o in outcomes if o.summary is not None}
+    waited = max(summaries.items(), key=lambda ks: ks[1].kafka_wait_seconds, default=None)
+    if waited is not None and waited[1].kafka_wait_seconds >= SLOW_ANSWER_SECONDS:
+        context.log.warning(
+            f"{waited[0]} waited {waited[1].kafka_wait_seconds:.1f} s at once for Kafka at "
+            f"{describe(run.kafka_conf)} (for records below its end offset, its end offset "
+            f"or a commit): a broker was unreachable or not answering")
     for source in run.sources:
         found = lags_of(measured, source.topics)
         context.log_event(source_observation(

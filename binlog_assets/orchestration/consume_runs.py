@@ -382,4 +382,7 @@ def _commit_round(round_: RoundCommit | None, done: dict[str, PartitionOutcome])
         if isinstance(result, BaseException):
             done[key] = PartitionOutcome(key, error=result)
         else:
-            done[key].summary.committed_offset = result
+            summary = done[key].summary
+            summary.committed_offset = result
+            summary.kafka_wait_seconds = max(summary.kafka_wait_seconds,
+                                             round_.kafka_wait_seconds)

@@ -18,6 +18,7 @@ Commit points a run makes on its way (a long partition) are its own, as before.
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -27,6 +28,7 @@ from binlog_assets.consume.checkpoint import Checkpoint, committed_checkpoint, r
 from binlog_assets.consume.commit import Committer
 from binlog_assets.consume.lag import lag_consumer
 from binlog_assets.consume.run import Hold
+from binlog_assets.consume.runtime import timed
 from binlog_assets.faults import fault_point
 from binlog_assets.formats.event import ChangeEvent
 from binlog_assets.lakehouse.changelog import ChangelogWriter
@@ -58,15 +60,18 @@ class RoundCommit:
         self.held: dict[str, Held] = {}
         self._lock = threading.Lock()
         self._abandoned = False
+        # The longest of its reads and commits: every partition of the round waited on it.
+        self.kafka_wait_seconds = 0.0
 
     def read_checkpoints(self, partitions: Sequence[tuple[str, int]]) -> None:
         """The changelog's checkpoint of every partition (one look at its log) and the
         group's committed offsets (one request)."""
         self.changelog = self.writer.checkpoints(self.group, partitions)
-        answered = retry_retriable(
+        answered, waited = timed(lambda: retry_retriable(
             lambda: self.consumer.committed([TopicPartition(t, p) for t, p in partitions],
                                             timeout=30),
-            f"reading committed offsets of group {self.group}")
+            f"reading committed offsets of group {self.group}"))
+        self.kafka_wait_seconds = max(self.kafka_wait_seconds, waited)
         for tp in answered:
             try:
                 self.kafka[(tp.topic, tp.partition)] = committed_checkpoint(tp)
@@ -126,11 +131,14 @@ class RoundCommit:
         offsets = [TopicPartition(h.sink.topic, h.sink.partition, h.offset,
                                   metadata=h.metadata) for h in held.values()]
         committer = Committer(self.consumer, self.timeout)
+        began = time.monotonic()
         try:
             answered = committer.commit(offsets, f"committing {len(offsets)} partitions")
         except Exception as exc:
             self._abandoned = committer.abandoned
             return dict.fromkeys(held, exc)
+        finally:
+            self.kafka_wait_seconds = max(self.kafka_wait_seconds, time.monotonic() - began)
         failed = {(tp.topic, tp.partition): tp.error for tp in answered if tp.error}
         errors: dict[str, BaseException] = {}
         for key, h in held.items():

@@ -305,3 +305,37 @@ def test_run_without_handlers_decodes_whole_batches_without_yields(
     assert summary.committed_offset == 3000 and summary.events == 3000
     assert yields == []
     assert max(slices) > run_module._YIELD_EVERY, slices
+
+
+class StallingConsumer(FakeConsumer):
+    """Delivers nothing for `stall` seconds from its first fetch (a frozen broker), then
+    serves; each commit takes `commit_seconds`."""
+
+    stall = 0.0
+    commit_seconds = 0.0
+
+    def consume(self, num_messages=1, timeout=1.0):
+        self.first = getattr(self, "first", time.monotonic())
+        if time.monotonic() - self.first < self.stall:
+            time.sleep(0.02)
+            return []
+        return super().consume(num_messages, timeout)
+
+    def commit(self, offsets=None, asynchronous=False) -> None:
+        time.sleep(self.commit_seconds)
+        super().commit(offsets, asynchronous)
+
+
+@pytest.mark.parametrize(("stall", "commit_seconds"), [(0.6, 0.0), (0.0, 0.6)])
+def test_the_longest_wait_on_kafka_is_in_the_summary(
+    monkeypatch: pytest.MonkeyPatch, stall: float, commit_seconds: float
+) -> None:
+    """Empty fetches in a row while records are left, or a slow commit: a frozen broker
+    that raises no error still shows in the run's summary, so its run can name it."""
+    monkeypatch.setattr(StallingConsumer, "stall", stall)
+    monkeypatch.setattr(StallingConsumer, "commit_seconds", commit_seconds)
+    monkeypatch.setattr(run_module, "Consumer", lambda conf: StallingConsumer(conf, 300))
+    summary = BoundedRun("t", 0, HandlerRegistry(), RunSettings(
+        kafka_conf={}, group_id="g", format="debezium")).run()
+    assert summary.committed_offset == 300
+    assert summary.kafka_wait_seconds >= max(stall, commit_seconds)

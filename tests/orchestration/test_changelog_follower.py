@@ -198,6 +198,50 @@ def test_a_lag_measurement_that_waited_for_the_broker_is_a_warning(
                     r"of 1 topics for \d+\.\d s", warnings[1])
 
 
+def test_a_round_that_waited_on_a_frozen_broker_is_a_warning(
+        monkeypatch, tmp_path: Path) -> None:
+    """A frozen broker raises no error: a round whose partition waited on it (for
+    records, its end offset or a commit) names the partition, Kafka and the wait."""
+    from binlog_assets.consume import lag, preflight
+    from binlog_assets.consume.lag import PartitionLag
+    from binlog_assets.consume.run import RunSummary
+    from binlog_assets.orchestration import changelog_follower
+
+    monkeypatch.setattr(lag, "measure_lag", lambda *a, **k: [PartitionLag("a", 0, 0, 5000, 0)])
+    monkeypatch.setattr(lag, "lag_consumer", lambda *a, **k: Kept())
+    monkeypatch.setattr(preflight, "check_cluster", lambda conf: None)
+    rounds: list[int] = []
+
+    def run_partitions(plan: RunPlan, *args: object, **kwargs: object
+                       ) -> list[PartitionOutcome]:
+        rounds.append(1)
+        summary = RunSummary("a", 0, 0, "kafka", 5, 5, records=5,
+                             kafka_wait_seconds=13.2 if len(rounds) == 1 else 0.4)
+        return [PartitionOutcome("a:0", summary, SinkTotals(5, 1))]
+
+    monkeypatch.setattr(changelog_follower, "run_partitions", run_partitions)
+    monkeypatch.setattr(changelog_follower, "delta_row_count", lambda uri: 5)
+    monkeypatch.setattr(changelog_follower, "changelog_backfill_in_progress",
+                        lambda instance: "enough" if len(rounds) >= 2 else None)
+    (tmp_path / "binlake.yaml").write_text(yaml.safe_dump({
+        "kafka": {"bootstrap.servers": "localhost:1", "group.id": "g"},
+        "lakehouse": {"path": str(tmp_path / "lake")},
+        "sources": [{"name": "a", "topics": ["a"]}]}))
+    resource = BinlakeResource(config_path=str(tmp_path / "binlake.yaml"))
+    with dg.instance_for_test() as instance:
+        instance.add_dynamic_partitions(KAFKA_PARTITIONS_NAME, ["a:0"])
+        result = follow_changelog_job.execute_in_process(
+            instance=instance, resources={"binlake": resource},
+            run_config={"ops": {"follow_changelog": {"config": {"seconds": 60}}}})
+        warnings = [e.message for e in instance.all_logs(result.run_id)
+                    if e.level == logging.WARNING]
+    assert len(rounds) == 2
+    # The second round's 0.4 s is no wait worth a line.
+    assert warnings == ["a:0 waited 13.2 s at once for Kafka at localhost:1 (PLAINTEXT) "
+                        "(for records below its end offset, its end offset or a commit): "
+                        "a broker was unreachable or not answering"], warnings
+
+
 def test_lags_measured_after_the_round_are_split_by_source() -> None:
     """A run's report measures its sources' topics at once, and each source's
     observation gets the partitions a measurement of its own topics would."""
