@@ -21,6 +21,8 @@ from pathlib import Path
 
 import yaml
 
+from binlog_assets.procfs import processes
+
 HEARTBEAT_TTL_ENV = "DAGSTER_GRPC_PROXY_HEARTBEAT_TTL_SECONDS"
 # A child that misses its heartbeats for this long ends itself: long enough that a
 # loaded host (a busy gRPC pool, a stalled scheduler) does not end it, short enough that
@@ -65,16 +67,13 @@ def endpoints_from_workspace(path: Path) -> list[Endpoint]:
 def dagster_dev_workspace(group: int) -> Path | None:
     """The workspace `dagster dev` (process group `group`) hands its daemon: the code
     servers it started, as `grpc_server` entries."""
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
+    for proc in processes():
         try:
-            if os.getpgid(int(entry.name)) != group:
+            if os.getpgid(proc.pid) != group:
                 continue
-            args = (entry / "cmdline").read_bytes().split(b"\0")
-        except (OSError, ProcessLookupError):
+        except ProcessLookupError:
             continue
-        words = [a.decode(errors="replace") for a in args]
+        words = proc.cmdline()
         if "dagster._daemon" in words and "--workspace" in words[:-1]:
             path = Path(words[words.index("--workspace") + 1])
             if path.is_file():

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import ClassVar
 
 from binlog_assets.environment import live_pid
+from binlog_assets.procfs import process
 
 
 class LocalDaemon:
@@ -140,7 +141,5 @@ def _alive(pid: int) -> bool:
     except ProcessLookupError:
         return False
     # A zombie of another parent (the pid-file case across CLI calls) is as good as gone.
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().split(") ", 1)[1][0] != "Z"
-    except (FileNotFoundError, IndexError):
-        return False
+    found = process(pid)
+    return found is not None and found.alive

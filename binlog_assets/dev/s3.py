@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar
 
 from binlog_assets.dev.process import LocalDaemon, free_port, port_open
+from binlog_assets.procfs import process
 
 if TYPE_CHECKING:
     import subprocess
@@ -58,11 +59,9 @@ class S3Server(LocalDaemon):
         if not self.pid_file.exists() or not self.port_file.exists():
             return None
         pid = int(self.pid_file.read_text())
-        try:
-            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
-        except OSError:
-            return None
-        return pid if b"moto_server" in cmdline else None
+        found = process(pid)
+        return pid if found is not None and "moto_server" in " ".join(found.cmdline()) \
+            else None
 
     def _wait(self, proc: subprocess.Popen, began: float, timeout: float) -> None:
         while not port_open(self.port):

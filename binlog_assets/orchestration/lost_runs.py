@@ -11,12 +11,11 @@ the run when that process is gone.
 
 from __future__ import annotations
 
-import os
-from pathlib import Path
-
 import dagster as dg
 from dagster._core.events import DagsterEventType
 from dagster._core.launcher import DefaultRunLauncher
+
+from binlog_assets.procfs import process
 
 # A process started this long after its run's start is another process with the pid.
 START_SLACK_SECONDS = 120.0
@@ -35,20 +34,6 @@ def worker_pid(instance: dg.DagsterInstance, run_id: str) -> int | None:
     return None
 
 
-def _started_at(pid: int) -> float | None:
-    """The process's start, in seconds since the epoch; None when it is gone or a
-    zombie."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        boot = next(float(line.split()[1]) for line in Path("/proc/stat").read_text()
-                    .splitlines() if line.startswith("btime "))
-    except (OSError, StopIteration, IndexError, ValueError):
-        return None
-    if fields[0] in ("Z", "X"):
-        return None
-    return boot + int(fields[19]) / os.sysconf("SC_CLK_TCK")
-
-
 def fail_lost_run(instance: dg.DagsterInstance, run: dg.DagsterRun) -> bool:
     """Fail `run` if it is STARTED by this host's DefaultRunLauncher and the process that
     executes it is gone; whether it did."""
@@ -59,8 +44,9 @@ def fail_lost_run(instance: dg.DagsterInstance, run: dg.DagsterRun) -> bool:
     record = instance.get_run_record_by_id(run.run_id)
     if pid is None or record is None or record.start_time is None:
         return False
-    started = _started_at(pid)
-    if started is not None and started <= record.start_time + START_SLACK_SECONDS:
+    worker = process(pid)
+    if worker is not None and worker.alive and \
+            worker.started_at <= record.start_time + START_SLACK_SECONDS:
         return False
     # A run that ended between the lookup and now wrote its own end before it exited.
     if instance.get_run_by_id(run.run_id).status != dg.DagsterRunStatus.STARTED:

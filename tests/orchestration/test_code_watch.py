@@ -26,6 +26,7 @@ from binlog_assets.dev.code_watch import (
     with_heartbeat_ttl,
 )
 from binlog_assets.dev.process import free_port
+from binlog_assets.procfs import children
 
 # Liveness: a code server loads in about 5 s on an idle 2-core host.
 DEADLINE = 120.0
@@ -33,17 +34,7 @@ DEADLINE = 120.0
 
 def _grpc_children(pid: int) -> list[int]:
     """The `dagster api grpc` children of process `pid`."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                stat = (entry / "stat").read_text()
-                cmd = (entry / "cmdline").read_bytes().split(b"\0")
-            except OSError:
-                continue
-            if int(stat.rsplit(")", 1)[1].split()[1]) == pid and b"grpc" in cmd:
-                found.append(int(entry.name))
-    return found
+    return [p.pid for p in children(pid) if "grpc" in p.cmdline()]
 
 
 def _answers(endpoint: Endpoint) -> bool:

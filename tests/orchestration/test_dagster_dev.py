@@ -27,6 +27,7 @@ from binlog_assets.config import PipelineConfig
 from binlog_assets.dev.kafka import create_topic
 from binlog_assets.dev.process import free_port
 from binlog_assets.orchestration.replica_follower import FOLLOW_JOB_NAME
+from binlog_assets.procfs import process, processes
 
 # The product stops everything within 10 s; the test allows 3x that on a busy machine.
 DEADLINE = 30.0
@@ -34,14 +35,8 @@ DEADLINE = 30.0
 
 def _children() -> dict[int, list[int]]:
     tree: dict[int, list[int]] = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                stat = (entry / "stat").read_text()
-            except OSError:
-                continue
-            ppid = int(stat.rsplit(")", 1)[1].split()[1])
-            tree.setdefault(ppid, []).append(int(entry.name))
+    for proc in processes():
+        tree.setdefault(proc.ppid, []).append(proc.pid)
     return tree
 
 
@@ -56,11 +51,8 @@ def descendants(pid: int) -> set[int]:
 
 
 def alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return False
-    return state != "Z"
+    found = process(pid)
+    return found is not None and found.alive
 
 
 def _in_terminal(cmd: list[str], env: dict[str, str], cwd: Path) -> tuple[subprocess.Popen, int]:

@@ -98,6 +98,7 @@ from binlog_assets.orchestration.partitions import (  # noqa: E402
 from binlog_assets.orchestration.replica_follower import FOLLOW_JOB_NAME  # noqa: E402
 from binlog_assets.orchestration.shared import CHANGELOG_FOLLOW_JOB_NAME  # noqa: E402
 from binlog_assets.orchestration.table_metadata import table_uri  # noqa: E402
+from binlog_assets.procfs import children, processes  # noqa: E402
 
 FAULTS = ("broker_restart", "broker_freeze", "connect_restart", "mariadb_restart",
           "kill_consume_run", "kill_follower_run", "spark_restart", "daemon_restart",
@@ -551,19 +552,10 @@ class Soak:
     def code_server_child(self) -> int | None:
         """The `dagster api grpc` process the code server serves the location from: its
         newest (after a reload the old child lives on until its runs end)."""
-        children = []
-        for entry in Path("/proc").iterdir():
-            if not entry.name.isdigit():
-                continue
-            try:
-                stat = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-                cmd = (entry / "cmdline").read_bytes().split(b"\0")
-            except (OSError, IndexError, ValueError):
-                continue
-            if self.code_server is not None and int(stat[1]) == self.code_server.pid \
-                    and b"grpc" in cmd:
-                children.append((int(stat[19]), int(entry.name)))  # start time, pid
-        return max(children)[1] if children else None
+        if self.code_server is None:
+            return None
+        grpc = [p.pid for p in children(self.code_server.pid) if "grpc" in p.cmdline()]
+        return grpc[-1] if grpc else None
 
     def start_daemon(self) -> None:
         self.daemon = self._dagster("dagster-daemon",
@@ -613,17 +605,8 @@ class Soak:
         does not name the run; its compute-log `tail` children do (the run's folder
         under the instance's storage), so a run's process is their parent."""
         storage = f"{self.env['DAGSTER_HOME']}/storage/{run_id or ''}"
-        pids = set()
-        for entry in Path("/proc").iterdir():
-            if not entry.name.isdigit():
-                continue
-            try:
-                cmd = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-                if not cmd.startswith("tail ") or storage not in cmd:
-                    continue
-                pids.add(int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1]))
-            except (OSError, IndexError, ValueError):
-                continue
+        pids = {p.ppid for p in processes()
+                if (cmd := " ".join(p.cmdline())).startswith("tail ") and storage in cmd}
         return sorted(p for p in pids if p > 1)
 
     def running(self, job: str) -> list[dg.DagsterRun]:
