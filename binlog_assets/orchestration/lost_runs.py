@@ -19,6 +19,10 @@ from binlog_assets.procfs import process
 
 # A process started this long after its run's start is another process with the pid.
 START_SLACK_SECONDS = 120.0
+# Each STARTED run's worker pid and start, found once: the sensors ask every tick
+# (about a second), and the answer never changes.
+_WORKERS: dict[str, tuple[int, float]] = {}
+KNOWN_WORKERS = 256
 
 
 def worker_pid(instance: dg.DagsterInstance, run_id: str) -> int | None:
@@ -40,13 +44,19 @@ def fail_lost_run(instance: dg.DagsterInstance, run: dg.DagsterRun) -> bool:
     if run.status != dg.DagsterRunStatus.STARTED or \
             not isinstance(instance.run_launcher, DefaultRunLauncher):
         return False
-    pid = worker_pid(instance, run.run_id)
-    record = instance.get_run_record_by_id(run.run_id)
-    if pid is None or record is None or record.start_time is None:
-        return False
+    known = _WORKERS.get(run.run_id)
+    if known is None:
+        pid = worker_pid(instance, run.run_id)
+        record = instance.get_run_record_by_id(run.run_id)
+        if pid is None or record is None or record.start_time is None:
+            return False
+        if len(_WORKERS) >= KNOWN_WORKERS:
+            _WORKERS.clear()
+        known = _WORKERS[run.run_id] = (pid, record.start_time)
+    pid, run_start = known
     worker = process(pid)
     if worker is not None and worker.alive and \
-            worker.started_at <= record.start_time + START_SLACK_SECONDS:
+            worker.started_at <= run_start + START_SLACK_SECONDS:
         return False
     # A run that ended between the lookup and now wrote its own end before it exited.
     if instance.get_run_by_id(run.run_id).status != dg.DagsterRunStatus.STARTED:

@@ -86,3 +86,18 @@ def test_a_process_started_after_the_run_is_not_its_worker(
     finally:
         other.kill()
         other.wait()
+
+
+def test_a_runs_worker_is_looked_up_once(instance: dg.DagsterInstance,
+                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """The follower sensors ask at every tick: the worker's pid and the run's start are
+    read from the instance once, then only /proc is."""
+    run = started(instance, os.getpid())
+    reads: list[str] = []
+    for name in ("get_records_for_run", "get_run_record_by_id"):
+        real = getattr(instance, name)
+        monkeypatch.setattr(instance, name, lambda *a, real=real, name=name, **k: (
+            reads.append(name), real(*a, **k))[1])
+    for _tick in range(3):
+        assert [r.run_id for r in unfinished_runs(instance, JOB, UNFINISHED)] == [run.run_id]
+    assert sorted(reads) == ["get_records_for_run", "get_run_record_by_id"]
