@@ -221,7 +221,8 @@ def report_outcomes(context: dg.OpExecutionContext, run: RunReport,
         context.log.warning(
             f"{waited[0]} waited {waited[1].kafka_wait_seconds:.1f} s at once for Kafka at "
             f"{describe(run.kafka_conf)} (for records below its end offset, its end offset "
-            f"or a commit): a broker was unreachable or not answering")
+            f"or a commit): a broker was unreachable or not answering, or a producer's open "
+            f"transaction held the records back")
     for source in run.sources:
         found = lags_of(measured, source.topics)
         context.log_event(source_observation(
