@@ -83,6 +83,7 @@ def summary_metadata(summary: RunSummary, lag_at_end: int | None,
         "skipped_already_done": dg.MetadataValue.int(summary.skipped_already_done),
         "throughput_records_per_s": dg.MetadataValue.float(round(summary.throughput, 1)),
         "consume_seconds": dg.MetadataValue.float(round(summary.seconds, 3)),
+        "kafka_wait_seconds": dg.MetadataValue.float(round(summary.kafka_wait_seconds, 3)),
         "stop_reason": dg.MetadataValue.text(summary.stop_reason),
         "per_table": per_table_metadata(summary),
     }

@@ -83,6 +83,7 @@ def test_one_run_consumes_a_range_of_partitions_without_a_jvm(
             # Not a number: the UI would plot a partition's constant number over time.
             assert md["partition"].value == str(partition)
             assert md["consume_seconds"].value >= 0
+            assert 0 <= md["kafka_wait_seconds"].value <= md["consume_seconds"].value
             # Dagster's standard row count: the changelog's rows (one event per record).
             assert md["dagster/row_count"].value == sum(PER_PARTITION.values())
         # Where each partition stands, one numeric key per partition (a plot each) and
