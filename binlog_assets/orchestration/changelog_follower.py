@@ -116,10 +116,10 @@ def follow_partitions(due: Callable[[], Sequence[str]],
             time.sleep(poll)
 
 
-@dg.op(name="follow_changelog",
+@dg.op(name="follow_changelog", out={},
        description="Consume every partition's new records into the changelog as they arrive.")
 def follow_changelog(context: dg.OpExecutionContext, config: ChangelogFollowConfig,
-                     binlake: BinlakeResource) -> None:
+                     binlake: BinlakeResource) -> Iterator[dg.DagsterEvent]:
     from binlog_assets.consume.lag import (
         PartitionLag,
         Unreachable,
@@ -229,6 +229,10 @@ def follow_changelog(context: dg.OpExecutionContext, config: ChangelogFollowConf
                     failing[outcome.key] = outcome.error
                     context.log.warning(f"{outcome.key}: tried again in "
                                         f"{RETRY_SECONDS:.0f} s; the other partitions go on")
+            # The round's materializations are in the event log since it logged them;
+            # the op keeps each one until it yields, so it yields them every round: a
+            # run of 10 minutes kept every one of its rounds' events before.
+            yield from context.consume_events()
     finally:
         offsets.close()
     if failing:
