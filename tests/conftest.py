@@ -157,9 +157,10 @@ def debezium_connect(
 
 
 # The folders in the order `make test` hands their files to its workers (`--dist
-# loadfile`): the long drills and the Spark applies first, the folders of many short
-# tests last, so that these fill both workers at the end instead of one long file.
-FOLDER_ORDER = ("drills", "parity", "lakehouse", "orchestration", "dev", "consume")
+# loadfile`): the soak's brief variant (its own stack, minutes), the long drills and the
+# Spark applies first, the folders of many short tests last, so that these fill both
+# workers at the end instead of one long file.
+FOLDER_ORDER = ("soak", "drills", "parity", "lakehouse", "orchestration", "dev", "consume")
 
 
 def _folder_rank(item: pytest.Item) -> int:

@@ -604,6 +604,8 @@ class Soak:
         The code server starts each run as a multiprocessing child whose command line
         does not name the run; its compute-log `tail` children do (the run's folder
         under the instance's storage), so a run's process is their parent."""
+        if "DAGSTER_HOME" not in self.env:  # stopped before its instance was set up
+            return []
         storage = f"{self.env['DAGSTER_HOME']}/storage/{run_id or ''}"
         pids = {p.ppid for p in processes()
                 if (cmd := " ".join(p.cmdline())).startswith("tail ") and storage in cmd}
@@ -649,6 +651,7 @@ class Fault:
     planned: float          # seconds into the workload
     began: float = 0.0      # wall clock
     ended: float = 0.0
+    struck: float = 0.0     # when a kill's signal went (it waits for a run to kill first)
     detail: str = ""
     target: str = ""        # the run id a kill hit
     skipped: bool = False
@@ -700,6 +703,7 @@ def inject(soak: Soak, fault: Fault, rng: random.Random) -> None:
                 pids = soak.run_pids(run.run_id)
                 if pids:
                     time.sleep(rng.uniform(0, 3))
+                    fault.struck = time.time()
                     for pid in pids:
                         with contextlib.suppress(ProcessLookupError):
                             os.kill(pid, signal.SIGKILL)
@@ -795,7 +799,9 @@ def measure(soak: Soak) -> dict[str, Any]:
         "changelog_files": sum(1 for p in changelog.rglob("*.parquet")),
         # The files of its current version (those on disk stay until VACUUM's retention).
         "changelog_live_files":
-            DeltaTable(str(changelog)).get_add_actions(flatten=True).num_rows,
+            # None before the changelog's first commit (the brief variant measures early).
+            DeltaTable(str(changelog)).get_add_actions(flatten=True).num_rows
+            if (changelog / "_delta_log").is_dir() else None,
         "changelog_log_files": sum(1 for _ in (changelog / "_delta_log").glob("*")),
         "instance_db_bytes": db_size, "postgres_dir_bytes": _du(soak.postgres.data_dir),
         "event_log_rows": rows, "event_log_bytes": size,
@@ -968,9 +974,10 @@ def seen(fault: dict[str, Any]) -> list[str]:
 
 def duplicates(soak: Soak, faults: list[Fault]) -> dict[str, Any]:
     """Handler calls beyond the first per event, each attributed to the last fault that
-    began between the event's first call and the repeat ('none' if no fault did)."""
+    struck between the event's first call and the repeat ('none' if no fault did): a
+    kill strikes when its signal goes, after it waited for a run to kill."""
     calls, first, repeats = read_calls(soak.redis.url)
-    done = sorted((f.began, i) for i, f in enumerate(faults) if not f.skipped)
+    done = sorted((f.struck or f.began, i) for i, f in enumerate(faults) if not f.skipped)
     per_fault: Counter = Counter()
     per_kind: Counter = Counter()
     unexplained: list[dict] = []
@@ -996,7 +1003,9 @@ def duplicates(soak: Soak, faults: list[Fault]) -> dict[str, Any]:
 
 def soak(minutes: float, seed: int, tables: int, kinds: list[str], repeats: int,
          rate: float, work: Path, drain_timeout: float,
-         maintenance_every: float = 300.0) -> dict[str, Any]:
+         maintenance_every: float = 300.0, wait_built: bool = True) -> dict[str, Any]:
+    """`wait_built` False: the workload starts as soon as the stack is up, while the
+    first build of the replicas runs (the brief variant's minutes)."""
     seconds = minutes * 60
     stack = Soak(work, tables=tables, seed=seed)
     report: dict[str, Any] = {"minutes": minutes, "seed": seed, "tables": tables,
@@ -1010,17 +1019,21 @@ def soak(minutes: float, seed: int, tables: int, kinds: list[str], repeats: int,
         report["started_s"] = round(time.time() - began, 1)
         with stack.instance() as instance:
             deadline = time.monotonic() + drain_timeout
-            missing = list(stack.names)
+            missing = list(stack.names) if wait_built else []
             while missing and time.monotonic() < deadline:
                 missing = [n for n in missing if not instance.fetch_materializations(
                     dg.AssetKey(["replica", n]), limit=1).records]
                 time.sleep(2)
         if missing:
             raise TimeoutError(f"replicas not built: {missing}")
-        report["built_s"] = round(time.time() - began, 1)
-        report["startup"]["first_build"] = round(report["built_s"] - report["started_s"], 1)
-        log(f"{tables} replicas built {report['built_s']}s after the start "
-            f"({report['startup']})")
+        if wait_built:
+            report["built_s"] = round(time.time() - began, 1)
+            report["startup"]["first_build"] = round(report["built_s"] - report["started_s"],
+                                                     1)
+            log(f"{tables} replicas built {report['built_s']}s after the start "
+                f"({report['startup']})")
+        else:
+            report["built_s"] = None
         report["start"] = measure(stack)
         faults = schedule(kinds, repeats, seconds, seed)
         workload = Workload(stack.mariadb, stack.broker.bootstrap_servers, tables, rate,
