@@ -14,6 +14,7 @@ import re
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 
 import dagster as dg
@@ -198,10 +199,10 @@ def test_a_lag_measurement_that_waited_for_the_broker_is_a_warning(
                     r"of 1 topics for \d+\.\d s", warnings[1])
 
 
-def test_a_round_that_waited_on_a_frozen_broker_is_a_warning(
-        monkeypatch, tmp_path: Path) -> None:
-    """A frozen broker raises no error: a round whose partition waited on it (for
-    records, its end offset or a commit) names the partition, Kafka and the wait."""
+def _follow_one_partition(instance: dg.DagsterInstance, monkeypatch: pytest.MonkeyPatch,
+                          tmp_path: Path, rounds: int, waits: Callable[[int], float]) -> str:
+    """A follower run on `instance` over partition `a:0` (lag 5,000) for `rounds` rounds
+    of 5 records each, the round numbered n waiting `waits(n)` s on Kafka; its id."""
     from binlog_assets.consume import lag, preflight
     from binlog_assets.consume.lag import PartitionLag
     from binlog_assets.consume.run import RunSummary
@@ -210,33 +211,42 @@ def test_a_round_that_waited_on_a_frozen_broker_is_a_warning(
     monkeypatch.setattr(lag, "measure_lag", lambda *a, **k: [PartitionLag("a", 0, 0, 5000, 0)])
     monkeypatch.setattr(lag, "lag_consumer", lambda *a, **k: Kept())
     monkeypatch.setattr(preflight, "check_cluster", lambda conf: None)
-    rounds: list[int] = []
+    done: list[int] = []
 
     def run_partitions(plan: RunPlan, *args: object, **kwargs: object
                        ) -> list[PartitionOutcome]:
-        rounds.append(1)
+        done.append(1)
         summary = RunSummary("a", 0, 0, "kafka", 5, 5, records=5,
-                             kafka_wait_seconds=13.2 if len(rounds) == 1 else 0.4)
+                             kafka_wait_seconds=waits(len(done)))
         return [PartitionOutcome("a:0", summary, SinkTotals(5, 1))]
 
     monkeypatch.setattr(changelog_follower, "run_partitions", run_partitions)
     monkeypatch.setattr(changelog_follower, "delta_row_count", lambda uri: 5)
     monkeypatch.setattr(changelog_follower, "changelog_backfill_in_progress",
-                        lambda instance: "enough" if len(rounds) >= 2 else None)
+                        lambda instance: "enough" if len(done) >= rounds else None)
     (tmp_path / "binlake.yaml").write_text(yaml.safe_dump({
         "kafka": {"bootstrap.servers": "localhost:1", "group.id": "g"},
         "lakehouse": {"path": str(tmp_path / "lake")},
         "sources": [{"name": "a", "topics": ["a"]}]}))
     resource = BinlakeResource(config_path=str(tmp_path / "binlake.yaml"))
-    with dg.instance_for_test() as instance:
-        instance.add_dynamic_partitions(KAFKA_PARTITIONS_NAME, ["a:0"])
-        result = follow_changelog_job.execute_in_process(
-            instance=instance, resources={"binlake": resource},
-            run_config={"ops": {"follow_changelog": {"config": {"seconds": 60}}}})
-        warnings = [e.message for e in instance.all_logs(result.run_id)
-                    if e.level == logging.WARNING]
-    assert len(rounds) == 2
+    instance.add_dynamic_partitions(KAFKA_PARTITIONS_NAME, ["a:0"])
+    result = follow_changelog_job.execute_in_process(
+        instance=instance, resources={"binlake": resource},
+        run_config={"ops": {"follow_changelog": {"config": {"seconds": 60}}}})
+    assert len(done) == rounds
+    return result.run_id
+
+
+def test_a_round_that_waited_on_a_frozen_broker_is_a_warning(
+        monkeypatch, tmp_path: Path) -> None:
+    """A frozen broker raises no error: a round whose partition waited on it (for
+    records, its end offset or a commit) names the partition, Kafka and the wait."""
     # The second round's 0.4 s is no wait worth a line.
+    with dg.instance_for_test() as instance:
+        run_id = _follow_one_partition(instance, monkeypatch, tmp_path, rounds=2,
+                                       waits=lambda n: 13.2 if n == 1 else 0.4)
+        warnings = [e.message for e in instance.all_logs(run_id)
+                    if e.level == logging.WARNING]
     assert warnings == ["a:0 waited 13.2 s at once for Kafka at localhost:1 (PLAINTEXT) "
                         "(for records below its end offset, its end offset or a commit): "
                         "a broker was unreachable or not answering, or a producer's open "
@@ -247,14 +257,8 @@ def test_a_round_s_events_are_not_kept_by_the_run(monkeypatch, tmp_path: Path) -
     """Dagster keeps each event an op logs until the op yields: a follower that never
     yielded kept every materialization of its 10 minutes (its RSS grew about 40 MB a
     minute in the soak). Each round's events are handed on as the round ends."""
-    from binlog_assets.consume import lag, preflight
-    from binlog_assets.consume.lag import PartitionLag
-    from binlog_assets.consume.run import RunSummary
     from binlog_assets.orchestration import changelog_follower
 
-    monkeypatch.setattr(lag, "measure_lag", lambda *a, **k: [PartitionLag("a", 0, 0, 5000, 0)])
-    monkeypatch.setattr(lag, "lag_consumer", lambda *a, **k: Kept())
-    monkeypatch.setattr(preflight, "check_cluster", lambda conf: None)
     kept: list[int] = []  # events the op holds after each round's report
     real_report = changelog_follower.report_outcomes
 
@@ -264,26 +268,9 @@ def test_a_round_s_events_are_not_kept_by_the_run(monkeypatch, tmp_path: Path) -
         kept.append(len(context._events))  # noqa: SLF001 - what Dagster holds
         return consumed
 
-    def run_partitions(plan: RunPlan, *args: object, **kwargs: object
-                       ) -> list[PartitionOutcome]:
-        summary = RunSummary("a", 0, 0, "kafka", 5, 5, records=5)
-        return [PartitionOutcome("a:0", summary, SinkTotals(5, 1))]
-
     monkeypatch.setattr(changelog_follower, "report_outcomes", report_outcomes)
-    monkeypatch.setattr(changelog_follower, "run_partitions", run_partitions)
-    monkeypatch.setattr(changelog_follower, "delta_row_count", lambda uri: 5)
-    monkeypatch.setattr(changelog_follower, "changelog_backfill_in_progress",
-                        lambda instance: "enough" if len(kept) >= 30 else None)
-    (tmp_path / "binlake.yaml").write_text(yaml.safe_dump({
-        "kafka": {"bootstrap.servers": "localhost:1", "group.id": "g"},
-        "lakehouse": {"path": str(tmp_path / "lake")},
-        "sources": [{"name": "a", "topics": ["a"]}]}))
-    resource = BinlakeResource(config_path=str(tmp_path / "binlake.yaml"))
     with dg.instance_for_test() as instance:
-        instance.add_dynamic_partitions(KAFKA_PARTITIONS_NAME, ["a:0"])
-        follow_changelog_job.execute_in_process(
-            instance=instance, resources={"binlake": resource},
-            run_config={"ops": {"follow_changelog": {"config": {"seconds": 60}}}})
+        _follow_one_partition(instance, monkeypatch, tmp_path, rounds=30, waits=lambda n: 0.0)
         materialized = instance.fetch_materializations(
             dg.AssetRecordsFilter(asset_key=CHANGELOG_ASSET_KEY), limit=100).records
     assert len(kept) == 30 and len(materialized) == 30  # every round's, in the event log
