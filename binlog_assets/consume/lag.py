@@ -151,12 +151,19 @@ def measure_lag(kafka_conf: dict, group_id: str, topics: Iterable[str], *,
 
 
 def waited_for_kafka(kafka_conf: dict, what: str, seconds: float, *,
-                     answered: bool = True) -> str | None:
+                     answered: bool = True, waiter: str | None = None) -> str | None:
     """The warning for a request to the cluster (`what`) that took `seconds`, None when
     it took less than SLOW_ANSWER_SECONDS: a follower that waits on a broker restart or
-    a frozen broker names what it waits for and how long, instead of going quiet."""
+    a frozen broker names what it waits for and how long, instead of going quiet.
+    `waiter` names the partition whose longest wait it was, when it is not the caller's."""
     if seconds < SLOW_ANSWER_SECONDS:
         return None
+    if waiter is not None:
+        # A consumer sees no difference between a frozen broker and records held back
+        # by a producer's open transaction (read_committed): both are named.
+        return (f"{waiter} waited {seconds:.1f} s at once for Kafka at "
+                f"{describe(kafka_conf)} ({what}): a broker was unreachable or not "
+                f"answering, or a producer's open transaction held the records back")
     if answered:
         return (f"waited {seconds:.1f} s for Kafka at {describe(kafka_conf)} to answer "
                 f"{what}: a broker was unreachable or not answering, and no partition "

@@ -18,8 +18,7 @@ from collections.abc import Callable, Iterator, Sequence
 import dagster as dg
 
 from binlog_assets.consume.checkpoint import disagreements
-from binlog_assets.consume.lag import SLOW_ANSWER_SECONDS, PartitionLag, lags_of, measure_lag
-from binlog_assets.consume.preflight import describe
+from binlog_assets.consume.lag import PartitionLag, lags_of, measure_lag, waited_for_kafka
 from binlog_assets.consume.run import STOP_INTERRUPTED, RunSummary
 from binlog_assets.formats.event import (
     OP_CREATE,
@@ -218,12 +217,11 @@ def report_outcomes(context: dg.OpExecutionContext, run: RunReport,
             + "; records (offsets) per partition: " + ", ".join(lines))
     summaries = {o.key: o.summary for o in outcomes if o.summary is not None}
     waited = max(summaries.items(), key=lambda ks: ks[1].kafka_wait_seconds, default=None)
-    if waited is not None and waited[1].kafka_wait_seconds >= SLOW_ANSWER_SECONDS:
-        context.log.warning(
-            f"{waited[0]} waited {waited[1].kafka_wait_seconds:.1f} s at once for Kafka at "
-            f"{describe(run.kafka_conf)} (for records below its end offset, its end offset "
-            f"or a commit): a broker was unreachable or not answering, or a producer's open "
-            f"transaction held the records back")
+    line = None if waited is None else waited_for_kafka(
+        run.kafka_conf, "for records below its end offset, its end offset or a commit",
+        waited[1].kafka_wait_seconds, waiter=waited[0])
+    if line is not None:
+        context.log.warning(line)
     for source in run.sources:
         found = lags_of(measured, source.topics)
         context.log_event(source_observation(
