@@ -179,10 +179,18 @@ def _remote_session(url: str) -> SparkSession:
 
 def remote_session_lost(pipeline: PipelineConfig) -> bool:
     """Whether this process's Spark Connect session stopped answering (its server was
-    stopped or restarted: the session is gone with it): a probe query on it fails. False
-    without one, or for Spark in this process."""
+    stopped or restarted: the session is gone with it). False without one, or for Spark
+    in this process."""
     session = _REMOTE_SESSIONS.get(pipeline.spark.remote or "")
-    if session is None:
+    return session is not None and session_lost(session)
+
+
+def session_lost(session: SparkSession) -> bool:
+    """Whether `session`, a Spark Connect session, stopped answering: a probe query on it
+    fails. Always False for a session in this process (its JVM is this process's own)."""
+    from pyspark.sql import SparkSession as ClassicSparkSession
+
+    if isinstance(session, ClassicSparkSession):
         return False
     try:
         session.sql("SELECT 1").collect()

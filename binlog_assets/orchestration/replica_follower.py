@@ -23,7 +23,7 @@ import queue
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor, as_completed
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 import dagster as dg
 from pydantic import Field
@@ -45,10 +45,12 @@ from binlog_assets.orchestration.resources import BinlakeResource
 from binlog_assets.orchestration.shared import EVERY_DAEMON_PASS, SPARK_POOL, UNFINISHED
 
 if TYPE_CHECKING:
+    from binlog_assets.config import PipelineConfig
     from binlog_assets.lakehouse.replica.builder import ReplicaBuilder
     from binlog_assets.lakehouse.replica.plan import ReplicaResult
 
 FOLLOW_JOB_NAME = "follow_replicas_job"
+T = TypeVar("T")
 
 # An untouched replica is still applied once this many versions passed since its last
 # apply: the apply then commits its applied version, which keeps its next range short.
@@ -171,16 +173,15 @@ def follow_replicas(context: dg.OpExecutionContext, config: FollowConfig,
     from binlog_assets.lakehouse.replica.builder import ReplicaBuilder
     from binlog_assets.lakehouse.replica.plan import replicas_touched
     from binlog_assets.lakehouse.replica.routes import replica_routes
+    from binlog_assets.lakehouse.spark import session_lost
 
     pipeline = binlake.pipeline
     seconds = config.seconds or pipeline.dagster.replica_follow_seconds or 300.0
     names = replica_names(pipeline)
     # A builder (a Spark session) per replica applied at once, as a replica build has.
-    builders = [ReplicaBuilder(binlake.spark(), pipeline)
-                for _ in range(max(1, min(len(names), pipeline.spark.parallel_replicas)))]
-    free: queue.SimpleQueue = queue.SimpleQueue()
-    for builder in builders:
-        free.put(builder)
+    builders = Builders(lambda: ReplicaBuilder(binlake.spark(), pipeline),
+                        max(1, min(len(names), pipeline.spark.parallel_replicas)),
+                        session_lost)
     deadline = time.monotonic() + seconds
     routes = {name: route for name, route in replica_routes(pipeline).items()
               if name in names}
@@ -194,26 +195,25 @@ def follow_replicas(context: dg.OpExecutionContext, config: FollowConfig,
         return False
 
     def apply(name: str, version: int) -> tuple:
-        builder = free.get()
-        # One log scope for the apply and the columns read after it: the replica's log,
-        # opened by the apply, is brought up to date instead of opened again.
-        try:
+        def on(builder: "ReplicaBuilder") -> tuple:
+            # One log scope for the apply and the columns read after it: the replica's
+            # log, opened by the apply, is brought up to date instead of opened again.
             with log_scope():
                 result = builder.apply(name, up_to_version=version)
                 # The table's columns as this apply left them, read before another can
                 # change them.
                 columns = replica_table_metadata(builder, name) if changed(result) else {}
             return result, columns
-        finally:
-            free.put(builder)
+
+        return builders.run(on, f"replica {name}")
 
     failed: list[tuple[str, Exception]] = []
     followed = follow(apply, names, lambda: changelog_version(None, pipeline),
                       poll=pipeline.dagster.replica_poll_seconds, stop=stop,
                       touched=lambda after, up_to: replicas_touched(pipeline, routes, after,
                                                                     up_to),
-                      workers=len(builders), rounds=True)
-    checks = _Checks(config.check_seconds, _row_count_evaluator(builders[0]))
+                      workers=len(builders.all), rounds=True)
+    checks = _Checks(config.check_seconds, _row_count_evaluator(builders, pipeline))
     delays = _Delays(config.check_seconds)
     sync = InSync(context.instance, config.sync_seconds)
     # A round's applies in one log line at its end: each line is an event write on this
@@ -224,6 +224,8 @@ def follow_replicas(context: dg.OpExecutionContext, config: FollowConfig,
         if applied:
             context.log.info("\n".join(applied))
             applied.clear()
+        for line in builders.renewed():
+            context.log.warning(line)
 
     try:
         for name, outcome in followed:
@@ -265,7 +267,7 @@ def follow_replicas(context: dg.OpExecutionContext, config: FollowConfig,
         # Terminated: the applies in progress have their Spark jobs cancelled; each is one
         # Delta commit, so a replica is applied or as it was.
         followed.close()
-        for builder in builders:
+        for builder in builders.all:
             builder.spark.interruptAll()
         raise
     log_applied()
@@ -348,7 +350,48 @@ class _Checks:
                 return
 
 
-def _row_count_evaluator(builder: "ReplicaBuilder"
+class Builders:
+    """The follower's replica builders, one per replica applied at once. A builder whose
+    Spark Connect session is lost (its server restarted: the client closes the session,
+    and each later call on it fails) is replaced by one with a new session, and the call
+    that found it lost is tried once more on it."""
+
+    def __init__(self, make: Callable[[], "ReplicaBuilder"], count: int,
+                 lost: Callable[[object], bool]) -> None:
+        self.make, self.lost = make, lost
+        self.all = [make() for _ in range(count)]
+        self.free: queue.SimpleQueue = queue.SimpleQueue()
+        for builder in self.all:
+            self.free.put(builder)
+        self._renewed: queue.SimpleQueue = queue.SimpleQueue()  # lines for the run's log
+
+    def run(self, call: Callable[["ReplicaBuilder"], T], what: str) -> T:
+        """`call` on a free builder (waiting for one)."""
+        builder = self.free.get()
+        try:
+            try:
+                return call(builder)
+            except Exception as exc:
+                if not self.lost(builder.spark):
+                    raise
+                fresh = self.make()
+                self.all[self.all.index(builder)] = builder = fresh
+                self._renewed.put(f"{what}: the Spark session stopped answering "
+                                  f"({type(exc).__name__}: {failure_line(exc)}); tried "
+                                  f"again on a new session")
+                return call(builder)
+        finally:
+            self.free.put(builder)
+
+    def renewed(self) -> list[str]:
+        """A line for each builder renewed since the last call."""
+        lines = []
+        while not self._renewed.empty():
+            lines.append(self._renewed.get())
+        return lines
+
+
+def _row_count_evaluator(builders: Builders, pipeline: "PipelineConfig"
                          ) -> Callable[[str, str | None, int], object]:
     """`row_count_matches_changelog` of a replica at a version, its changelog side
     counted by a `LiveKeys` kept per replica (only the versions added since its last)."""
@@ -360,10 +403,14 @@ def _row_count_evaluator(builder: "ReplicaBuilder"
     def evaluate(name: str, rule: str | None, version: int) -> dg.AssetCheckEvaluation:
         counter = counters.get(name)
         if counter is None or counter.append_only != (rule == APPEND_ONLY):
-            counter = counters[name] = LiveKeys(builder.pipeline, name,
+            counter = counters[name] = LiveKeys(pipeline, name,
                                                 append_only=rule == APPEND_ONLY)
-        result = row_count_check(builder, name, rule, counted_rows(builder, name, rule),
-                                 version, counter)
+
+        def check(builder: "ReplicaBuilder") -> object:
+            return row_count_check(builder, name, rule, counted_rows(builder, name, rule),
+                                   version, counter)
+
+        result = builders.run(check, f"the row-count check of replica {name}")
         return dg.AssetCheckEvaluation(
             asset_key=result.asset_key, check_name=result.check_name, passed=result.passed,
             metadata=result.metadata, description=result.description)

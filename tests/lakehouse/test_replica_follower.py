@@ -14,6 +14,7 @@ import threading
 import time
 
 import dagster as dg
+import pytest
 import yaml
 from lake_events import Partition, Source, row
 
@@ -23,6 +24,7 @@ from binlog_assets.lakehouse.replica.plan import replicas_touched
 from binlog_assets.lakehouse.replica.routes import replica_routes
 from binlog_assets.orchestration.replica_follower import (
     FOLLOW_JOB_NAME,
+    Builders,
     _Checks,
     _Delays,
     follow,
@@ -295,6 +297,58 @@ def test_a_replica_whose_apply_fails_is_left_and_the_others_go_on() -> None:
     assert [name for name, _ in applied] == ["a", "b", "b", "b"]
     assert isinstance(applied[0][1], ValueError)
     assert [result for _, result in applied[1:]] == [("b", 3), ("b", 5), ("b", 8)]
+
+
+class _Session:
+    def __init__(self, n: int) -> None:
+        self.n, self.answers = n, True
+
+
+class _Builder:
+    def __init__(self, n: int) -> None:
+        self.spark = _Session(n)
+
+
+def test_a_builder_whose_spark_session_is_lost_is_renewed_and_its_call_tried_again(
+        ) -> None:
+    """A Spark Connect server restarted under a follower: its client closes the old
+    session, and every later call on it failed until the run ended (the soak's Spark
+    Connect restart). The builder is replaced by one on a new session, the call retried;
+    any other failure is the call's own."""
+    made: list[_Builder] = []
+
+    def make() -> _Builder:
+        made.append(_Builder(len(made)))
+        return made[-1]
+
+    builders = Builders(make, 2, lost=lambda session: not session.answers)
+    first, second = made
+    first.spark.answers = False
+    calls: list[int] = []
+
+    def apply(builder: _Builder) -> int:
+        calls.append(builder.spark.n)
+        if not builder.spark.answers:
+            raise RuntimeError("[NO_ACTIVE_OR_DEFAULT_SESSION] No active or default Spark "
+                               "session found.")
+        return builder.spark.n
+
+    assert builders.run(apply, "replica a") == 2  # the lost one, then its replacement
+    assert calls == [0, 2]
+    assert builders.all == [made[2], second]
+    (line,) = builders.renewed()
+    assert line.startswith("replica a: the Spark session stopped answering "
+                           "(RuntimeError: [NO_ACTIVE_OR_DEFAULT_SESSION]")
+    assert builders.renewed() == []
+    # Both builders are free again: neither the lost nor the new one is held.
+    assert sorted(builders.run(apply, "b") for _ in range(4)) == [1, 1, 2, 2]
+
+    def broken(builder: _Builder) -> int:
+        raise ValueError("replica 'b': no type known")
+
+    with pytest.raises(ValueError, match="no type known"):
+        builders.run(broken, "replica b")
+    assert len(made) == 3 and builders.renewed() == []
 
 
 def test_a_follower_run_with_a_broken_replica_follows_the_others_then_fails(
