@@ -24,7 +24,7 @@ import tempfile
 from pathlib import Path
 
 import pytest
-from soak import ENV, markdown, soak
+from soak import ENV, markdown, soak, unseen_faults
 
 SHORT_FAULTS = ["kill_consume_run", "kill_follower_run", "broker_restart",
                 "daemon_restart", "code_reload", "code_server_kill"]
@@ -50,6 +50,23 @@ def run_soak(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, faults: list[str],
 
 
 QUICK_FAULTS = ["kill_consume_run"]
+
+
+def test_a_spark_restart_no_run_met_asks_for_no_evidence() -> None:
+    """A Spark Connect restart between a killed follower and the next (queued behind the
+    server's start) meets no run: nothing in Dagster can show it, as for a daemon
+    restart. One that met a run and left no line is still unseen."""
+    def fault(kind: str, target: str = "", visible: tuple[str, ...] = ()) -> dict:
+        return {"kind": kind, "skipped": False, "target": target, "visible": list(visible)}
+
+    assert unseen_faults([
+        fault("spark_restart"),                       # no run used Spark then
+        fault("spark_restart", "r1"),                 # met r1, which said nothing
+        fault("spark_restart", "r2", ("r2 LOG: replica t1: the Spark session stopped",)),
+        fault("daemon_restart"),
+        fault("broker_restart", visible=("r3 LOG: waited 9.1 s for Kafka",)),
+        fault("broker_freeze"),
+    ]) == ["1 spark_restart", "5 broker_freeze"]
 
 
 # The default suite's variant (76-84 s alone on the host): 20 s of workload over 4
