@@ -13,7 +13,6 @@ running, and commits what is then contiguous.
 
 from __future__ import annotations
 
-import gc
 import logging
 import threading
 import time
@@ -223,11 +222,6 @@ class BoundedRun:
     # -- the run --------------------------------------------------------------------
     def run(self) -> RunSummary:
         began = time.monotonic()
-        # Everything alive now (imported modules, Dagster's graph) lives for the whole
-        # run: freezing it keeps the collector from rescanning it while events churn.
-        gc.freeze()
-        # Events in flight are acyclic and freed by reference counting: at the default
-        # threshold the collector would run every few records and find nothing.
         raise_gc_threshold()
         consumer: Consumer | None = None
         dispatcher: LaneDispatcher | None = None
@@ -302,7 +296,6 @@ class BoundedRun:
             # must not wait for it, each holds one of the process's 1,024 thread-local keys.
             self._committer = self._dlq = None
             restore_gc_threshold()
-            gc.unfreeze()
 
     def _stopping(self, summary: RunSummary) -> bool:
         if self.stop is not None and self.stop.is_set():

@@ -47,18 +47,32 @@ def consumer_defaults(max_in_flight: int) -> dict[str, object]:
 _gc_lock = threading.Lock()
 _gc_runs = 0
 _gc_saved: tuple[int, ...] = ()
+_gc_frozen = False
 
 
 def raise_gc_threshold() -> None:
-    global _gc_runs, _gc_saved
+    """As the first of the process's runs in progress starts: the threshold raised
+    (events in flight are acyclic and freed by reference counting: at the default
+    threshold the collector would run every few records and find nothing), and, at the
+    process's first run, everything alive then (imported modules, Dagster's graph)
+    frozen, so the collector does not rescan it while events churn."""
+    global _gc_runs, _gc_saved, _gc_frozen
     with _gc_lock:
         if _gc_runs == 0:
+            if not _gc_frozen:
+                # Once only: an unfreeze puts everything frozen, the last round's cycles
+                # included, in the oldest generation without counting it toward a full
+                # collection, so a follower that froze and unfroze each round kept every
+                # round's lanes and threads for good.
+                gc.freeze()
+                _gc_frozen = True
             _gc_saved = gc.get_threshold()
             gc.set_threshold(max(_gc_saved[0], _GC_THRESHOLD), *_gc_saved[1:])
         _gc_runs += 1
 
 
 def restore_gc_threshold() -> None:
+    """As the last run in progress ends: the threshold as it was."""
     global _gc_runs
     with _gc_lock:
         _gc_runs -= 1

@@ -69,6 +69,11 @@ TABLE_PROPERTIES = {
 
 # Creating the table is check-then-act; threads of one process serialize on it.
 _CREATE_LOCK = threading.Lock()
+# A writer kept open (a follower's, round after round) opens the table anew after this
+# many versions: delta-rs's update keeps what every commit since the open added to its
+# state (its memory and each update's time grow with them), an open reads from the
+# last checkpoint, which delta-rs writes every 100 versions.
+REOPEN_VERSIONS = 100
 
 
 def _json_default(value: Any) -> Any:
@@ -305,6 +310,7 @@ class ChangelogWriter:
         self.name = changelog_name(pipeline)
         self.uri = delta_rs_uri(changelog_uri(pipeline))
         self._table = None
+        self._opened_at = -1
         self._lock = threading.Lock()
 
     def __getstate__(self) -> dict[str, Any]:
@@ -314,12 +320,17 @@ class ChangelogWriter:
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.name, self.uri = state["name"], state["uri"]
         self._table = None
+        self._opened_at = -1
         self._lock = threading.Lock()
 
     def _open(self) -> DeltaTable:
-        """The table at its newest version, created when missing."""
+        """The table at its newest version, created when missing. Brought up to date
+        while it was opened fewer than REOPEN_VERSIONS versions ago, else opened anew."""
         from deltalake import DeltaTable
 
+        if self._table is not None and self._table.version() - self._opened_at >= \
+                REOPEN_VERSIONS:
+            self._table = None
         if self._table is None:
             with _CREATE_LOCK:
                 if not DeltaTable.is_deltatable(self.uri):
@@ -329,6 +340,7 @@ class ChangelogWriter:
                                       name=f"{database}.{table}",
                                       configuration=TABLE_PROPERTIES)
                 self._table = DeltaTable(self.uri)
+                self._opened_at = self._table.version()
         else:
             self._table.update_incremental()
         return self._table

@@ -272,3 +272,28 @@ def test_type_map_texts_follow_each_map_past_the_memo_bound() -> None:
                         column_types=None)
         assert orjson.loads(changelog._value_types(event)) == {"id": "bigint",
                                                                f"v{i % 1100}": "string"}
+
+
+def test_a_writer_kept_open_opens_the_table_anew_every_so_many_versions(
+        tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A follower keeps one writer for its rounds; delta-rs's update kept every commit's
+    state since the open (the follower's RSS grew with each commit). The writer opens the
+    table anew once REOPEN_VERSIONS versions passed since it opened it."""
+    from binlog_assets.config import parse_config
+    from binlog_assets.lakehouse import changelog
+
+    monkeypatch.setattr(changelog, "REOPEN_VERSIONS", 3)
+    pipeline = parse_config({"lakehouse": {"path": str(tmp_path / "lake")},
+                             "sources": [{"name": "src", "topics": ["binlog"],
+                                          "tables": TABLES}]})
+    writer = ChangelogWriter(pipeline)
+    part, src = Partition(writer), Source("shop.orders")
+    tables, versions = [], []
+    for i in range(7):
+        versions.append(part.write(part.records([[src.insert(row(i))]])))
+        tables.append(writer._table)  # kept: no id is reused
+    assert versions == list(range(1, 8))
+    # Opened at version 0 for the first write, anew at 3 and at 6.
+    assert [next(i for i, u in enumerate(tables) if u is t) for t in tables
+            ] == [0, 0, 0, 3, 3, 3, 6]
+    assert writer.checkpoint(GROUP, "binlog", 0) == 7
