@@ -24,6 +24,7 @@ from binlog_assets.dev.process import LocalDaemon, port_open
 from binlog_assets.lakehouse.spark import lock_catalog, spark_conf, uses_embedded_catalog
 
 _SERVER_MAIN = "org.apache.spark.sql.connect.service.SparkConnectServer"
+PORT_RELEASE_SECONDS = 120.0
 # A catalog query and a small Delta round trip like a replica build's (a table with the
 # replicas' features, an append, a MERGE, the change feed, the history), on a scratch
 # path: the first run then meets loaded classes and compiled code, not a cold JVM.
@@ -105,6 +106,19 @@ class SparkConnectServer(LocalDaemon):
             if lock is not None:
                 os.close(lock)  # the server holds its inherited copy
         return time.monotonic() - began
+
+    def stop(self, timeout: float | None = None) -> None:
+        """Stop the server and wait for its port to be free: the port has been seen still
+        listening after the process was gone, and a restart then refused it."""
+        super().stop(timeout)
+        if self.port is None:
+            return
+        deadline = time.monotonic() + PORT_RELEASE_SECONDS
+        while port_open(self.port):
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"port {self.port} still listens {PORT_RELEASE_SECONDS:.0f}"
+                                   " s after the Spark Connect server stopped")
+            time.sleep(0.2)
 
     def status(self) -> str:
         pid = self.running_pid()
