@@ -55,6 +55,9 @@ T = TypeVar("T")
 # An untouched replica is still applied once this many versions passed since its last
 # apply: the apply then commits its applied version, which keeps its next range short.
 STALE_VERSIONS = 1000
+# A replica whose apply failed (Spark Connect restarting, a table locked) is applied
+# again after this long, not at every poll: each failure logs an error.
+RETRY_SECONDS = 30.0
 
 
 # A changed replica's row-count check runs at most this often per replica (a count of
@@ -83,7 +86,7 @@ class FollowConfig(dg.Config):
 def follow(apply: Callable[[str, int], object], names: list[str],
            version: Callable[[], int], *, poll: float, stop: Callable[[], bool],
            touched: Callable[[int, int], set[str] | None] = lambda after, up_to: None,
-           workers: int = 1, stale: int = STALE_VERSIONS,
+           workers: int = 1, stale: int = STALE_VERSIONS, retry: float = RETRY_SECONDS,
            rounds: bool = False) -> Iterator[tuple[str | None, object]]:
     """Apply each new changelog version to the replicas it touches until `stop()` says
     so; yields (replica, result) for every apply, as each ends, and with `rounds`
@@ -92,26 +95,30 @@ def follow(apply: Callable[[str, int], object], names: list[str],
     The first round applies every replica (whatever is pending); later rounds apply those
     that `touched(seen, current)` names (None: all), and any not applied for `stale`
     versions, `workers` at a time. A replica whose apply fails is yielded with its error
-    once and left for the rest of the run: the others go on following.
+    and rests `retry` seconds, then is applied again (at the version then current, new
+    or not): the others go on following meanwhile.
     """
     seen = None
     brought: dict[str, int] = {}  # replica -> the version its last apply went up to
-    broken: set[str] = set()
+    resting: dict[str, float] = {}  # replica whose last apply failed -> when to try again
     pool = ThreadPoolExecutor(workers, thread_name_prefix="follow") if workers > 1 else None
     try:
         while True:
             current = version()
+            now = time.monotonic()
+            due = [n for n, at in resting.items() if at <= now]
             if current != seen:
                 hit = None if seen is None else touched(seen, current)
-                due = [n for n in names if n not in broken
-                       and (hit is None or n in hit or current - brought.get(n, -1) >= stale)]
-                for name, result in _applied(apply, due, current, pool):
-                    if isinstance(result, Exception):
-                        broken.add(name)
-                    else:
-                        brought[name] = current
-                    yield name, result
-                seen = current
+                due += [n for n in names if n not in resting
+                        and (hit is None or n in hit or current - brought.get(n, -1) >= stale)]
+            for name, result in _applied(apply, due, current, pool):
+                if isinstance(result, Exception):
+                    resting[name] = time.monotonic() + retry
+                else:
+                    resting.pop(name, None)
+                    brought[name] = current
+                yield name, result
+            seen = current
             if rounds:
                 yield None, current
             if stop():
@@ -207,7 +214,7 @@ def follow_replicas(context: dg.OpExecutionContext, config: FollowConfig,
 
         return builders.run(on, f"replica {name}")
 
-    failed: list[tuple[str, Exception]] = []
+    failed: dict[str, Exception] = {}  # replica -> its last apply's error
     followed = follow(apply, names, lambda: changelog_version(None, pipeline),
                       poll=pipeline.dagster.replica_poll_seconds, stop=stop,
                       touched=lambda after, up_to: replicas_touched(pipeline, routes, after,
@@ -233,15 +240,17 @@ def follow_replicas(context: dg.OpExecutionContext, config: FollowConfig,
                 log_applied()
                 yield from delays.due(time.monotonic())
                 yield from checks.due(time.monotonic())
-                broken = {n for n, _ in failed}
+                broken = set(failed)
                 yield from sync.due([n for n in names if n not in broken], outcome,
                                     time.monotonic())
                 continue
             if isinstance(outcome, Exception):
-                failed.append((name, outcome))
+                failed[name] = outcome
                 context.log.error(f"replica {name}: {type(outcome).__name__}: "
-                                  f"{failure_line(outcome)}; the others go on following")
+                                  f"{failure_line(outcome)}; tried again in "
+                                  f"{RETRY_SECONDS:.0f} s, the others go on following")
                 continue
+            failed.pop(name, None)
             result, columns = outcome
             if changed(result):
                 checks.applied(name, result.key_rule, result.applied_version)
@@ -275,7 +284,7 @@ def follow_replicas(context: dg.OpExecutionContext, config: FollowConfig,
     yield from delays.due(None)
     yield from checks.due(None)
     if failed:
-        raise replicas_failed(failed, len(names))
+        raise replicas_failed(list(failed.items()), len(names))
 
 
 class _Delays:

@@ -299,6 +299,27 @@ def test_a_replica_whose_apply_fails_is_left_and_the_others_go_on() -> None:
     assert [result for _, result in applied[1:]] == [("b", 3), ("b", 5), ("b", 8)]
 
 
+def test_a_replica_whose_apply_failed_is_applied_again_after_its_rest() -> None:
+    """A Spark Connect server restarting fails the applies in flight: the replica was
+    left until the run ended (minutes behind). It rests `retry` seconds, then is applied
+    again at the version then current, though no new version came."""
+    versions = iter([3, 3, 3, 5])
+    stops = iter([False, False, False, True])
+    failures = iter([True])
+
+    def apply(name: str, version: int) -> tuple[str, int]:
+        if name == "a" and next(failures, False):
+            raise RuntimeError("Cannot call methods on a stopped SparkContext.")
+        return name, version
+
+    applied = list(follow(apply, ["a", "b"], lambda: next(versions), poll=0.02,
+                          stop=lambda: next(stops), retry=0.03))
+    assert isinstance(applied[0][1], RuntimeError)
+    # b at 3; a again at 3 (no new version); then both at 5.
+    assert [(n, r) for n, r in applied[1:]] == [("b", ("b", 3)), ("a", ("a", 3)),
+                                                ("a", ("a", 5)), ("b", ("b", 5))]
+
+
 class _Session:
     def __init__(self, n: int) -> None:
         self.n, self.answers = n, True

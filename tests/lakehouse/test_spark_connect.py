@@ -42,8 +42,8 @@ pytestmark = pytest.mark.long
 
 
 @pytest.fixture(scope="module")
-def remote_config(pipeline_config: PipelineConfig, tmp_path_factory: pytest.TempPathFactory
-                  ) -> Iterator[PipelineConfig]:
+def connect_server(pipeline_config: PipelineConfig, tmp_path_factory: pytest.TempPathFactory
+                   ) -> Iterator[tuple[PipelineConfig, SparkConnectServer]]:
     data = pipeline_config.model_dump(mode="json", exclude_none=True)
     # A lakehouse of its own: its embedded catalog belongs to the server's JVM.
     data["lakehouse"]["path"] = str(tmp_path_factory.mktemp("connect-lake"))
@@ -53,9 +53,15 @@ def remote_config(pipeline_config: PipelineConfig, tmp_path_factory: pytest.Temp
     seconds = server.start()
     print(f"\nspark connect server {pipeline.spark.remote} ready in {seconds:.1f}s")
     try:
-        yield pipeline
+        yield pipeline, server
     finally:
         server.stop()
+
+
+@pytest.fixture(scope="module")
+def remote_config(connect_server: tuple[PipelineConfig, SparkConnectServer]
+                  ) -> PipelineConfig:
+    return connect_server[0]
 
 
 def scenario(spark, pipeline: PipelineConfig) -> tuple[list[str], list[str], dict[int, str]]:
@@ -120,3 +126,37 @@ def test_the_server_holds_its_lakehouse_catalog(remote_config: PipelineConfig) -
 
     with pytest.raises(TimeoutError, match="stayed locked"):
         lock_catalog(Path(remote_config.lakehouse.path), timeout=0)
+
+
+def test_a_follower_goes_on_through_a_restart_of_its_spark_connect_server(
+        connect_server: tuple[PipelineConfig, SparkConnectServer], tmp_path: Path) -> None:
+    """The server stopped under a follower run and started again (the soak's fault): an
+    apply meeting the server down failed, and the replica was left until the run ended,
+    its sessions closed by the client. The replica is applied again once the server is
+    back, on a new session where the old one is lost, and the run ends well."""
+    import yaml
+
+    remote_config, server = connect_server
+    pipeline = config_for(remote_config, [{"source": "shop.items", "replica": "items"}],
+                          dagster={"replica_poll_seconds": 0.2})
+    config_file = tmp_path / "binlake.yaml"
+    config_file.write_text(yaml.safe_dump(pipeline.model_dump(mode="json",
+                                                              exclude_none=True)))
+    child = subprocess.Popen(
+        [sys.executable, str(Path(__file__).with_name("connect_follower_child.py")),
+         str(config_file)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        for step, act in (("stop", server.stop), ("start", server.start)):
+            assert child.stdout.readline().strip() == step
+            act()
+            child.stdin.write("go\n")
+            child.stdin.flush()
+        out, _ = child.communicate(timeout=900)
+    finally:
+        child.kill()
+    assert child.returncode == 0, out[-3000:]
+    outcome = ast.literal_eval(out.strip().splitlines()[-1])
+    assert outcome["reached"] == [1, 2], outcome
+    assert outcome["ids"] == [1, 2], outcome
+    assert outcome["success"], outcome
+    print(outcome)
