@@ -29,13 +29,16 @@ import tracemalloc
 from pathlib import Path
 
 import dagster as dg
-from harness import debezium_records, load_average, produce_records, running_broker
+from harness import (
+    debezium_records,
+    follower_location,
+    load_average,
+    produce_records,
+    running_broker,
+)
 
-from binlog_assets.config import parse_config
 from binlog_assets.dev.kafka import create_topics
-from binlog_assets.environment import REPO_ROOT
 from binlog_assets.orchestration.partitions import KAFKA_PARTITIONS_NAME, partition_key
-from binlog_assets.orchestration.resources import BinlakeResource
 
 SAMPLE_SECONDS = 10.0
 SETTLE_SECONDS = 60.0
@@ -89,21 +92,8 @@ def main() -> int:
             bootstrap = broker.bootstrap_servers
             topics = [f"memory-{i:03d}" for i in range(args.topics)]
             create_topics(bootstrap, topics)
-            pipeline = parse_config({
-                "kafka": {"bootstrap.servers": bootstrap, "group.id": "bench-memory",
-                          "auto.offset.reset": "earliest",
-                          "isolation.level": "read_committed"},
-                "lakehouse": {"path": str(work / "lakehouse"), "database": "memory"},
-                "dagster": {"changelog_follow_seconds": args.seconds,
-                            "changelog_poll_seconds": 0.5},
-                "sources": [{"name": "bench", "topics": topics, "format": "debezium",
-                             "tables": [{"source": "shop.orders", "replica": "orders"}]}],
-            })
-            (work / "binlake.yaml").write_text(pipeline.model_dump_json(exclude_none=True))
-            resource = BinlakeResource(config_path=str(work / "binlake.yaml"))
-            home = work / "dagster"
-            home.mkdir()
-            shutil.copy(REPO_ROOT / "setup" / "dagster.yaml", home / "dagster.yaml")
+            location = follower_location(work, bootstrap, topics, "memory", args.seconds, 0.5)
+            pipeline, resource, home = location.pipeline, location.resource, location.home
             from binlog_assets.orchestration.changelog_follower import follow_changelog_job
 
             producing = Producing(bootstrap, topics, args.rate)

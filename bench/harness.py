@@ -21,6 +21,7 @@ from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 
@@ -28,6 +29,10 @@ from binlog_assets.consume.run import RunSettings
 from binlog_assets.consume.runtime import consumer_defaults
 from binlog_assets.dev.kafka import KafkaBroker
 from binlog_assets.dev.kafka import create_topic as new_topic
+
+if TYPE_CHECKING:
+    from binlog_assets.config import PipelineConfig
+    from binlog_assets.orchestration.resources import BinlakeResource
 
 # What a user's Kafka config says, for binlake: the rest is the product's own default.
 CONSUMER_CONF = {
@@ -279,3 +284,36 @@ def load_average() -> str:
 
 def rate(count: int, seconds: float) -> float:
     return count / seconds if seconds > 0 else float("inf")
+
+
+@dataclass
+class FollowerLocation:
+    pipeline: PipelineConfig
+    resource: BinlakeResource
+    home: Path  # DAGSTER_HOME with the project's setup/dagster.yaml
+
+
+def follower_location(work: Path, bootstrap: str, topics: list[str], name: str,
+                      follow_seconds: float, poll_seconds: float) -> FollowerLocation:
+    """A config over `topics` (one Debezium source) with a changelog follower's settings,
+    written to `work`, its resource, and a Dagster home with the project's instance
+    config (SQLite), for running `follow_changelog_job` in process."""
+    from binlog_assets.config import parse_config
+    from binlog_assets.environment import REPO_ROOT
+    from binlog_assets.orchestration.resources import BinlakeResource
+
+    pipeline = parse_config({
+        "kafka": {"bootstrap.servers": bootstrap, "group.id": f"bench-{name}",
+                  "auto.offset.reset": "earliest", "isolation.level": "read_committed"},
+        "lakehouse": {"path": str(work / "lakehouse"), "database": name},
+        "dagster": {"changelog_follow_seconds": follow_seconds,
+                    "changelog_poll_seconds": poll_seconds},
+        "sources": [{"name": "bench", "topics": topics, "format": "debezium",
+                     "tables": [{"source": "shop.orders", "replica": "orders"}]}],
+    })
+    (work / "binlake.yaml").write_text(pipeline.model_dump_json(exclude_none=True))
+    home = work / "dagster"
+    home.mkdir()
+    shutil.copy(REPO_ROOT / "setup" / "dagster.yaml", home / "dagster.yaml")
+    return FollowerLocation(pipeline, BinlakeResource(config_path=str(work / "binlake.yaml")),
+                            home)

@@ -13,21 +13,18 @@ from __future__ import annotations
 
 import logging
 import sys
-import threading
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
 
 import dagster as dg  # noqa: E402
-from lake_events import Partition, Source, row  # noqa: E402
+from lake_events import Partition, Source, follower_beside, row  # noqa: E402
 
 from binlog_assets.config import load_config  # noqa: E402
 from binlog_assets.lakehouse.changelog import ChangelogWriter  # noqa: E402
 from binlog_assets.lakehouse.spark import get_spark  # noqa: E402
-from binlog_assets.orchestration.replica_follower import follow_replicas_job  # noqa: E402
 from binlog_assets.orchestration.replica_reports import replica_key  # noqa: E402
-from binlog_assets.orchestration.resources import BinlakeResource  # noqa: E402
 from binlog_assets.orchestration.shared import SPARK_POOL  # noqa: E402
 
 DEADLINE_SECONDS = 300.0
@@ -65,15 +62,7 @@ def main() -> None:
                 sys.stdin.readline()
         instance.event_log_storage.claim_concurrency_slot(SPARK_POOL, "rebuild", "replicas")
 
-    with dg.instance_for_test() as instance:
-        instance.event_log_storage.set_concurrency_slots(SPARK_POOL, 1)
-        thread = threading.Thread(target=writer, args=(instance,))
-        thread.start()
-        result = follow_replicas_job.execute_in_process(
-            instance=instance, resources={"binlake": BinlakeResource(config_path=path)},
-            run_config={"ops": {"follow_replicas": {"config": {"seconds": 600}}}},
-            raise_on_error=False)
-        thread.join()
+    with follower_beside(writer, path, 600, raise_on_error=False) as (instance, result):
         warnings = [e.user_message for e in instance.all_logs(result.run_id)
                     if e.level == logging.WARNING]
         errors = [e.user_message for e in instance.all_logs(result.run_id)

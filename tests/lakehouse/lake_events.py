@@ -9,8 +9,10 @@ changelog through the real `ChangelogWriter`.
 
 from __future__ import annotations
 
+import threading
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from decimal import Decimal
 from pathlib import Path
@@ -181,3 +183,27 @@ def live_rows(spark, pipeline: PipelineConfig, replica: str) -> list[dict[str, A
     location = table_location(spark, pipeline.lakehouse.database, replica)
     return [r for r in open_log(location).to_pyarrow_table().to_pylist()
             if r["_op"] in LIVE_OPS]
+
+
+@contextmanager
+def follower_beside(writer: Callable[[Any], None], config_path: str, seconds: float,
+                    **execute: Any) -> Iterator[tuple[Any, Any]]:
+    """(instance, result) of a `follow_replicas_job` run in process on a test instance
+    with one `spark` slot, while `writer(instance)` runs in a thread; the writer ends the
+    run by claiming the slot (the follower hands it over)."""
+    import dagster as dg
+
+    from binlog_assets.orchestration.replica_follower import follow_replicas_job
+    from binlog_assets.orchestration.resources import BinlakeResource
+    from binlog_assets.orchestration.shared import SPARK_POOL
+
+    with dg.instance_for_test() as instance:
+        instance.event_log_storage.set_concurrency_slots(SPARK_POOL, 1)
+        thread = threading.Thread(target=writer, args=(instance,))
+        thread.start()
+        result = follow_replicas_job.execute_in_process(
+            instance=instance, resources={"binlake": BinlakeResource(config_path=config_path)},
+            run_config={"ops": {"follow_replicas": {"config": {"seconds": seconds}}}},
+            **execute)
+        thread.join()
+        yield instance, result

@@ -16,7 +16,7 @@ import time
 import dagster as dg
 import pytest
 import yaml
-from lake_events import Partition, Source, row
+from lake_events import Partition, Source, follower_beside, row
 
 from binlog_assets.lakehouse.changelog import ChangelogWriter
 from binlog_assets.lakehouse.changelog_reader import changelog_version
@@ -69,14 +69,7 @@ def test_a_follower_run_applies_each_commit_as_it_lands(spark, make_config, tmp_
                 part.write(part.records([[orders.insert(row(i))]]))
         instance.event_log_storage.claim_concurrency_slot(SPARK_POOL, "rebuild", "replicas")
 
-    with dg.instance_for_test() as instance:
-        instance.event_log_storage.set_concurrency_slots(SPARK_POOL, 1)
-        thread = threading.Thread(target=writer, args=(instance,))
-        thread.start()
-        result = follow_replicas_job.execute_in_process(
-            instance=instance, resources={"binlake": BinlakeResource(config_path=str(path))},
-            run_config={"ops": {"follow_replicas": {"config": {"seconds": 300}}}})
-        thread.join()
+    with follower_beside(writer, str(path), 300) as (instance, result):
         logged = [e.user_message for e in instance.all_logs(result.run_id)
                   if e.user_message.startswith("replica ")]
     assert result.success
