@@ -132,6 +132,9 @@ EVIDENCE = {
     "broker_freeze": r"(?i)kafka|broker|coordinator|_TRANSPORT",
     "spark_restart": r"(?i)spark",
 }
+# Faults whose trace may come after the next fault began: a replica follower's apply
+# waits in the Spark Connect client's retries well past the server's restart.
+LATE_EVIDENCE = ("spark_restart",)
 # The jobs whose runs hold a Spark Connect session.
 SPARK_JOBS = (FOLLOW_JOB_NAME, MAINTENANCE_JOB_NAME)
 RUNNING = (dg.DagsterRunStatus.QUEUED, dg.DagsterRunStatus.NOT_STARTED,
@@ -655,7 +658,8 @@ class Fault:
     ended: float = 0.0
     struck: float = 0.0     # when a kill's signal went (it waits for a run to kill first)
     detail: str = ""
-    target: str = ""        # the run id a kill hit; the runs using Spark a restart met
+    target: str = ""        # the run id a kill hit
+    exposed: list[str] = field(default_factory=list)  # the runs using Spark a restart met
     skipped: bool = False
     visible: list[str] = field(default_factory=list)
     # seconds from the fault's end to the next changelog commit and replica commit
@@ -714,14 +718,19 @@ def inject(soak: Soak, fault: Fault, rng: random.Random) -> None:
             time.sleep(1)
         fault.skipped, fault.detail = True, f"no {job} run running in 120 s"
     elif kind == "spark_restart":
-        # The runs with a Spark session then: with none, no run can tell (seen_by).
-        exposed = {r.run_id for job in SPARK_JOBS for r in soak.running(job)}
+        # The runs with a Spark session then, their process alive (a follower just
+        # SIGKILLed is STARTED until monitoring fails it): with none, no run can tell.
+        def using_spark() -> set[str]:
+            return {r.run_id for job in SPARK_JOBS for r in soak.running(job)
+                    if soak.run_pids(r.run_id)}
+
+        exposed = using_spark()
         stopping = time.monotonic()
         soak.spark.stop()  # its port free too
         fault.detail = (f"stopped in {time.monotonic() - stopping:.1f}s, "
                         f"spark connect back in {soak.spark.start():.1f}s")
-        exposed |= {r.run_id for job in SPARK_JOBS for r in soak.running(job)}
-        fault.target = ",".join(sorted(exposed))
+        exposed |= using_spark()
+        fault.exposed = sorted(exposed)
         if not exposed:
             fault.detail += "; no run used Spark meanwhile"
     elif kind == "daemon_restart":
@@ -929,7 +938,7 @@ def fault_evidence(soak: Soak, faults: list[Fault], window: float = 180.0) -> No
             if fault.skipped:
                 continue
             until = fault.ended + window
-            if after is not None and after.began:
+            if after is not None and after.began and fault.kind not in LATE_EVIDENCE:
                 until = min(until, after.began)
             cur.execute(
                 "SELECT run_id, dagster_event_type, event FROM event_logs WHERE "
@@ -1180,7 +1189,7 @@ def seen_by(fault: dict[str, Any]) -> bool:
     killed just before, the next one queued behind the server's start)."""
     if fault["kind"] in NOT_VISIBLE:
         return False
-    return fault["kind"] != "spark_restart" or bool(fault["target"])
+    return fault["kind"] != "spark_restart" or bool(fault["exposed"])
 
 
 def markdown(report: dict[str, Any]) -> str:

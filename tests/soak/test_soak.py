@@ -56,8 +56,9 @@ def test_a_spark_restart_no_run_met_asks_for_no_evidence() -> None:
     """A Spark Connect restart between a killed follower and the next (queued behind the
     server's start) meets no run: nothing in Dagster can show it, as for a daemon
     restart. One that met a run and left no line is still unseen."""
-    def fault(kind: str, target: str = "", visible: tuple[str, ...] = ()) -> dict:
-        return {"kind": kind, "skipped": False, "target": target, "visible": list(visible)}
+    def fault(kind: str, exposed: str = "", visible: tuple[str, ...] = ()) -> dict:
+        return {"kind": kind, "skipped": False, "target": "", "visible": list(visible),
+                "exposed": [exposed] if exposed else []}
 
     assert unseen_faults([
         fault("spark_restart"),                       # no run used Spark then
