@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING
 
 from binlog_assets.config import PipelineConfig
 from binlog_assets.environment import cache_dir, jars_dir
+from binlog_assets.lakehouse.spark_waits import note_retries
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -227,6 +228,7 @@ def _connect(url: str, *, new: bool) -> SparkSession:
     os.environ["SPARK_CONNECT_MODE_ENABLED"] = "1"
     builder = RemoteSparkSession.builder.remote(url)
     session = builder.create() if new else builder.getOrCreate()
+    note_retries(session.client, url)  # a run can then name a server its calls wait on
     # The server keeps a session's state (temp views, caches) until it is released or
     # idles out; a run's process releases its own as it ends.
     atexit.register(session.stop)

@@ -22,7 +22,7 @@ from the launchpad, or dbt on an embedded catalog).
 import queue
 import time
 from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor, as_completed
+from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from typing import TYPE_CHECKING, TypeVar
 
 import dagster as dg
@@ -87,7 +87,8 @@ def follow(apply: Callable[[str, int], object], names: list[str],
            version: Callable[[], int], *, poll: float, stop: Callable[[], bool],
            touched: Callable[[int, int], set[str] | None] = lambda after, up_to: None,
            workers: int = 1, stale: int = STALE_VERSIONS, retry: float = RETRY_SECONDS,
-           rounds: bool = False) -> Iterator[tuple[str | None, object]]:
+           rounds: bool = False, waiting: Callable[[], None] | None = None
+           ) -> Iterator[tuple[str | None, object]]:
     """Apply each new changelog version to the replicas it touches until `stop()` says
     so; yields (replica, result) for every apply, as each ends, and with `rounds`
     (None, version) at every poll, so the caller can report between applies.
@@ -96,12 +97,15 @@ def follow(apply: Callable[[str, int], object], names: list[str],
     that `touched(seen, current)` names (None: all), and any not applied for `stale`
     versions, `workers` at a time. A replica whose apply fails is yielded with its error
     and rests `retry` seconds, then is applied again (at the version then current, new
-    or not): the others go on following meanwhile.
+    or not): the others go on following meanwhile. While a round's applies run,
+    `waiting()` is called every `poll` seconds none of them ends (the caller reports on
+    the calls they wait for).
     """
     seen = None
     brought: dict[str, int] = {}  # replica -> the version its last apply went up to
     resting: dict[str, float] = {}  # replica whose last apply failed -> when to try again
-    pool = ThreadPoolExecutor(workers, thread_name_prefix="follow") if workers > 1 else None
+    pool = (ThreadPoolExecutor(workers, thread_name_prefix="follow")
+            if workers > 1 or waiting is not None else None)
     try:
         while True:
             current = version()
@@ -111,7 +115,7 @@ def follow(apply: Callable[[str, int], object], names: list[str],
                 hit = None if seen is None else touched(seen, current)
                 due += [n for n in names if n not in resting
                         and (hit is None or n in hit or current - brought.get(n, -1) >= stale)]
-            for name, result in _applied(apply, due, current, pool):
+            for name, result in _applied(apply, due, current, pool, poll, waiting):
                 if isinstance(result, Exception):
                     resting[name] = time.monotonic() + retry
                 else:
@@ -135,9 +139,10 @@ def follow(apply: Callable[[str, int], object], names: list[str],
 
 
 def _applied(apply: Callable[[str, int], object], names: list[str], version: int,
-             pool: ThreadPoolExecutor | None) -> Iterator[tuple[str, object]]:
+             pool: ThreadPoolExecutor | None, every: float = 1.0,
+             waiting: Callable[[], None] | None = None) -> Iterator[tuple[str, object]]:
     """(name, result or the exception it raised) of each apply; in order without a pool,
-    as each ends with one."""
+    as each ends with one, calling `waiting()` every `every` seconds none ends."""
     def one(name: str) -> object:
         try:
             return apply(name, version)
@@ -149,8 +154,14 @@ def _applied(apply: Callable[[str, int], object], names: list[str], version: int
             yield name, one(name)
         return
     futures = {pool.submit(one, name): name for name in names}
-    for future in as_completed(futures):
-        yield futures[future], future.result()
+    order = {future: i for i, future in enumerate(futures)}
+    pending = set(futures)
+    while pending:
+        done, pending = wait(pending, timeout=every, return_when=FIRST_COMPLETED)
+        for future in sorted(done, key=order.__getitem__):
+            yield futures[future], future.result()
+        if not done and waiting is not None:
+            waiting()
 
 
 def changed(result: "ReplicaResult") -> bool:
@@ -181,6 +192,7 @@ def follow_replicas(context: dg.OpExecutionContext, config: FollowConfig,
     from binlog_assets.lakehouse.replica.plan import replicas_touched
     from binlog_assets.lakehouse.replica.routes import replica_routes
     from binlog_assets.lakehouse.spark import session_lost
+    from binlog_assets.lakehouse.spark_waits import SPARK_WAITS
 
     pipeline = binlake.pipeline
     seconds = config.seconds or pipeline.dagster.replica_follow_seconds or 300.0
@@ -214,12 +226,16 @@ def follow_replicas(context: dg.OpExecutionContext, config: FollowConfig,
 
         return builders.run(on, f"replica {name}")
 
+    def log_waits() -> None:
+        for line in SPARK_WAITS.lines():
+            context.log.warning(line)
+
     failed: dict[str, Exception] = {}  # replica -> its last apply's error
     followed = follow(apply, names, lambda: changelog_version(None, pipeline),
                       poll=pipeline.dagster.replica_poll_seconds, stop=stop,
                       touched=lambda after, up_to: replicas_touched(pipeline, routes, after,
                                                                     up_to),
-                      workers=len(builders.all), rounds=True)
+                      workers=len(builders.all), rounds=True, waiting=log_waits)
     checks = _Checks(config.check_seconds, _row_count_evaluator(builders, pipeline))
     delays = _Delays(config.check_seconds)
     sync = InSync(context.instance, config.sync_seconds)
@@ -233,6 +249,7 @@ def follow_replicas(context: dg.OpExecutionContext, config: FollowConfig,
             applied.clear()
         for line in builders.renewed():
             context.log.warning(line)
+        log_waits()
 
     try:
         for name, outcome in followed:

@@ -313,6 +313,29 @@ def test_a_replica_whose_apply_failed_is_applied_again_after_its_rest() -> None:
                                                 ("a", ("a", 5)), ("b", ("b", 5))]
 
 
+def test_a_round_whose_applies_wait_calls_waiting_until_one_ends() -> None:
+    """An apply in a Spark call its server does not answer waits up to ten minutes in the
+    client's retries: the run said nothing until the round ended (the soak's Spark
+    Connect restart, 4 minutes). `waiting` is called every poll while none ends."""
+    release = threading.Event()
+    calls: list[float] = []
+
+    def apply(name: str, version: int) -> str:
+        if name == "slow":
+            release.wait(5)
+        return name
+
+    def waiting() -> None:
+        calls.append(time.monotonic())
+        if len(calls) == 3:
+            release.set()
+
+    applied = list(follow(apply, ["slow"], lambda: 1, poll=0.02, stop=lambda: True,
+                          waiting=waiting))
+    assert applied == [("slow", "slow")]
+    assert len(calls) == 3, calls
+
+
 class _Session:
     def __init__(self, n: int) -> None:
         self.n, self.answers = n, True

@@ -159,4 +159,8 @@ def test_a_follower_goes_on_through_a_restart_of_its_spark_connect_server(
     assert outcome["reached"] == [1, 2], outcome
     assert outcome["ids"] == [1, 2], outcome
     assert outcome["success"], outcome
+    # The apply that met the server down waited in the client's retries: the run's log
+    # named the server and the wait while it lasted.
+    assert any("Spark Connect at" in w and "has not answered for" in w
+               for w in outcome["warnings"]), outcome
     print(outcome)
