@@ -3,7 +3,8 @@ that the parent restarts in the middle of it.
 
 Usage: connect_follower_child.py <config.yaml>. The child writes a commit and waits for
 its materialization, prints `stop` and waits for a line on stdin (the parent stops the
-server), writes a second commit while the server is down, prints `start` and waits for a
+server), writes a second commit while the server is down (a column added: its apply
+needs Spark), prints `start` and waits for a
 line (the parent starts it again), waits for the second commit's materialization, then
 asks for the spark pool (the follower hands it over and ends). It prints the run's
 outcome as a literal.
@@ -56,7 +57,9 @@ def main() -> None:
             if wanted == 1:
                 print("stop", flush=True)  # the parent stops the server
                 sys.stdin.readline()
-                part.write(part.records([[src.insert(row(2))]]))
+                # A column added: its apply needs Spark (ALTER TABLE, the view anew).
+                part.write(part.records([[src.ddl({**src.types, "extra": "int"}),
+                                          src.insert({**row(2), "extra": 7})]]))
                 time.sleep(OUTAGE_SECONDS)  # the follower's apply meets the server down
                 print("start", flush=True)  # the parent starts it again
                 sys.stdin.readline()
