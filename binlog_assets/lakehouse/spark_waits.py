@@ -12,6 +12,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 # The client's back-off reaches 60 s between tries: a server with no retry noted for
@@ -21,23 +22,30 @@ QUIET_SECONDS = 75.0
 REPORT_EVERY_SECONDS = 30.0
 
 
+@dataclass
+class _Wait:
+    first: float  # the first retry of this wait
+    last: float  # the latest retry
+    error: str  # the latest retry's error
+    reported: float | None = None  # when a line last named it
+
+
 class Waits:
-    """The servers calls are retrying on: url -> (first retry of this wait, last retry,
-    its error, when it was last reported)."""
+    """The servers calls are retrying on, by url."""
 
     def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self.clock = clock
         self._lock = threading.Lock()
-        self._open: dict[str, list[Any]] = {}
+        self._open: dict[str, _Wait] = {}
 
     def note(self, url: str, error: str) -> None:
         now = self.clock()
         with self._lock:
             wait = self._open.get(url)
-            if wait is None or now - wait[1] > QUIET_SECONDS:
-                self._open[url] = [now, now, error, None]
+            if wait is None or now - wait.last > QUIET_SECONDS:
+                self._open[url] = _Wait(now, now, error)
             else:
-                wait[1], wait[2] = now, error
+                wait.last, wait.error = now, error
 
     def lines(self) -> list[str]:
         """A line for each server some call still waits on, unless one was given for it
@@ -46,14 +54,13 @@ class Waits:
         now, out = self.clock(), []
         with self._lock:
             for url, wait in list(self._open.items()):
-                first, last, error, reported = wait
-                if now - last > QUIET_SECONDS:
+                if now - wait.last > QUIET_SECONDS:
                     del self._open[url]
-                elif reported is None or now - reported >= REPORT_EVERY_SECONDS:
-                    wait[3] = now
+                elif wait.reported is None or now - wait.reported >= REPORT_EVERY_SECONDS:
+                    wait.reported = now
                     out.append(f"Spark Connect at {url} has not answered for "
-                               f"{now - first:.0f} s ({error}): the Spark calls on it wait, "
-                               f"retried by the client for up to about 10 minutes")
+                               f"{now - wait.first:.0f} s ({wait.error}): the Spark calls on "
+                               f"it wait, retried by the client for up to about 10 minutes")
         return out
 
 
