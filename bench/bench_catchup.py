@@ -48,6 +48,12 @@ tables (update when matched and not a delete, delete when matched and a delete, 
 when not matched and not a delete). Both sides keep their warm driver from phase 1, as
 they keep their JVM from phase 1 (no Spark start in phase 2).
 
+`--follow`: phase 1 as the shipped automation runs a catch-up (`catchup_follow.py`): the
+replica follower's loop applies the replicas while the consume writes the changelog,
+Spark starting beside it; the anchor as above; no phase 2. Each part's host CPU seconds
+(`/proc/stat`) are printed with its wall time, and what a perfect overlap on the host's
+cores would still take.
+
 After each phase, before any figure is printed, every replica's live rows
 (`<db>.t<i>_current`) and every anchor table (read with delta-rs) must equal the
 generator's live rows: count, and the sum over rows of the CRC-32 of their ids and values.
@@ -59,6 +65,7 @@ phase 2 also binlake's apply wall time per replica (target <= 0.15 s).
 
     .venv/bin/python bench/bench_catchup.py                                  # 100,000 over 10
     .venv/bin/python bench/bench_catchup.py --events 1000000 --topics 50     # full variant
+    .venv/bin/python bench/bench_catchup.py --events 1000000 --topics 50 --follow
 
 The anchor needs `.cache/jars/spark-kafka` (`setup/maven/spark-kafka/pom.xml`), which
 `make bench` and `make bench-catchup` resolve.
@@ -85,6 +92,7 @@ from functools import reduce
 from pathlib import Path
 
 from arro3.core import Array, DataType, Field, Schema, Table
+from catchup_follow import binlake_following, busy_seconds
 from confluent_kafka import Consumer, TopicPartition
 from deltalake import DeltaTable, write_deltalake
 from harness import (
@@ -357,6 +365,7 @@ class Phases:
     changelog_version: int  # the changelog's commits: one per partition and commit point
     jobs: list[int]  # Spark jobs of each apply
     in_workers: int = 0  # partitions consumed by worker processes
+    busy: tuple[float, ...] = ()  # host CPU seconds of the consume, Spark start, applies
 
     @property
     def total(self) -> float:
@@ -370,12 +379,14 @@ def binlake(pipeline: PipelineConfig, work: Workload, phase_records: list[int], 
     `phase_records[t]` changelog rows), `parallel` at a time, each with a builder of its
     own (the replicas asset's way)."""
     keys = [partition_key(topic_name(t), 0) for t in range(work.topics)]
+    marks = [busy_seconds()]
     began = time.perf_counter()
     # No handlers given: the source's (none here) are opened where each partition runs,
     # as in the asset, which may hand partitions to worker processes.
     outcomes = consume_partitions(pipeline, dict(pipeline.kafka), keys, ChangelogRunConfig(),
                                   group=group)
     consumed = time.perf_counter()
+    marks.append(busy_seconds())
     failed = [o for o in outcomes if o.error is not None]
     if failed:
         raise RuntimeError(f"{len(failed)} partitions failed, first {failed[0].key}: "
@@ -394,6 +405,7 @@ def binlake(pipeline: PipelineConfig, work: Workload, phase_records: list[int], 
         # otherwise be in the first apply: it is counted here, with the JVM and the session.
         spark.catalog.tableExists(f"{DATABASE}.changelog")
     started = time.perf_counter()
+    marks.append(busy_seconds())
     context = spark.sparkContext
     tracker = context.statusTracker()
 
@@ -411,9 +423,11 @@ def binlake(pipeline: PipelineConfig, work: Workload, phase_records: list[int], 
     with ThreadPoolExecutor(parallel, thread_name_prefix="replica") as pool:
         done = list(pool.map(apply, range(work.topics)))
     applied = time.perf_counter()
+    marks.append(busy_seconds())
     return Phases(consumed - began, started - consumed, [d[0] for d in done],
                   applied - started, rows, sum(d[2] for d in done), version,
-                  [d[1] for d in done], in_workers), spark
+                  [d[1] for d in done], in_workers,
+                  tuple(b - a for a, b in zip(marks, marks[1:], strict=False))), spark
 
 
 VERIFY_SLICE = 50  # replicas checked in one Spark query
@@ -543,6 +557,33 @@ def offsets(names: list[str], ends: list[int]) -> dict:
 # -- the report -----------------------------------------------------------------------
 
 
+def follow_against_anchor(args: argparse.Namespace, followed: object, work: Workload,
+                          bootstrap: str, lake: str, parallel: int) -> None:
+    """Phase 1 with the follower: the anchor on the same topics, both sides verified, the
+    ratio printed."""
+    anchor = Anchor(bootstrap, os.path.join(lake, "anchor"), args.topics, parallel)
+    try:
+        busy = busy_seconds()
+        phase = anchor.phase("create", "earliest", "latest")
+        busy = busy_seconds() - busy
+        verify(get_spark(pipeline_config(bootstrap, os.path.join(lake, "lake"),
+                                          args.topics)), work)
+        anchor.verify(work)
+    finally:
+        anchor.close()
+    ratio = followed.total / phase.total
+    verdict = "meets" if ratio <= TARGET_BINLAKE_VS_ANCHOR else "MISSES"
+    cores = os.cpu_count() or 1
+    print(f"phase 1 with the follower, {args.events:,} events over {args.topics} topics; "
+          f"replicas and anchor tables verified\n  binlake {followed.line()}\n  anchor "
+          f"{phase.total:.2f}s (Spark start {phase.spark_start:.2f}s, read "
+          f"{phase.read:.2f}s, writes {phase.write_wall:.2f}s); host busy {busy:.1f} CPU s "
+          f"as the parent measured it\nbinlake / anchor = {ratio:.2f} ({verdict} target <= "
+          f"{TARGET_BINLAKE_VS_ANCHOR}); binlake's host CPU s / {cores} cores = "
+          f"{followed.busy / cores:.1f}s, {followed.busy / cores / phase.total:.2f} of the "
+          f"anchor\nat the end: {load_average()}")
+
+
 def versus(label: str, phases: Phases, anchor: AnchorPhase | None, parallel: int,
            topics: int) -> None:
     """binlake against the anchor for one phase."""
@@ -577,6 +618,9 @@ def main() -> None:
                              "(default: the product's spark.parallel_replicas)")
     parser.add_argument("--anchor", action=argparse.BooleanOptionalAction, default=True,
                         help="run the Spark job one would write instead, side by side")
+    parser.add_argument("--follow", action="store_true",
+                        help="phase 1 as the shipped automation runs it: the replica "
+                             "follower applies while the consume runs (no phase 2)")
     parser.add_argument("--update-events", type=int, default=MAX_UPDATE_EVENTS,
                         help="phase 2: updates and deletes per table on existing replicas "
                              f"(at most {MAX_UPDATE_EVENTS:,}; 0: no phase 2)")
@@ -609,6 +653,14 @@ def main() -> None:
             pipeline = pipeline_config(bootstrap, os.path.join(lake, "lake"), args.topics)
             parallel = args.parallel_replicas or pipeline.spark.parallel_replicas
             group = group_id("binlake")
+            if args.follow:
+                followed = binlake_following(
+                    pipeline, [partition_key(topic_name(t), 0) for t in range(args.topics)],
+                    {f"t{t}": n for t, n in enumerate(work.records)}, parallel, group)
+                print(f"binlake with its follower: {followed.line()}; {load_average()}",
+                      flush=True)
+                follow_against_anchor(args, followed, work, bootstrap, lake, parallel)
+                return
             phases, spark = binlake(pipeline, work, list(work.records), parallel, group)
             print(f"binlake: consume {phases.consume:.2f}s, Spark start "
                   f"{phases.spark_start:.2f}s, apply {phases.apply_wall:.2f}s; "
@@ -656,14 +708,19 @@ def main() -> None:
           f"applies); replicas"
           + (" and anchor tables" if anchor1 else "")
           + " verified (count and CRC-32 of ids and values)")
-    print(f"{'phase':<38}{'seconds':>9}{'share':>8}")
-    for label, seconds in (
+    print(f"{'phase':<38}{'seconds':>9}{'share':>8}{'host CPU s':>12}{'cores':>7}")
+    for label, seconds, busy in (
             (f"consume ({PARTITIONS_IN_PARALLEL} at a time, {phases.in_workers} in workers)",
-             phases.consume),
-            ("Spark start (JVM, session, catalog)", phases.spark_start),
-            (f"apply x{args.topics}, {parallel} at a time", phases.apply_wall),
-            ("binlake total", phases.total)):
-        print(f"{label:<38}{seconds:>9.2f}{seconds / phases.total:>8.0%}")
+             phases.consume, phases.busy[0]),
+            ("Spark start (JVM, session, catalog)", phases.spark_start, phases.busy[1]),
+            (f"apply x{args.topics}, {parallel} at a time", phases.apply_wall,
+             phases.busy[2]),
+            ("binlake total", phases.total, sum(phases.busy))):
+        print(f"{label:<38}{seconds:>9.2f}{seconds / phases.total:>8.0%}{busy:>12.1f}"
+              f"{busy / seconds:>7.2f}")
+    cores = os.cpu_count() or 1
+    print(f"  overlapped perfectly on {cores} cores, binlake's phase 1 would still take "
+          f"{sum(phases.busy) / cores:.1f}s (host CPU s / cores)")
     print(f"  consume: {rate(args.events, phases.consume):,.0f} events/s; apply: first "
           f"{phases.applies[0]:.2f}s"
           + (f", then median {statistics.median(rest):.2f}s (min {min(rest):.2f}, max "
