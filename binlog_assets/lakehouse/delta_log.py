@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from binlog_assets.formats.event import OP_TRUNCATE
 from binlog_assets.lakehouse.identifiers import col, qualified, quote
 
 if TYPE_CHECKING:
@@ -34,6 +35,11 @@ if TYPE_CHECKING:
     from deltalake import DeltaTable
     from pyspark.sql import DataFrame, SparkSession
     from pyspark.sql import types as T
+
+# Table properties of the opt-in features that keep a table's writes in Spark: delta-rs
+# does not write deletion vectors, column mapping or type widening.
+SPARK_ONLY_PROPERTIES = frozenset({"delta.enableDeletionVectors", "delta.columnMapping.mode",
+                                   "delta.enableTypeWidening"})
 
 # The change feed's own columns, which `added_rows` drops.
 CHANGE_FEED_COLUMNS = ("_change_type", "_commit_version", "_commit_timestamp")
@@ -392,9 +398,59 @@ def create_with_rows(spark: SparkSession, new: NewTable, rows: DataFrame, app_id
 
 def set_properties(spark: SparkSession, table: tuple[str, str], properties: dict[str, str]
                    ) -> None:
-    """`ALTER TABLE ... SET TBLPROPERTIES` (one commit), any text as the values."""
+    """Set the table's properties in one commit, any text as the values: by delta-rs
+    where it writes the table (`rs_writable`), else `ALTER TABLE ... SET TBLPROPERTIES`."""
+    if not any(k.startswith("delta.") for k in properties):
+        log = _log(spark, *table)
+        if rs_writable(log):
+            # A metadata-only commit: milliseconds, where Spark's ALTER is 0.1-1 s of
+            # driver work. Readers take the properties from the log, as Spark does.
+            log.alter.set_table_properties(properties, raise_if_not_exists=False)
+            return
     spark.sql(f"ALTER TABLE {qualified(*table)} SET TBLPROPERTIES "
               f"({_properties_sql(properties)})")
+
+
+def add_columns(spark: SparkSession, table: tuple[str, str], fields: list[T.StructField]
+                ) -> None:
+    """Add nullable columns at the end of the table's schema, in one commit: by delta-rs
+    where it writes the table, else `ALTER TABLE ... ADD COLUMNS`."""
+    import json
+
+    log = _log(spark, *table)
+    if rs_writable(log):
+        from deltalake import Field
+
+        # Delta's schema is Spark's own JSON: each field converts as it is.
+        log.alter.add_columns([Field.from_json(json.dumps(f.jsonValue())) for f in fields])
+        return
+    columns = ", ".join(f"{quote(f.name)} {f.dataType.simpleString()}" for f in fields)
+    spark.sql(f"ALTER TABLE {qualified(*table)} ADD COLUMNS ({columns})")
+
+
+def truncate_markers(spark: SparkSession, table: tuple[str, str]
+                     ) -> list[tuple[str, str, tuple[int, ...]]]:
+    """(source db, source table, position) of each truncate marker row of a replica
+    (`_op` 't'): by delta-rs where it reads the table as Spark would, else a Spark job."""
+    log = _log(spark, *table)
+    if rs_writable(log):
+        import pyarrow as pa
+        from deltalake import QueryBuilder
+
+        found = pa.table(QueryBuilder().register("replica", log).execute(
+            "SELECT _source_db, _source_table, _position FROM replica "
+            f"WHERE _op = '{OP_TRUNCATE}'").read_all()).to_pylist()
+        return [(r["_source_db"], r["_source_table"], tuple(r["_position"].values()))
+                for r in found]
+    rows = (spark.table(qualified(*table)).where(col("_op") == OP_TRUNCATE)
+            .select("_source_db", "_source_table", "_position").collect())
+    return [(r["_source_db"], r["_source_table"], tuple(r["_position"])) for r in rows]
+
+
+def rs_writable(log: DeltaTable) -> bool:
+    """Whether delta-rs commits to the table: none of the opt-in features that keep its
+    writes in Spark is on."""
+    return not SPARK_ONLY_PROPERTIES.intersection(log.metadata().configuration)
 
 
 def _properties_sql(properties: dict[str, str]) -> str:

@@ -24,6 +24,7 @@ from binlog_assets.config import PipelineConfig
 from binlog_assets.formats.event import OP_DELETE
 from binlog_assets.lakehouse.changelog import changelog_uri, commit_metadata
 from binlog_assets.lakehouse.delta_log import (
+    SPARK_ONLY_PROPERTIES,
     delta_rs_uri,
     metrics_since,
     open_log,
@@ -33,7 +34,6 @@ from binlog_assets.lakehouse.delta_log import (
     table_version,
 )
 from binlog_assets.lakehouse.identifiers import qualified, quote
-from binlog_assets.lakehouse.replica.commit import SPARK_ONLY_PROPERTIES
 from binlog_assets.lakehouse.replica.plan import KEY_PROPERTY
 
 if TYPE_CHECKING:
@@ -65,7 +65,7 @@ def purge_tombstones(spark: SparkSession, table: tuple[str, str], now: datetime,
         log = open_log(table_location(spark, *table))
         cutoff = (now - window).astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
         metrics = log.delete(f"_op = '{OP_DELETE}' AND _applied_at < '{cutoff}'")
-        log.alter.set_table_properties(purged_at, raise_if_not_exists=False)
+        set_properties(spark, table, purged_at)
         return int(metrics.get("num_deleted_rows", 0))
     before = table_version(spark, *table)
     # The session time zone is UTC (spark_conf), as the literal is read in it.

@@ -158,10 +158,11 @@ def apply_changes(spark: SparkSession, table: tuple[str, str], change: SchemaCha
     """
     from pyspark.errors import AnalysisException
 
+    from binlog_assets.lakehouse.delta_log import add_columns
+
     name = qualified(*table)
     if change.add:
-        columns = ", ".join(f"{quote(f.name)} {f.dataType.simpleString()}" for f in change.add)
-        spark.sql(f"ALTER TABLE {name} ADD COLUMNS ({columns})")
+        add_columns(spark, table, change.add)
     rewrite = []
     for column, _, new_type in change.retype:
         try:

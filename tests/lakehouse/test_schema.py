@@ -171,3 +171,38 @@ def test_ignore_mode_applies_rows_without_new_columns(spark, make_config_each_pa
     notes = {r["id"]: r["note"] for r in
              spark.table(f"{pipeline.lakehouse.database}.orders_current").collect()}
     assert notes == {1: "n", 2: "b"}
+
+
+def test_column_adds_and_property_changes_commit_by_delta_rs_where_it_writes(
+        spark, make_config: MakeConfig) -> None:
+    """A new column and the replica's record of its source columns are metadata-only
+    commits, which delta-rs makes where it writes the table (milliseconds, where Spark's
+    ALTER is driver work); a table with an opt-in feature delta-rs does not write
+    (column mapping) keeps them in Spark. Either way the replica takes the column."""
+    from deltalake import DeltaTable
+
+    from binlog_assets.lakehouse.delta_log import table_location
+
+    for features, engine in (([], "delta-rs"), (["column_mapping"], "Apache-Spark")):
+        pipeline = make_config([{"source": "shop.orders", "replica": "orders"}],
+                               table_features=features)
+        part, builder = Partition(ChangelogWriter(pipeline)), ReplicaBuilder(spark, pipeline)
+        src = Source("shop.orders")
+        part.write(part.records([[src.insert(row(1))]]))
+        builder.apply("orders")
+        log = DeltaTable(table_location(spark, pipeline.lakehouse.database, "orders"))
+        before = log.version()
+        part.write(part.records([[src.ddl({**TYPES, "color": "string"})],
+                                 [src.insert({**row(2), "color": "red"})]]))
+        assert builder.apply("orders").schema_changes == ("add color string",)
+        log.update_incremental()
+        made = {c["operation"]: c.get("clientVersion") or c.get("engineInfo") or ""
+                for c in log.history() if c["version"] > before}
+        adds = [by for op, by in made.items() if op.startswith("ADD COLUMN")]
+        properties = [by for op, by in made.items() if op == "SET TBLPROPERTIES"]
+        assert adds and properties, made
+        assert all(by.startswith(engine) for by in adds + properties), made
+        assert _schema(spark, pipeline)["color"] == "string"
+        colors = {r["id"]: r["color"] for r in spark.table(
+            f"{pipeline.lakehouse.database}.orders_current").collect()}
+        assert colors == {1: None, 2: "red"}

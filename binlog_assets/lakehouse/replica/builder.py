@@ -54,6 +54,7 @@ from binlog_assets.lakehouse.delta_log import (
     table_location,
     table_schema,
     table_version,
+    truncate_markers,
     txn_version,
 )
 from binlog_assets.lakehouse.identifiers import check_unmapped_names, col, qualified
@@ -487,10 +488,8 @@ class ReplicaBuilder:
         """(db, table, position) of every truncate: stored markers and the batch's."""
         marks: dict[tuple[str, str], tuple[int, ...]] = {}
         if props.get(TRUNCATED_PROPERTY) == "true":
-            stored = (self.spark.table(".".join(table)).where(F.col("_op") == OP_TRUNCATE)
-                      .select("_source_db", "_source_table", "_position").collect())
-            for r in stored:
-                marks[(r["_source_db"], r["_source_table"])] = tuple(r["_position"])
+            for db, name, position in truncate_markers(self.spark, table):
+                marks[(db, name)] = position
         for name, position in survey.truncates.items():
             k = split_table(name)
             marks[k] = max(marks.get(k, position), position)

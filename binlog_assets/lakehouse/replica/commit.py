@@ -20,15 +20,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from binlog_assets.lakehouse.delta_log import open_log
+from binlog_assets.lakehouse.delta_log import SPARK_ONLY_PROPERTIES, open_log
 
 if TYPE_CHECKING:
     import pyarrow as pa
     from pyspark.sql import DataFrame
 
-# Table properties of the features that keep a replica's writes in Spark.
-SPARK_ONLY_PROPERTIES = frozenset({"delta.enableDeletionVectors", "delta.columnMapping.mode",
-                                   "delta.enableTypeWidening"})
 
 
 def driver_commits(props: dict[str, str], rows: int, limit: int, *, truncates: bool) -> bool:
