@@ -208,6 +208,37 @@ def forget_remote_session(pipeline: PipelineConfig) -> None:
             session.stop()
 
 
+# Spark compiles each query's generated Java (whole-stage and expression code) with Janino
+# before it runs, once per query shape and JVM: for a small batch of a shape the JVM has
+# not seen (a new schema, a fresh run's JVM) compiling is most of the work. From some
+# thousands of rows the compiled code pays for itself.
+INTERPRETED = (("spark.sql.codegen.wholeStage", "false"),
+               ("spark.sql.codegen.factoryMode", "NO_CODEGEN"))
+INTERPRET_ROWS = 1_000  # batches of at most this many changelog rows are interpreted
+
+
+class Evaluation:
+    """Switches a session between interpreting its queries (small batches) and Spark's
+    compiled code (its own default, or what the user's `spark.conf` set)."""
+
+    def __init__(self, spark: SparkSession) -> None:
+        self.spark = spark
+        self.compiled = {key: spark.conf.get(key, None) for key, _ in INTERPRETED}
+        self.interpreted = False
+
+    def interpret(self, on: bool) -> None:
+        if on == self.interpreted:
+            return
+        for key, value in INTERPRETED:
+            if on:
+                self.spark.conf.set(key, value)
+            elif self.compiled[key] is None:
+                self.spark.conf.unset(key)
+            else:
+                self.spark.conf.set(key, self.compiled[key])
+        self.interpreted = on
+
+
 def new_session(spark: SparkSession, pipeline: PipelineConfig) -> SparkSession:
     """A session of its own beside `spark` (own SQL settings, the same catalog)."""
     if not pipeline.spark.remote:

@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+from lake_events import MakeConfig, Partition, Source, row
+
 from binlog_assets.config import PipelineConfig
+from binlog_assets.lakehouse import spark as spark_module
+from binlog_assets.lakehouse.changelog import ChangelogWriter
+from binlog_assets.lakehouse.replica.builder import ReplicaBuilder
 from binlog_assets.lakehouse.spark import delta_jars, spark_conf
 
 
@@ -57,3 +62,26 @@ def test_drivers_compile_with_c1_unless_configured_tiered(spark, tmp_path) -> No
     running = spark.sparkContext._jvm.java.lang.management.ManagementFactory \
         .getRuntimeMXBean().getInputArguments()
     assert set(C1_ONLY.split()) <= {str(a) for a in running}
+
+
+def test_a_builder_interprets_small_batches_and_gives_back_the_users_settings(
+        spark, make_config: MakeConfig) -> None:
+    """A small batch's queries run interpreted (compiling their generated code was most of
+    a small apply's JVM time); a batch past `INTERPRET_ROWS` gets Spark's compiled code
+    again, with whatever the user's `spark.conf` set for it."""
+    pipeline = make_config([{"source": "shop.orders", "replica": "orders"}])
+    builder = ReplicaBuilder(spark, pipeline)
+    builder.spark.conf.set("spark.sql.codegen.wholeStage", "true")  # as a user's setting
+    builder._evaluation = spark_module.Evaluation(builder.spark)
+    part, src = Partition(ChangelogWriter(pipeline)), Source("shop.orders")
+    conf = builder.spark.conf
+
+    part.write(part.records([[src.insert(row(1)), src.insert(row(2))]]))
+    assert builder.apply("orders").written == 2
+    assert (conf.get("spark.sql.codegen.wholeStage"),
+            conf.get("spark.sql.codegen.factoryMode")) == ("false", "NO_CODEGEN")
+
+    part.write(part.records([[src.insert(row(i)) for i in range(3, 3 + 1_200)]]))
+    assert builder.apply("orders").written == 1_200 > spark_module.INTERPRET_ROWS
+    assert (conf.get("spark.sql.codegen.wholeStage"),
+            conf.get("spark.sql.codegen.factoryMode")) == ("true", "FALLBACK")

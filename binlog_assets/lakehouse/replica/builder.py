@@ -123,7 +123,7 @@ from binlog_assets.lakehouse.schema import (
     apply_changes,
     plan_changes,
 )
-from binlog_assets.lakehouse.spark import new_session
+from binlog_assets.lakehouse.spark import INTERPRET_ROWS, Evaluation, new_session
 from binlog_assets.lakehouse.transactions import APP_ID, SparkTxn
 
 if TYPE_CHECKING:
@@ -152,6 +152,7 @@ class ReplicaBuilder:
         share_lookups(spark, self.spark)
         self.pipeline = pipeline
         self.database = pipeline.lakehouse.database
+        self._evaluation = Evaluation(self.spark)
         self._lock = threading.Lock()
 
     def table_name(self, replica: str) -> tuple[str, str]:
@@ -225,6 +226,7 @@ class ReplicaBuilder:
         # A small batch in one partition: its reduce then needs no shuffle (a stage and
         # a job of its own, most of a small apply's Spark time).
         batch.single = survey.rows <= self.pipeline.lakehouse.driver_commit_rows
+        self._evaluation.interpret(survey.rows <= INTERPRET_ROWS)
         # A new replica (a first build, a rebuild) follows the DDL too: it is built as its
         # source tables are at the batch's end.
         ddl = read_ddl(batch.frame(), route) if survey.ddl else DdlPlan()
