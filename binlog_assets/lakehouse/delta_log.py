@@ -428,7 +428,7 @@ def add_columns(spark: SparkSession, table: tuple[str, str], fields: list[T.Stru
     spark.sql(f"ALTER TABLE {qualified(*table)} ADD COLUMNS ({columns})")
 
 
-def truncate_markers(spark: SparkSession, table: tuple[str, str]
+def stored_truncates(spark: SparkSession, table: tuple[str, str]
                      ) -> list[tuple[str, str, tuple[int, ...]]]:
     """(source db, source table, position) of each truncate marker row of a replica
     (`_op` 't'): by delta-rs where it reads the table as Spark would, else a Spark job."""

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING
 from pyspark.sql import types as T
 
 from binlog_assets.config import SchemaEvolution
+from binlog_assets.lakehouse.delta_log import add_columns
 from binlog_assets.lakehouse.identifiers import check_columns, qualified, quote
 
 if TYPE_CHECKING:
@@ -157,8 +158,6 @@ def apply_changes(spark: SparkSession, table: tuple[str, str], change: SchemaCha
     the rerun plans again and finds nothing left to change.
     """
     from pyspark.errors import AnalysisException
-
-    from binlog_assets.lakehouse.delta_log import add_columns
 
     name = qualified(*table)
     if change.add:

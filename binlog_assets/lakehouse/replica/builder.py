@@ -49,12 +49,12 @@ from binlog_assets.lakehouse.delta_log import (
     open_log,
     set_properties,
     share_lookups,
+    stored_truncates,
     table_detail,
     table_exists,
     table_location,
     table_schema,
     table_version,
-    truncate_markers,
     txn_version,
 )
 from binlog_assets.lakehouse.identifiers import check_unmapped_names, col, qualified
@@ -490,7 +490,7 @@ class ReplicaBuilder:
         """(db, table, position) of every truncate: stored markers and the batch's."""
         marks: dict[tuple[str, str], tuple[int, ...]] = {}
         if props.get(TRUNCATED_PROPERTY) == "true":
-            for db, name, position in truncate_markers(self.spark, table):
+            for db, name, position in stored_truncates(self.spark, table):
                 marks[(db, name)] = position
         for name, position in survey.truncates.items():
             k = split_table(name)
