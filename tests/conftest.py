@@ -25,7 +25,7 @@ from binlog_assets.config import (
     load_config,
     parse_config,
 )
-from binlog_assets.dev.connect import DebeziumConnector, KafkaConnect
+from binlog_assets.dev.connect import DebeziumConnector, DebeziumFence, KafkaConnect
 from binlog_assets.dev.kafka import KafkaBroker
 from binlog_assets.dev.mariadb import MariaDBServer
 from binlog_assets.dev.redis import REDIS_URL_ENV, RedisServer
@@ -156,6 +156,12 @@ def debezium_connect(
         connect.stop()
 
 
+@pytest.fixture(scope="session")
+def debezium_fence(debezium_connect: KafkaConnect, mariadb: MariaDBServer) -> DebeziumFence:
+    """Waits until the session's connector published what MariaDB committed before."""
+    return DebeziumFence(debezium_connect, mariadb)
+
+
 # The folders in the order `make test` hands their files to its workers (`--dist
 # loadfile`): the soak's brief variant (its own stack, minutes), the long drills and the
 # Spark applies first, the folders of many short tests last, so that these fill both
@@ -171,7 +177,8 @@ def _folder_rank(item: pytest.Item) -> int:
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     # Anything that asks for the real stack is an integration test, marked as such.
     real = {"kafka_broker", "spark", "pipeline_config", "config_file", "binlake_env",
-            "mariadb", "debezium_connect", "redis_server", "redis_url", "schema_registry"}
+            "mariadb", "debezium_connect", "debezium_fence", "redis_server", "redis_url",
+            "schema_registry"}
     for item in items:
         if real & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.integration)

@@ -31,6 +31,7 @@ from confluent_kafka import Consumer, TopicPartition
 from binlog_assets.config import PipelineConfig, load_config
 from binlog_assets.consume.checkpoint import retry_retriable
 from binlog_assets.dev import shop, stack
+from binlog_assets.dev.connect import DebeziumFence
 from binlog_assets.dev.redis import REDIS_URL_ENV
 from binlog_assets.environment import kafka_client_config, var_dir
 from binlog_assets.examples.customer_cache import HANDLERS_SPEC
@@ -53,11 +54,16 @@ def reset_local_state(pipeline: PipelineConfig) -> None:
 
 
 def wait_for_debezium(kafka_conf: dict, topics: list[str], settle: float = 4.0,
-                      timeout: float = 180.0) -> dict[str, int]:
-    """Wait until every topic exists and the end offsets stop moving for `settle` s."""
+                      timeout: float = 180.0, fence: DebeziumFence | None = None
+                      ) -> dict[str, int]:
+    """End offsets of `topics` once Debezium has published what the source committed:
+    past the `fence` (every change committed before the call), or, without one, once
+    every topic exists and the end offsets stop moving for `settle` s."""
     consumer = Consumer({**kafka_conf, "group.id": "binlake-demo-wait"})
     try:
         deadline = time.monotonic() + timeout
+        if fence is not None:
+            fence.wait(timeout)
         last: dict[str, int] = {}
         stable_since = time.monotonic()
         while time.monotonic() < deadline:
@@ -71,10 +77,12 @@ def wait_for_debezium(kafka_conf: dict, topics: list[str], settle: float = 4.0,
                             lambda t=t, p=p: consumer.get_watermark_offsets(
                                 TopicPartition(t, p), timeout=10, cached=False)[1],
                             f"end offset of {t}[{p}]")
+            every_topic = len({k.rsplit(":", 1)[0] for k in ends}) == len(topics)
+            if fence is not None and every_topic:
+                return ends
             if ends != last:
                 last, stable_since = ends, time.monotonic()
-            elif len({k.rsplit(":", 1)[0] for k in ends}) == len(topics) and \
-                    time.monotonic() - stable_since >= settle:
+            elif every_topic and time.monotonic() - stable_since >= settle:
                 return ends
             time.sleep(0.5)
         raise TimeoutError(f"Debezium did not publish every topic in {timeout}s: {last}")
@@ -139,7 +147,8 @@ def main() -> int:
     statements = shop.demo_workload(conn)
     print(f"ran {statements} statements against MariaDB", flush=True)
     topics = [t for s in pipeline.sources for t in s.topics]
-    ends = wait_for_debezium(kafka_client_config(pipeline), topics)
+    ends = wait_for_debezium(kafka_client_config(pipeline), topics, fence=DebeziumFence(
+        stack.local_connect(), stack.local_mariadb()))
     print(f"Debezium published: {json.dumps(ends)}", flush=True)
 
     pipeline_began = time.monotonic()

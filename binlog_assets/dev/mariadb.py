@@ -33,6 +33,9 @@ _DEBEZIUM_GRANTS = (
     "SELECT, RELOAD, SHOW DATABASES, LOCK TABLES, REPLICATION SLAVE, BINLOG MONITOR"
 )
 
+# The table whose row `fence()` changes (`dev.connect.DebeziumFence`).
+FENCE_DATABASE, FENCE_TABLE = "binlake_fence", "ticks"
+
 
 @dataclass
 class MariaDBServer(LocalDaemon):
@@ -106,6 +109,28 @@ class MariaDBServer(LocalDaemon):
             unix_socket=str(self.socket), user="root", database=database,
             autocommit=True, charset="utf8mb4", **kwargs,
         )
+
+    def fence(self) -> tuple[str, int]:
+        """Commit one change to the fence table; returns the binlog position before it,
+        past every change committed before the call (`dev.connect.DebeziumFence`)."""
+        conn = self.connect()
+        try:
+            with conn.cursor() as cur:
+                cur.execute("SHOW MASTER STATUS")
+                file, position = cur.fetchone()[:2]
+                # Created once: a CREATE ... IF NOT EXISTS is logged even when it does
+                # nothing, and each would be one more schema-change record.
+                cur.execute("SELECT 1 FROM information_schema.tables WHERE table_schema = %s"
+                            " AND table_name = %s", (FENCE_DATABASE, FENCE_TABLE))
+                if cur.fetchone() is None:
+                    cur.execute(f"CREATE DATABASE IF NOT EXISTS {FENCE_DATABASE}")
+                    cur.execute(f"CREATE TABLE IF NOT EXISTS {FENCE_DATABASE}.{FENCE_TABLE} "
+                                "(id INT PRIMARY KEY, n BIGINT NOT NULL)")
+                cur.execute(f"INSERT INTO {FENCE_DATABASE}.{FENCE_TABLE} VALUES (1, 1) "
+                            "ON DUPLICATE KEY UPDATE n = n + 1")
+            return file, int(position)
+        finally:
+            conn.close()
 
     def _install_db(self) -> None:
         # "normal" root auth (no unix_socket plugin) lets the root user connect whoever

@@ -20,7 +20,7 @@ from confluent_kafka import Consumer, Message, TopicPartition
 
 from binlog_assets.config import parse_config
 from binlog_assets.dev import stack
-from binlog_assets.dev.connect import DebeziumConnector, KafkaConnect
+from binlog_assets.dev.connect import DebeziumConnector, DebeziumFence, KafkaConnect
 from binlog_assets.dev.kafka import KafkaBroker
 from binlog_assets.dev.mariadb import MariaDBServer
 from binlog_assets.formats.debezium import DebeziumDecoder
@@ -145,6 +145,40 @@ def test_row_changes_stream_in_binlog_order(
     assert update.after == {"id": 2, "item": "ink", "amount": Decimal("13.10")}
     assert events[4].before == {"id": 1, "item": "pen", "amount": Decimal("1.50")}
     assert update.column_types == {"id": "int", "item": "string", "amount": "decimal(10,2)"}
+
+
+@pytest.mark.integration
+def test_a_fenced_wait_returns_offsets_past_every_change_committed_before_it(
+    debezium_connect: KafkaConnect, mariadb: MariaDBServer, kafka_broker: KafkaBroker
+) -> None:
+    """No quiet period to guess: the wait ends once Connect has committed the source
+    offset of a fence row written after the changes, so the end offsets it returns hold
+    every change, a backlog of thousands across topics too; a connector that publishes
+    nothing more never passes the fence."""
+    from binlog_assets.dev.demo import wait_for_debezium
+
+    prefix = debezium_connect.connector.topic_prefix
+    tables = [_unique("fenced") for _ in range(3)]
+    kafka_conf = {"bootstrap.servers": kafka_broker.bootstrap_servers}
+    fence = DebeziumFence(debezium_connect, mariadb)
+    rows = ", ".join(f"({i}, '{'x' * 200}')" for i in range(1, 2001))
+    _execute(mariadb, "CREATE DATABASE IF NOT EXISTS shop",
+             *(f"CREATE TABLE shop.{t} (id INT PRIMARY KEY, v VARCHAR(200))" for t in tables),
+             *(f"INSERT INTO shop.{t} VALUES {rows}" for t in tables[:-1]),
+             f"INSERT INTO shop.{tables[-1]} VALUES (1, 'last')")
+    topics = [f"{prefix}.shop.{t}" for t in tables]
+    ends = wait_for_debezium(kafka_conf, topics, fence=fence)
+    assert ends == {f"{topics[0]}:0": 2000, f"{topics[1]}:0": 2000, f"{topics[2]}:0": 1}
+
+    name = debezium_connect.connector.name
+    debezium_connect._rest("PUT", f"/connectors/{name}/pause")
+    try:
+        _execute(mariadb, f"INSERT INTO shop.{tables[-1]} VALUES (2, 'paused')")
+        with pytest.raises(TimeoutError, match="did not commit a source offset past the fence"):
+            fence.wait(timeout=3.0)
+    finally:
+        debezium_connect._rest("PUT", f"/connectors/{name}/resume")
+    assert wait_for_debezium(kafka_conf, topics, fence=fence)[f"{topics[2]}:0"] == 2
 
 
 @pytest.mark.integration

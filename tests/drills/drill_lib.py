@@ -22,6 +22,7 @@ from confluent_kafka import Consumer, TopicPartition
 
 from binlog_assets.config import PipelineConfig, parse_config
 from binlog_assets.dev import shop
+from binlog_assets.dev.connect import DebeziumFence
 from binlog_assets.dev.demo import wait_for_debezium
 from binlog_assets.formats.base import ChangeDecoder
 from binlog_assets.formats.debezium import DebeziumDecoder
@@ -87,9 +88,9 @@ def workload(conn, seed: int, statements: int) -> int:
     return ran
 
 
-def wait_published(kafka_conf: dict, settle: float = 2.0) -> dict[str, int]:
-    """End offsets of the shop topics once Debezium stopped publishing for `settle` s."""
-    return wait_for_debezium(kafka_conf, list(TOPICS), settle=settle)
+def wait_published(kafka_conf: dict, fence: DebeziumFence) -> dict[str, int]:
+    """End offsets of the shop topics once Debezium published what MariaDB committed."""
+    return wait_for_debezium(kafka_conf, list(TOPICS), fence=fence)
 
 
 def kafka_model(kafka_conf: dict, ends: dict[str, int]) -> Counter:
@@ -183,8 +184,8 @@ def coordinate_diff(expected: Counter, got: Counter) -> dict[str, int]:
     }
 
 
-def seeded_build(pipeline: PipelineConfig, mariadb, seed: int, statements: int, workdir: Path
-                 ) -> tuple[int, list, float, dict]:
+def seeded_build(pipeline: PipelineConfig, mariadb, fence: DebeziumFence, seed: int,
+                 statements: int, workdir: Path) -> tuple[int, list, float, dict]:
     """The seeded workload through Debezium and one consumer run per shop partition
     (in this process: no Spark), then the replica build and its comparison with MariaDB
     in a child process (`build_child.py`: the Spark the config names); returns the
@@ -202,7 +203,7 @@ def seeded_build(pipeline: PipelineConfig, mariadb, seed: int, statements: int, 
     config_path.write_text(yaml.safe_dump(pipeline.model_dump(mode="json", exclude_none=True)))
     kafka_conf = dict(pipeline.kafka)
     ran = workload(mariadb.connect(), seed, statements)
-    ends = wait_published(kafka_conf)
+    ends = wait_published(kafka_conf, fence)
     began = time.monotonic()
     summaries = [consume_partition(pipeline, kafka_conf, key, ChangelogRunConfig(),
                                    HandlerRegistry(), group=pipeline.kafka["group.id"])[0]

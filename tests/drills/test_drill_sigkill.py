@@ -56,6 +56,7 @@ from pyspark.sql import functions as F
 
 from binlog_assets.config import PipelineConfig
 from binlog_assets.dev import drills, shop
+from binlog_assets.dev.connect import DebeziumFence
 from binlog_assets.dev.kafka import create_topics
 from binlog_assets.dev.mariadb import MariaDBServer
 from binlog_assets.faults import ENV_DELAY, ENV_HIT, ENV_POINT, MARKER, POINTS
@@ -78,22 +79,24 @@ SHORT_KEYS = tuple(k for k in KEYS if k.split(":")[0] in ("shop.shop.customers",
 
 # Every child starts a Spark JVM: on 2 shared cores a child takes 0.5 to 3 minutes.
 @pytest.mark.timeout(2400)
-def test_sigkill_at_each_commit_boundary(debezium_connect, mariadb, pipeline_config, spark,
+def test_sigkill_at_each_commit_boundary(debezium_fence, mariadb, pipeline_config, spark,
                                          tmp_path) -> None:
     _sigkill_drill(_trials(1), "sigkill_commit_boundaries", SHORT_KEYS,
-                   ("customers", "products"), mariadb, pipeline_config, spark, tmp_path)
+                   ("customers", "products"), mariadb, debezium_fence, pipeline_config, spark,
+                   tmp_path)
 
 
 @pytest.mark.long
 @pytest.mark.timeout(7200)
-def test_sigkill_at_each_commit_boundary_long(debezium_connect, mariadb, pipeline_config,
+def test_sigkill_at_each_commit_boundary_long(debezium_fence, mariadb, pipeline_config,
                                               spark, tmp_path) -> None:
     _sigkill_drill(_trials(3), "sigkill_commit_boundaries_long", KEYS, REPLICAS, mariadb,
-                   pipeline_config, spark, tmp_path)
+                   debezium_fence, pipeline_config, spark, tmp_path)
 
 
 def _sigkill_drill(trials: int, name: str, keys: tuple[str, ...], replicas: tuple[str, ...],
-                   mariadb: MariaDBServer, pipeline_config: PipelineConfig, spark,
+                   mariadb: MariaDBServer, fence: DebeziumFence, pipeline_config: PipelineConfig,
+                   spark,
                    tmp_path: Path) -> None:
     began = time.monotonic()
     lake = tmp_path / "lake"
@@ -136,7 +139,7 @@ def _sigkill_drill(trials: int, name: str, keys: tuple[str, ...], replicas: tupl
     for i, point in enumerate(plan):
         workload(conn, SEED * 1000 + i, 30)
         _write_poisoned(conn, POISONED_PER_TRIAL)
-        wait_published(kafka_conf, settle=1.5)
+        wait_published(kafka_conf, fence)
         hit = rng.randint(1, 2)
         merge = point == "during_replica_merge"
         delay = round(rng.uniform(0.0, 2.0), 2) if merge else 0.0
@@ -171,7 +174,7 @@ def _sigkill_drill(trials: int, name: str, keys: tuple[str, ...], replicas: tupl
               f"after {seconds:.0f}s; changelog duplicates {dups}; dead letters {sent} "
               f"({again} again)", flush=True)
 
-    ends = {k: e for k, e in wait_published(kafka_conf, settle=2.0).items() if k in keys}
+    ends = {k: e for k, e in wait_published(kafka_conf, fence).items() if k in keys}
     rc, out, err, seconds = child()
     assert rc == 0, f"the rerun failed with {rc}:\n{err[-4000:]}"
     result = json.loads(next(line for line in out.splitlines()

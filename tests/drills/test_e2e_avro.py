@@ -32,7 +32,7 @@ from drill_lib import (
 from binlog_assets.config import PipelineConfig, parse_config
 from binlog_assets.consume.handlers import HandlerRegistry
 from binlog_assets.dev import drills, shop
-from binlog_assets.dev.connect import DebeziumConnector, KafkaConnect
+from binlog_assets.dev.connect import DebeziumConnector, DebeziumFence, KafkaConnect
 from binlog_assets.dev.demo import wait_for_debezium
 from binlog_assets.dev.mariadb import MariaDBServer
 from binlog_assets.dev.registry import SchemaRegistryServer
@@ -80,7 +80,8 @@ def _subjects(registry: SchemaRegistryServer, prefix: str) -> list[str]:
 
 
 def test_debezium_s_avro_converter_through_a_registry(
-    debezium_connect: KafkaConnect, mariadb: MariaDBServer, pipeline_config: PipelineConfig,
+    debezium_connect: KafkaConnect, mariadb: MariaDBServer, debezium_fence: DebeziumFence,
+    pipeline_config: PipelineConfig,
     schema_registry: SchemaRegistryServer, spark,
 ) -> None:
     """Debezium itself writes Avro: a second connector in the session's worker, with
@@ -106,7 +107,8 @@ def test_debezium_s_avro_converter_through_a_registry(
     try:
         statements = workload(mariadb.connect(), SEED, STATEMENTS)
         topics = [prefix + t[len(PREFIX):] for t in TOPICS]
-        ends = wait_for_debezium(kafka_conf, topics, settle=2.0)
+        ends = wait_for_debezium(kafka_conf, topics, fence=DebeziumFence(
+            debezium_connect, mariadb, connector.name))
     finally:
         debezium_connect.remove_connector(connector.name)
     data = pipeline_config.model_dump(mode="json", exclude_none=True)
@@ -125,7 +127,7 @@ def test_debezium_s_avro_converter_through_a_registry(
     # this connector's history began at its start.)
     json_decoder = _Timed(DebeziumDecoder())
     json_side = {_same_change(e): e for e in kafka_events(
-        kafka_conf, wait_published(kafka_conf), json_decoder)}
+        kafka_conf, wait_published(kafka_conf, debezium_fence), json_decoder)}
     client = CountingClient(registry_conf)
     avro_decoder = _Timed(DebeziumAvroDecoder(schema_registry=registry_conf, client=client))
     avro_side = [e for e in kafka_events(kafka_conf, ends, avro_decoder) if e.op != OP_DDL]

@@ -27,7 +27,7 @@ from drill_lib import (
 from binlog_assets.config import PipelineConfig
 from binlog_assets.consume.handlers import HandlerRegistry
 from binlog_assets.dev import drills, shop
-from binlog_assets.dev.connect import KafkaConnect
+from binlog_assets.dev.connect import DebeziumFence, KafkaConnect
 from binlog_assets.dev.mariadb import MariaDBServer
 from binlog_assets.lakehouse.changelog_reader import changelog_frame
 from binlog_assets.lakehouse.replica.builder import ReplicaBuilder
@@ -38,7 +38,8 @@ STATEMENTS = 400
 
 
 def test_random_binlog_workload_replicas_equal_source(
-    debezium_connect: KafkaConnect, mariadb: MariaDBServer, pipeline_config: PipelineConfig,
+    debezium_connect: KafkaConnect, mariadb: MariaDBServer, debezium_fence: DebeziumFence,
+    pipeline_config: PipelineConfig,
     spark,
 ) -> None:
     pipeline = shop_config(pipeline_config, "e2e_binlog")
@@ -46,7 +47,7 @@ def test_random_binlog_workload_replicas_equal_source(
     group = pipeline.kafka["group.id"]
     conn = mariadb.connect()
     statements = workload(conn, SEED, STATEMENTS)
-    ends = wait_published(kafka_conf)
+    ends = wait_published(kafka_conf, debezium_fence)
 
     began = time.monotonic()
     summaries = [consume_partition(pipeline, kafka_conf, key, ChangelogRunConfig(),

@@ -20,7 +20,7 @@ from drill_lib import shop_config, wait_published, workload
 
 from binlog_assets.config import PipelineConfig
 from binlog_assets.dev import drills, shop
-from binlog_assets.dev.connect import KafkaConnect
+from binlog_assets.dev.connect import DebeziumFence, KafkaConnect
 from binlog_assets.dev.mariadb import MariaDBServer
 from binlog_assets.examples.customer_cache import HANDLERS_SPEC, customers
 from binlog_assets.faults import ENV_DELAY, ENV_HIT, ENV_POINT, MARKER
@@ -72,13 +72,14 @@ def _run(config_path: Path, env: dict[str, str], **fault: str) -> tuple[int, dic
 
 
 def test_the_redis_cache_equals_its_table_through_kills_and_reruns(
-    debezium_connect: KafkaConnect, mariadb: MariaDBServer, pipeline_config: PipelineConfig,
+    debezium_connect: KafkaConnect, mariadb: MariaDBServer, debezium_fence: DebeziumFence,
+    pipeline_config: PipelineConfig,
     redis_url: str, tmp_path: Path,
 ) -> None:
     conn = mariadb.connect()
     statements = workload(conn, SEED, STATEMENTS)
     statements += _customer_changes(conn, SEED, CUSTOMER_STATEMENTS)
-    ends = wait_published(dict(pipeline_config.kafka))
+    ends = wait_published(dict(pipeline_config.kafka), debezium_fence)
     pipeline = shop_config(pipeline_config, "cache_e2e", handlers=HANDLERS_SPEC, lanes=8)
     config_path = tmp_path / "binlake.yaml"
     config_path.write_text(yaml.safe_dump(pipeline.model_dump(mode="json", exclude_none=True)))

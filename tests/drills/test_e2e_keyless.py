@@ -18,7 +18,7 @@ from confluent_kafka import Consumer, TopicPartition
 from binlog_assets.config import PipelineConfig, parse_config
 from binlog_assets.consume.handlers import HandlerRegistry
 from binlog_assets.dev import shop
-from binlog_assets.dev.connect import KafkaConnect
+from binlog_assets.dev.connect import DebeziumFence, KafkaConnect
 from binlog_assets.dev.mariadb import MariaDBServer
 from binlog_assets.lakehouse.audit import expected_log_rows
 from binlog_assets.lakehouse.changelog_reader import changelog_frame
@@ -125,13 +125,14 @@ def _changelog_log(spark, pipeline: PipelineConfig) -> Counter:
 
 
 def test_keyless_tables_replicate_by_their_configured_rule(
-    debezium_connect: KafkaConnect, mariadb: MariaDBServer, pipeline_config: PipelineConfig,
+    debezium_connect: KafkaConnect, mariadb: MariaDBServer, debezium_fence: DebeziumFence,
+    pipeline_config: PipelineConfig,
     spark,
 ) -> None:
     pipeline = _config(pipeline_config)
     conn = mariadb.connect()
     logs = _workload(conn)
-    ends = _published(pipeline)
+    ends = _published(pipeline, debezium_fence)
     # What the test is about: Debezium sends these rows without a Kafka key.
     assert _kafka_keys(dict(pipeline.kafka), ends) == {None}
 
@@ -166,7 +167,7 @@ def test_keyless_tables_replicate_by_their_configured_rule(
     with conn.cursor() as cur:
         cur.execute("INSERT INTO keyless.logs VALUES ('info', 'later', 9)")
         cur.execute("UPDATE keyless.events SET qty = 0 WHERE code = 'e5'")
-    _published(pipeline, after=ends)
+    _published(pipeline, debezium_fence, after=ends)
     _consume(pipeline)
     builder.apply("events")
     assert builder.apply("logs").written == 1
@@ -175,12 +176,13 @@ def test_keyless_tables_replicate_by_their_configured_rule(
         shop.source_rows(conn, "events", spec=EVENTS)
 
 
-def _published(pipeline: PipelineConfig, after: dict[str, int] | None = None) -> dict[str, int]:
+def _published(pipeline: PipelineConfig, fence: DebeziumFence,
+               after: dict[str, int] | None = None) -> dict[str, int]:
     """End offsets of the keyless topics once Debezium is done (past `after`, if given)."""
     from binlog_assets.dev.demo import wait_for_debezium
 
     for _ in range(10):
-        ends = wait_for_debezium(dict(pipeline.kafka), list(TOPICS), settle=2.0)
+        ends = wait_for_debezium(dict(pipeline.kafka), list(TOPICS), fence=fence)
         if after is None or all(ends[k] > after[k] for k in after):
             return ends
     raise TimeoutError(f"Debezium published nothing past {after}")

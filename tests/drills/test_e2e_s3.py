@@ -17,7 +17,7 @@ from drill_lib import seeded_build, shop_config
 
 from binlog_assets.config import PipelineConfig, parse_config
 from binlog_assets.dev import drills
-from binlog_assets.dev.connect import KafkaConnect
+from binlog_assets.dev.connect import DebeziumFence, KafkaConnect
 from binlog_assets.dev.mariadb import MariaDBServer
 from binlog_assets.dev.s3 import S3Server
 from binlog_assets.lakehouse.changelog import changelog_uri
@@ -40,7 +40,8 @@ def _s3_config(base: PipelineConfig, catalog: Path) -> PipelineConfig:
 
 
 def test_seeded_workload_with_the_lakehouse_on_s3(
-    debezium_connect: KafkaConnect, mariadb: MariaDBServer, pipeline_config: PipelineConfig,
+    debezium_connect: KafkaConnect, mariadb: MariaDBServer, debezium_fence: DebeziumFence,
+    pipeline_config: PipelineConfig,
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     s3 = S3Server(tmp_path / "s3")
@@ -51,7 +52,7 @@ def test_seeded_workload_with_the_lakehouse_on_s3(
             monkeypatch.setenv(k, v)  # this process's delta-rs, and the child's Spark
         pipeline = _s3_config(pipeline_config, tmp_path / "metastore_db")
         statements, summaries, consume_seconds, result = seeded_build(
-            pipeline, mariadb, SEED, STATEMENTS, tmp_path)
+            pipeline, mariadb, debezium_fence, SEED, STATEMENTS, tmp_path)
         import boto3
 
         objects = boto3.client("s3", endpoint_url=s3.endpoint,

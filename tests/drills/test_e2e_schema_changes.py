@@ -31,7 +31,7 @@ from confluent_kafka import Consumer
 from binlog_assets.config import PipelineConfig, parse_config
 from binlog_assets.consume.handlers import HandlerRegistry
 from binlog_assets.consume.lag import topic_partitions
-from binlog_assets.dev.connect import KafkaConnect
+from binlog_assets.dev.connect import DebeziumFence, KafkaConnect
 from binlog_assets.dev.demo import wait_for_debezium
 from binlog_assets.dev.mariadb import MariaDBServer
 from binlog_assets.lakehouse.replica.builder import ReplicaBuilder
@@ -107,7 +107,7 @@ def _run(conn, statements: list[str]) -> None:
             cur.execute(statement)
 
 
-def _consume(pipeline: PipelineConfig, expect: list[str]) -> None:
+def _consume(pipeline: PipelineConfig, fence: DebeziumFence, expect: list[str]) -> None:
     """One bounded run per topic-partition of the source (its regex expanded as the
     discovery sensor does), once the `expect`ed tables' topics exist, up to what
     Debezium has published."""
@@ -124,7 +124,7 @@ def _consume(pipeline: PipelineConfig, expect: list[str]) -> None:
             time.sleep(0.5)
     finally:
         consumer.close()
-    ends = wait_for_debezium(kafka_conf, sorted(found), settle=3.0)
+    ends = wait_for_debezium(kafka_conf, sorted(found), fence=fence)
     for key in ends:
         summary, _ = consume_partition(pipeline, kafka_conf, key, ChangelogRunConfig(),
                                        HandlerRegistry(), group=pipeline.kafka["group.id"])
@@ -144,7 +144,8 @@ def _assert_equal(conn, spark, pipeline: PipelineConfig, replica: str, source: s
 
 
 def test_schema_changes_through_debezium_follow_each_mode(
-    debezium_connect: KafkaConnect, mariadb: MariaDBServer, pipeline_config: PipelineConfig,
+    debezium_connect: KafkaConnect, mariadb: MariaDBServer, debezium_fence: DebeziumFence,
+    pipeline_config: PipelineConfig,
     spark,
 ) -> None:
     pipeline = _config(pipeline_config)
@@ -176,7 +177,7 @@ def test_schema_changes_through_debezium_follow_each_mode(
                                                          f"{DB2}.t") for i in range(1, 4)),
     ])
     initial = [f"{DB}.{t}" for t in SOURCE_TABLES if t != "items_v2"]
-    _consume(pipeline, [*initial, f"{DB2}.t", "ddl_e2e_s1.orders"])
+    _consume(pipeline, debezium_fence, [*initial, f"{DB2}.t", "ddl_e2e_s1.orders"])
     builder = ReplicaBuilder(spark, pipeline)
     for replica in ("plain", "items", "strict", "loose", "gone", "kept", "dbwide", "orders",
                     "parted"):
@@ -203,7 +204,7 @@ def test_schema_changes_through_debezium_follow_each_mode(
         f"ALTER TABLE {DB}.loose DROP COLUMN note, RENAME COLUMN v TO w",
         f"INSERT INTO {DB}.loose VALUES (10, 7)",
     ])
-    _consume(pipeline, initial)
+    _consume(pipeline, debezium_fence, initial)
     result = builder.apply("plain")
     _assert_equal(conn, spark, pipeline, "plain", f"{DB}.plain")
     changes = set(result.schema_changes)
@@ -237,7 +238,7 @@ def test_schema_changes_through_debezium_follow_each_mode(
         "DEFAULT CURRENT_TIMESTAMP",
         f"INSERT INTO {DB}.plain (id, qty, cnt, newer_name) VALUES (20, 1, 4, 'fresh')",
     ])
-    _consume(pipeline, initial)
+    _consume(pipeline, debezium_fence, initial)
     added = builder.apply("plain")
     _assert_equal(conn, spark, pipeline, "plain", f"{DB}.plain")
     assert {f"add column tag ({DB}.plain): older rows hold 'std'",
@@ -257,7 +258,7 @@ def test_schema_changes_through_debezium_follow_each_mode(
         f"DROP TABLE {DB}.gone", f"DROP TABLE {DB}.kept", f"DROP DATABASE {DB2}",
         f"ALTER TABLE {DB}.parted DROP PARTITION p0",
     ])
-    _consume(pipeline, [f"{DB}.items_v2"])
+    _consume(pipeline, debezium_fence, [f"{DB}.items_v2"])
     items = builder.apply("items")
     _assert_equal(conn, spark, pipeline, "items", f"{DB}.items_v2")
     tables = {r["_source_table"] for r in spark.table(
@@ -289,7 +290,7 @@ def test_schema_changes_through_debezium_follow_each_mode(
                 "CREATE TABLE ddl_e2e_s2.orders (id INT PRIMARY KEY, amount DECIMAL(10,2))",
                 *(f"INSERT INTO ddl_e2e_s2.orders VALUES ({i}, {i}.75)" for i in range(1, 3)),
                 "UPDATE ddl_e2e_s1.orders SET amount = 9.99 WHERE id = 1"])
-    _consume(pipeline, ["ddl_e2e_s2.orders"])
+    _consume(pipeline, debezium_fence, ["ddl_e2e_s2.orders"])
     builder.apply("orders")
     _assert_shards(conn, spark, pipeline, ["ddl_e2e_s1", "ddl_e2e_s2"])
 
@@ -320,7 +321,8 @@ OSC = "osc_e2e"
 
 
 def test_pt_online_schema_change_cut_over_leaves_the_replica_equal(
-    debezium_connect: KafkaConnect, mariadb: MariaDBServer, pipeline_config: PipelineConfig,
+    debezium_connect: KafkaConnect, mariadb: MariaDBServer, debezium_fence: DebeziumFence,
+    pipeline_config: PipelineConfig,
     spark,
 ) -> None:
     # The helper's topic comes with the database's regex, as a user would subscribe.
@@ -332,7 +334,7 @@ def test_pt_online_schema_change_cut_over_leaves_the_replica_equal(
                 "note VARCHAR(20), qty INT)",
                 f"INSERT INTO {OSC}.orders VALUES "
                 + ", ".join(f"({i}, {i}.25, 'n{i}', {i % 7})" for i in range(1, 1201))])
-    _consume(pipeline, [f"{OSC}.orders"])
+    _consume(pipeline, debezium_fence, [f"{OSC}.orders"])
     builder = ReplicaBuilder(spark, pipeline)
     builder.apply("orders")
     _assert_equal(conn, spark, pipeline, "orders", f"{OSC}.orders")
@@ -377,7 +379,7 @@ def test_pt_online_schema_change_cut_over_leaves_the_replica_equal(
     assert writes["n"] > 0
     _run(conn, [f"UPDATE {OSC}.orders SET tag = 'vip' WHERE id <= 10",
                 f"INSERT INTO {OSC}.orders (id, amount, qty) VALUES (5000, 5.00, 5)"])
-    _consume(pipeline, [f"{OSC}._orders_new"])
+    _consume(pipeline, debezium_fence, [f"{OSC}._orders_new"])
     result = builder.apply("orders")
     assert any(c.startswith(f"table {OSC}._orders_new renamed to {OSC}.orders: the "
                             "replica's rows") for c in result.schema_changes), result
@@ -507,7 +509,8 @@ class _Workload:
 @pytest.mark.long
 @pytest.mark.parametrize("seed", range(1, 7))
 def test_seeded_schema_and_row_changes_keep_replicas_equal(
-    debezium_connect: KafkaConnect, mariadb: MariaDBServer, pipeline_config: PipelineConfig,
+    debezium_connect: KafkaConnect, mariadb: MariaDBServer, debezium_fence: DebeziumFence,
+    pipeline_config: PipelineConfig,
     spark, seed: int,
 ) -> None:
     import random
@@ -526,7 +529,7 @@ def test_seeded_schema_and_row_changes_keep_replicas_equal(
     done: list[str] = []
 
     def check() -> None:
-        _consume(pipeline, [f"{FUZZ}.{t}" for t in sorted(work.written)])
+        _consume(pipeline, debezium_fence, [f"{FUZZ}.{t}" for t in sorted(work.written)])
         for replica, role in (("r1", "t1"), ("r2", "t2")):
             builder.apply(replica)
             try:

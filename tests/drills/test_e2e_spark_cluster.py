@@ -24,7 +24,7 @@ from drill_lib import seeded_build, shop_config
 
 from binlog_assets.config import PipelineConfig, parse_config
 from binlog_assets.dev import drills
-from binlog_assets.dev.connect import KafkaConnect
+from binlog_assets.dev.connect import DebeziumFence, KafkaConnect
 from binlog_assets.dev.mariadb import MariaDBServer
 from binlog_assets.dev.process import free_port
 from binlog_assets.dev.spark_cluster import SparkCluster
@@ -51,7 +51,8 @@ def _completed_apps(webui_port: int) -> list[str]:
 
 
 def test_seeded_workload_through_a_spark_standalone_cluster(
-    debezium_connect: KafkaConnect, mariadb: MariaDBServer, pipeline_config: PipelineConfig,
+    debezium_connect: KafkaConnect, mariadb: MariaDBServer, debezium_fence: DebeziumFence,
+    pipeline_config: PipelineConfig,
     tmp_path: Path,
 ) -> None:
     cluster = SparkCluster(tmp_path / "cluster")
@@ -63,7 +64,7 @@ def test_seeded_workload_through_a_spark_standalone_cluster(
         pipeline = _cluster_config(pipeline_config, tmp_path / "lake", cluster.url)
         assert pipeline.spark.master_port == cluster.master.port
         statements, summaries, consume_seconds, result = seeded_build(
-            pipeline, mariadb, SEED, STATEMENTS, tmp_path)
+            pipeline, mariadb, debezium_fence, SEED, STATEMENTS, tmp_path)
         events = sum(s.events for s in summaries)
 
         profiles = write_profiles(pipeline, tmp_path / "dbt-profiles")

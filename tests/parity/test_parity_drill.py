@@ -23,7 +23,7 @@ import pytest
 
 from binlog_assets.config import PipelineConfig, parse_config
 from binlog_assets.consume.handlers import HandlerRegistry
-from binlog_assets.dev.connect import KafkaConnect
+from binlog_assets.dev.connect import DebeziumFence, KafkaConnect
 from binlog_assets.dev.demo import wait_for_debezium
 from binlog_assets.dev.mariadb import MariaDBServer
 from binlog_assets.lakehouse.replica.builder import ReplicaBuilder
@@ -76,14 +76,15 @@ def drill(debezium_connect: KafkaConnect, mariadb: MariaDBServer,
         cur.execute("CREATE USER IF NOT EXISTS %s@'%%' IDENTIFIED BY %s", (USER, PASSWORD))
         cur.execute("GRANT SELECT ON drill.* TO %s@'%%'", (USER,))
         cur.execute("GRANT BINLOG MONITOR ON *.* TO %s@'%%'", (USER,))
-    _consume(pipeline)
+    _consume(pipeline, DebeziumFence(debezium_connect, mariadb))
     _apply(pipeline, spark)
     return pipeline
 
 
-def _consume(pipeline: PipelineConfig, start: dict[str, int] | None = None) -> None:
+def _consume(pipeline: PipelineConfig, fence: DebeziumFence,
+             start: dict[str, int] | None = None) -> None:
     kafka_conf = dict(pipeline.kafka)
-    wait_for_debezium(kafka_conf, list(TOPICS), settle=1.0)
+    wait_for_debezium(kafka_conf, list(TOPICS), fence=fence)
     for topic in TOPICS:
         run = ChangelogRunConfig(start_offset=(start or {}).get(topic))
         consume_partition(pipeline, kafka_conf, partition_key(topic, 0), run, HandlerRegistry(),
@@ -142,20 +143,20 @@ def test_an_undamaged_replica_checks_equal(drill: PipelineConfig) -> None:
 
 
 def test_skipped_kafka_offsets_are_found_and_repaired(drill: PipelineConfig, mariadb,
-                                                     spark) -> None:
+                                                     debezium_fence, spark) -> None:
     skip_from = _end_offset(drill, "shop.drill.acc")
     with mariadb.connect().cursor() as cur:
         for i in range(1, 11):  # one record each; the first five are skipped
             cur.execute("UPDATE drill.acc SET note = 'moved' WHERE id = %s", (i,))
     time.sleep(2)
-    _consume(drill, start={"shop.drill.acc": skip_from + 5})
+    _consume(drill, debezium_fence, start={"shop.drill.acc": skip_from + 5})
     _apply(drill, spark)
     _found_then_repaired(drill, "acc", [f"drill.acc {i}: differs" for i in range(1, 6)],
                          spark)
 
 
 def test_a_changelog_commits_rows_deleted_before_an_apply_are_found_and_repaired(
-        drill: PipelineConfig, mariadb, spark) -> None:
+        drill: PipelineConfig, mariadb, debezium_fence, spark) -> None:
     from deltalake import DeltaTable
 
     from binlog_assets.lakehouse.changelog import changelog_uri
@@ -164,7 +165,7 @@ def test_a_changelog_commits_rows_deleted_before_an_apply_are_found_and_repaired
     with mariadb.connect().cursor() as cur:
         for i in range(11, 16):
             cur.execute("UPDATE drill.acc SET note = 'lost' WHERE id = %s", (i,))
-    _consume(drill)
+    _consume(drill, debezium_fence)
     # Someone turns the changelog's append-only guard off and deletes the commit's rows
     # before the replica applied them.
     changelog = DeltaTable(delta_rs_uri(changelog_uri(drill)))
@@ -184,10 +185,10 @@ def test_a_changelog_commits_rows_deleted_before_an_apply_are_found_and_repaired
 
 
 def test_a_truncated_partition_at_the_source_is_found_and_repaired(
-        drill: PipelineConfig, mariadb, spark) -> None:
+        drill: PipelineConfig, mariadb, debezium_fence, spark) -> None:
     with mariadb.connect().cursor() as cur:
         cur.execute("ALTER TABLE drill.part TRUNCATE PARTITION p0")  # no row events
-    _consume(drill)
+    _consume(drill, debezium_fence)
     _apply(drill, spark)
     report = _check(drill, "part")
     assert not report.passed and report.replica_rows - report.source_rows == 99
@@ -198,14 +199,14 @@ def test_a_truncated_partition_at_the_source_is_found_and_repaired(
 
 
 def test_a_dropped_partition_at_the_source_is_found_and_repaired(
-        drill: PipelineConfig, mariadb, spark) -> None:
+        drill: PipelineConfig, mariadb, debezium_fence, spark) -> None:
     with mariadb.connect().cursor() as cur:
         cur.execute("SELECT COUNT(*) FROM drill.part WHERE id >= 100 AND id < 200")
         (dropped,) = cur.fetchone()
         cur.execute("ALTER TABLE drill.part DROP PARTITION p1")  # its rows go, no row events
         cur.execute("SELECT COUNT(*) FROM drill.part")
         (left,) = cur.fetchone()
-    _consume(drill)
+    _consume(drill, debezium_fence)
     _apply(drill, spark)
     report = _check(drill, "part")
     assert not report.passed and report.replica_rows - report.source_rows == dropped > 0

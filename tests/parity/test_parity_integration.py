@@ -19,7 +19,7 @@ import pytest
 
 from binlog_assets.config import PipelineConfig, parse_config
 from binlog_assets.consume.handlers import HandlerRegistry
-from binlog_assets.dev.connect import KafkaConnect
+from binlog_assets.dev.connect import DebeziumFence, KafkaConnect
 from binlog_assets.dev.demo import wait_for_debezium
 from binlog_assets.dev.mariadb import MariaDBServer
 from binlog_assets.lakehouse.replica.builder import ReplicaBuilder
@@ -133,7 +133,8 @@ def built(debezium_connect: KafkaConnect, mariadb: MariaDBServer,
     conn = mariadb.connect()
     _workload(conn)
     kafka_conf = dict(pipeline.kafka)
-    wait_for_debezium(kafka_conf, list(TOPICS), settle=2.0)
+    wait_for_debezium(kafka_conf, list(TOPICS),
+                      fence=DebeziumFence(debezium_connect, mariadb))
     for topic in TOPICS:
         consume_partition(pipeline, kafka_conf, partition_key(topic, 0), ChangelogRunConfig(),
                           HandlerRegistry(), group=pipeline.kafka["group.id"])
@@ -177,7 +178,8 @@ def test_a_keyless_table_checks_equal_to_its_log_replayed(built: PipelineConfig)
 
 
 def test_a_row_changed_between_the_two_reads_is_checked_again_not_reported(
-        built: PipelineConfig, mariadb: MariaDBServer, spark) -> None:
+        built: PipelineConfig, mariadb: MariaDBServer, debezium_fence: DebeziumFence,
+        spark) -> None:
     """The source changes after its chunks were summed and the replica applies the change
     before it is read: the chunk differs once, is taken again, and agrees."""
     changed = []
@@ -187,7 +189,7 @@ def test_a_row_changed_between_the_two_reads_is_checked_again_not_reported(
             return
         with mariadb.connect().cursor() as cur:
             cur.execute("UPDATE parity.items SET note = 'changed meanwhile' WHERE id = 40")
-        _catch_up(built, spark, "items")
+        _catch_up(built, debezium_fence, spark, "items")
         changed.append(line)
 
     report = check_replica(built, "items", dict(built.kafka), built.kafka["group.id"],
@@ -197,9 +199,9 @@ def test_a_row_changed_between_the_two_reads_is_checked_again_not_reported(
     assert report.rechecked == 1  # (28, 53] differed once: the replica was newer
 
 
-def _catch_up(pipeline: PipelineConfig, spark, replica: str) -> None:
+def _catch_up(pipeline: PipelineConfig, fence: DebeziumFence, spark, replica: str) -> None:
     kafka_conf = dict(pipeline.kafka)
-    wait_for_debezium(kafka_conf, list(TOPICS), settle=1.0)
+    wait_for_debezium(kafka_conf, list(TOPICS), fence=fence)
     for topic in TOPICS:
         consume_partition(pipeline, kafka_conf, partition_key(topic, 0), ChangelogRunConfig(),
                           HandlerRegistry(), group=pipeline.kafka["group.id"])
@@ -274,7 +276,8 @@ def test_the_parity_job_reports_an_error_check_naming_the_keys(
 
 
 def test_a_resync_repairs_the_ranges_and_later_streamed_changes_still_win(
-        built: PipelineConfig, mariadb: MariaDBServer, spark, tmp_path) -> None:
+        built: PipelineConfig, mariadb: MariaDBServer, debezium_fence: DebeziumFence,
+        spark, tmp_path) -> None:
     """After the edits above: the named ranges re-synced at their snapshot's position
     (rows replaced, a missing row back, a row the source lacks deleted), the check then
     passes; a change streamed after the re-sync still reaches the replica."""
@@ -332,7 +335,7 @@ def test_a_resync_repairs_the_ranges_and_later_streamed_changes_still_win(
     # Streaming goes on: a change after the re-sync's position wins over its rows.
     with mariadb.connect().cursor() as cur:
         cur.execute("UPDATE parity.items SET note = 'after the resync' WHERE id = 17")
-    _catch_up(built, spark, "items")
+    _catch_up(built, debezium_fence, spark, "items")
     notes = DeltaTable(uri).to_pyarrow_table().filter(pc.equal(pc.field("id"), 17))
     assert notes.column("note").to_pylist() == ["after the resync"]
     assert _check(built, "items").passed

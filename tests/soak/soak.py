@@ -74,7 +74,11 @@ from soak_handlers import DATABASE, cache, parse_coordinate, read_calls  # noqa:
 
 from binlog_assets.config import parse_config  # noqa: E402
 from binlog_assets.dev.code_watch import CodeWatch, Endpoint, with_heartbeat_ttl  # noqa: E402
-from binlog_assets.dev.connect import DebeziumConnector, KafkaConnect  # noqa: E402
+from binlog_assets.dev.connect import (  # noqa: E402
+    DebeziumConnector,
+    DebeziumFence,
+    KafkaConnect,
+)
 from binlog_assets.dev.dagster_dev import terminate_runs  # noqa: E402
 from binlog_assets.dev.demo import wait_for_debezium  # noqa: E402
 from binlog_assets.dev.kafka import KafkaBroker  # noqa: E402
@@ -900,7 +904,8 @@ def wait_drained(soak: Soak, timeout: float) -> dict[str, Any]:
     each wait's seconds. A wait that times out is reported, and the checks fail."""
     began = time.monotonic()
     out: dict[str, Any] = {}
-    ends = wait_for_debezium(soak.kafka_conf, soak.topics, settle=5.0, timeout=timeout)
+    ends = wait_for_debezium(soak.kafka_conf, soak.topics, timeout=timeout,
+                             fence=DebeziumFence(soak.connect, soak.mariadb))
     out["ends"] = ends
     out["published_s"] = round(time.monotonic() - began, 1)
     lag = soak.drained(ends)
