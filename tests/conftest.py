@@ -31,6 +31,7 @@ from binlog_assets.dev.mariadb import MariaDBServer
 from binlog_assets.dev.redis import REDIS_URL_ENV, RedisServer
 from binlog_assets.dev.registry import SchemaRegistryServer
 from binlog_assets.dev.stack import source_skip_reason
+from binlog_assets.lakehouse.spark import INTERPRETED
 
 
 def _serve(service, label: Callable[[], str]) -> Iterator:
@@ -65,7 +66,11 @@ def pipeline_config(kafka_broker: KafkaBroker, lakehouse_dir: Path) -> PipelineC
                 "isolation.level": "read_committed",
             },
             "lakehouse": {"path": str(lakehouse_dir), "database": "binlake_test"},
-            "spark": {"master": "local[2]", "conf": {"spark.driver.memory": "2g"}},
+            # Interpreted, as a builder runs a small batch (`lakehouse/spark.py`): the
+            # tests' own queries are small too, and generating their code was a fifth
+            # of the session driver's CPU. `test_spark.py` applies a batch compiled.
+            "spark": {"master": "local[2]",
+                      "conf": {"spark.driver.memory": "2g", **dict(INTERPRETED)}},
             "sources": [
                 {"name": "shop", "topics": ["test.inventory.products"], "format": "debezium",
                  "tables": [{"source": "inventory.products", "replica": "products"}]}
