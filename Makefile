@@ -53,10 +53,10 @@ demo: setup
 
 ## The test suite: ruff first, then unit + integration on the real broker, Spark/Delta,
 ## MariaDB and Debezium.
-## Two workers (TEST_WORKERS), each with its own stack: while one waits on a broker, a
-## child process or a Spark job, the other runs. A file goes to one worker whole, so a
-## module's fixture (a built lake, a broker of its own) is made once.
-TEST_WORKERS ?= 2
+## Three workers (TEST_WORKERS) on the 2 cores, each with its own stack: while one waits
+## on a broker, a child process or a Spark job, the others run (docs/testing.md). A file
+## goes to one worker whole, so a module's fixture (a built lake, a broker) is made once.
+TEST_WORKERS ?= 3
 test: setup registry
 	$(VENV)/bin/ruff check .
 	$(PY) -m pytest -q -m "not long" -n $(TEST_WORKERS) --dist loadfile --durations=20
