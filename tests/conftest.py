@@ -46,7 +46,7 @@ def _serve(service, label: Callable[[], str]) -> Iterator:
 
 @pytest.fixture(scope="session")
 def kafka_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KafkaBroker]:
-    broker = KafkaBroker(tmp_path_factory.mktemp("kafka"))
+    broker = KafkaBroker(tmp_path_factory.mktemp("kafka"), c1=True)
     yield from _serve(broker, lambda: f"kafka broker {broker.bootstrap_servers}")
 
 

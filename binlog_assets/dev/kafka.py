@@ -55,6 +55,9 @@ class KafkaBroker(LocalDaemon):
     # `sasl_port` beside the plaintext one (which the broker and the stack's tools use).
     scram_users: dict[str, str] = field(default_factory=dict)
     sasl_port: int | None = None
+    # C1 only (-XX:TieredStopAtLevel=1): a broker serving a trickle, as the tests' do, spends
+    # a third less CPU starting and idling; the benches' keep the tiered JIT for throughput.
+    c1: bool = False
 
     @property
     def bootstrap_servers(self) -> str:
@@ -147,7 +150,8 @@ class KafkaBroker(LocalDaemon):
     def _java_cmd(self, main: str, *args: str) -> list[str]:
         return [
             "java", f"-Xmx{self.heap}", "-Xms128m", "-XX:+UseG1GC",
-            "-XX:TieredStopAtLevel=1" if main != "kafka.Kafka" else "-XX:+UseStringDeduplication",
+            "-XX:TieredStopAtLevel=1" if main != "kafka.Kafka" or self.c1
+            else "-XX:+UseStringDeduplication",
             f"-Dlog4j2.configurationFile={self.data_dir / 'log4j2.properties'}",
             "-Djava.awt.headless=true",
             "-cp", f"{jars_dir('kafka')}/*", main, *args,

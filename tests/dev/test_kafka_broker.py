@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 import uuid
+from pathlib import Path
 
 from confluent_kafka import Consumer, Producer, TopicPartition
 
@@ -127,3 +128,12 @@ def test_start_is_idempotent(kafka_broker: KafkaBroker) -> None:
     again.start(timeout=30)
     assert again.bootstrap_servers == kafka_broker.bootstrap_servers
     assert again.running_pid() == kafka_broker.running_pid()
+
+
+def test_a_c1_broker_stops_its_jit_at_c1_and_a_default_one_does_not(
+        kafka_broker: KafkaBroker, tmp_path) -> None:
+    """The tests' brokers run C1 only (`c1=True`); a broker made without it, as the stack's
+    and the benches' are, keeps the JVM's tiered JIT."""
+    running = Path(f"/proc/{kafka_broker.running_pid()}/cmdline").read_text().split("\0")
+    assert "-XX:TieredStopAtLevel=1" in running
+    assert "-XX:TieredStopAtLevel=1" not in KafkaBroker(tmp_path)._java_cmd("kafka.Kafka")

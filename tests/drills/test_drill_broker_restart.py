@@ -72,7 +72,7 @@ def _committed(bootstrap: str, group: str, topic: str) -> int:
 def test_broker_restart_mid_run_then_rerun_loses_nothing(
     pipeline_config: PipelineConfig, spark, tmp_path_factory
 ) -> None:
-    broker = KafkaBroker(tmp_path_factory.mktemp("kafka-restart"))
+    broker = KafkaBroker(tmp_path_factory.mktemp("kafka-restart"), c1=True)
     broker.start()
     try:
         _drill_restart(broker, pipeline_config, spark)
@@ -83,7 +83,7 @@ def test_broker_restart_mid_run_then_rerun_loses_nothing(
 def test_frozen_broker_fails_the_run_at_the_commit_deadline_then_rerun_loses_nothing(
     pipeline_config: PipelineConfig, spark, tmp_path_factory
 ) -> None:
-    broker = KafkaBroker(tmp_path_factory.mktemp("kafka-freeze"))
+    broker = KafkaBroker(tmp_path_factory.mktemp("kafka-freeze"), c1=True)
     broker.start()
     pid = broker.running_pid()
     assert pid is not None

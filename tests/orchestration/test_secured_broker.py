@@ -34,7 +34,8 @@ USER = "binlake-runner"
 
 @pytest.fixture(scope="module")
 def sasl_broker(tmp_path_factory: pytest.TempPathFactory):
-    broker = KafkaBroker(tmp_path_factory.mktemp("kafka-sasl"), scram_users={USER: PASSWORD})
+    broker = KafkaBroker(tmp_path_factory.mktemp("kafka-sasl"), scram_users={USER: PASSWORD},
+                         c1=True)
     broker.start()
     try:
         yield broker

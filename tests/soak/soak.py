@@ -417,7 +417,7 @@ class Soak:
         self.work.chmod(0o755)  # as root, PostgreSQL runs as its own user
         # Its port known before it starts: the config (and Spark Connect's, from it) is
         # written while the broker starts.
-        self.broker = KafkaBroker(self.work / "kafka", port=free_port())
+        self.broker = KafkaBroker(self.work / "kafka", port=free_port(), c1=True)
         self.mariadb = MariaDBServer(self.work / "mariadb")
         self.postgres = PostgresServer(self.work / "postgres")
         self.redis = RedisServer(self.work / "redis")
