@@ -153,8 +153,8 @@ class KafkaConnect(LocalDaemon):
 
     @property
     def rest_url(self) -> str:
-        if self.port is None and self.running_pid() is not None:
-            self.port = int(self.port_file.read_text())  # a worker another process started
+        if self.port is None:
+            self._reuse_port()  # a worker another process started: its port file
         if self.port is None:
             raise RuntimeError("kafka connect not started")
         return f"http://127.0.0.1:{self.port}"

@@ -23,7 +23,7 @@ import pytest
 
 from binlog_assets.config import PipelineConfig, parse_config
 from binlog_assets.consume.handlers import HandlerRegistry
-from binlog_assets.dev.connect import DebeziumFence, KafkaConnect
+from binlog_assets.dev.connect import DebeziumFence
 from binlog_assets.dev.demo import wait_for_debezium
 from binlog_assets.dev.mariadb import MariaDBServer
 from binlog_assets.lakehouse.replica.builder import ReplicaBuilder
@@ -51,7 +51,7 @@ SCHEMA = [
 
 
 @pytest.fixture(scope="module")
-def drill(debezium_connect: KafkaConnect, mariadb: MariaDBServer,
+def drill(debezium_fence: DebeziumFence, mariadb: MariaDBServer,
           pipeline_config: PipelineConfig, spark) -> PipelineConfig:
     data = pipeline_config.model_dump(mode="json", exclude_none=True)
     suffix = uuid.uuid4().hex[:6]
@@ -76,7 +76,7 @@ def drill(debezium_connect: KafkaConnect, mariadb: MariaDBServer,
         cur.execute("CREATE USER IF NOT EXISTS %s@'%%' IDENTIFIED BY %s", (USER, PASSWORD))
         cur.execute("GRANT SELECT ON drill.* TO %s@'%%'", (USER,))
         cur.execute("GRANT BINLOG MONITOR ON *.* TO %s@'%%'", (USER,))
-    _consume(pipeline, DebeziumFence(debezium_connect, mariadb))
+    _consume(pipeline, debezium_fence)
     _apply(pipeline, spark)
     return pipeline
 

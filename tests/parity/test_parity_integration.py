@@ -19,7 +19,7 @@ import pytest
 
 from binlog_assets.config import PipelineConfig, parse_config
 from binlog_assets.consume.handlers import HandlerRegistry
-from binlog_assets.dev.connect import DebeziumFence, KafkaConnect
+from binlog_assets.dev.connect import DebeziumFence
 from binlog_assets.dev.demo import wait_for_debezium
 from binlog_assets.dev.mariadb import MariaDBServer
 from binlog_assets.lakehouse.replica.builder import ReplicaBuilder
@@ -127,14 +127,13 @@ def _config(base: PipelineConfig, port: int) -> PipelineConfig:
 
 
 @pytest.fixture(scope="module")
-def built(debezium_connect: KafkaConnect, mariadb: MariaDBServer,
+def built(debezium_fence: DebeziumFence, mariadb: MariaDBServer,
           pipeline_config: PipelineConfig, spark) -> PipelineConfig:
     pipeline = _config(pipeline_config, mariadb.port)
     conn = mariadb.connect()
     _workload(conn)
     kafka_conf = dict(pipeline.kafka)
-    wait_for_debezium(kafka_conf, list(TOPICS),
-                      fence=DebeziumFence(debezium_connect, mariadb))
+    wait_for_debezium(kafka_conf, list(TOPICS), fence=debezium_fence)
     for topic in TOPICS:
         consume_partition(pipeline, kafka_conf, partition_key(topic, 0), ChangelogRunConfig(),
                           HandlerRegistry(), group=pipeline.kafka["group.id"])
