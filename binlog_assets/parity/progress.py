@@ -39,6 +39,7 @@ from binlog_assets.parity.source import BinlogPosition, binlog_tables_between
 
 if TYPE_CHECKING:
     import pymysql
+    from deltalake import DeltaTable
 
     from binlog_assets.config import PipelineConfig, SourceConfig
     from binlog_assets.lakehouse.replica.routes import ReplicaRoute
@@ -138,9 +139,23 @@ def unapplied_commits(pipeline: PipelineConfig, route: ReplicaRoute, applied: in
             continue
         doc = commit_doc(commit.get("userMetadata"))
         survey = doc.get("survey")
-        if survey is None or any(route.matches(entry[0]) for entry in survey):
+        tables = (_changed_tables(log, commit["version"]) if survey is None
+                  else {entry[0] for entry in survey})
+        if any(route.matches(t) for t in tables):
             pending.append(commit["version"])
     return sorted(pending)
+
+
+def _changed_tables(log: DeltaTable, version: int) -> set[str]:
+    """Tables of the rows in the change feed of a commit without a survey (a property
+    change, a compaction, a delete by hand): the builder surveys those rows, finds none of
+    an idle replica's and leaves its applied version where it was, so only a commit with
+    the replica's rows is one it must apply."""
+    import pyarrow as pa
+
+    rows = pa.table(log.load_cdf(starting_version=version, ending_version=version,
+                                 columns=["table"]).read_all())
+    return {t for t in rows.column("table").unique().to_pylist() if t is not None}
 
 
 def _label(position: tuple[int, int] | None) -> str:
