@@ -67,6 +67,8 @@ def terminate_runs(grace: float) -> None:
     seconds for them to end."""
     import dagster as dg
 
+    from binlog_assets.orchestration.lost_runs import cancel_ended_run, interrupt_run
+
     with dg.DagsterInstance.get() as instance:
         statuses = [dg.DagsterRunStatus.STARTING, dg.DagsterRunStatus.STARTED,
                     dg.DagsterRunStatus.CANCELING]
@@ -74,12 +76,20 @@ def terminate_runs(grace: float) -> None:
                instance.get_run_records(dg.RunsFilter(statuses=statuses))]
         for run_id in ids:
             try:
-                instance.run_coordinator.cancel_run(run_id)
-            except Exception as e:  # the group's signals still end it
-                print(f"binlake: could not terminate run {run_id}: {e}", flush=True)
+                asked = instance.run_coordinator.cancel_run(run_id)
+            except Exception as e:  # noqa: BLE001 - the run's own process is asked next
+                asked, error = False, e
+            else:
+                error = None
+            # The code server that launched the run is gone (killed, or ended when its
+            # heartbeats stopped): its run process is interrupted as that server would.
+            if not asked and interrupt_run(instance, run_id) is None and error is not None:
+                print(f"binlake: could not terminate run {run_id}: {error}", flush=True)
         deadline = time.monotonic() + grace
         while ids and time.monotonic() < deadline:
-            if not instance.get_run_records(dg.RunsFilter(run_ids=ids, statuses=statuses)):
+            left = [r.dagster_run.run_id for r in instance.get_run_records(
+                dg.RunsFilter(run_ids=ids, statuses=statuses))]
+            if not [run_id for run_id in left if not cancel_ended_run(instance, run_id)]:
                 break
             time.sleep(0.2)
 

@@ -11,6 +11,10 @@ the run when that process is gone.
 
 from __future__ import annotations
 
+import contextlib
+import os
+import signal
+
 import dagster as dg
 from dagster._core.events import DagsterEventType
 from dagster._core.launcher import DefaultRunLauncher
@@ -38,18 +42,17 @@ def worker_pid(instance: dg.DagsterInstance, run_id: str) -> int | None:
     return None
 
 
-def fail_lost_run(instance: dg.DagsterInstance, run: dg.DagsterRun) -> bool:
-    """Fail `run` if it is STARTED by this host's DefaultRunLauncher and the process that
-    executes it is gone; whether it did."""
-    if run.status != dg.DagsterRunStatus.STARTED or \
-            not isinstance(instance.run_launcher, DefaultRunLauncher):
-        return False
+def live_worker(instance: dg.DagsterInstance, run: dg.DagsterRun) -> int | None | bool:
+    """The pid of the live process executing `run`; False when that process is gone,
+    None when the run names none (not started by this host's DefaultRunLauncher)."""
+    if not isinstance(instance.run_launcher, DefaultRunLauncher):
+        return None
     known = _WORKERS.get(run.run_id)
     if known is None:
         pid = worker_pid(instance, run.run_id)
         record = instance.get_run_record_by_id(run.run_id)
         if pid is None or record is None or record.start_time is None:
-            return False
+            return None
         if len(_WORKERS) >= KNOWN_WORKERS:
             _WORKERS.clear()
         known = _WORKERS[run.run_id] = (pid, record.start_time)
@@ -57,13 +60,46 @@ def fail_lost_run(instance: dg.DagsterInstance, run: dg.DagsterRun) -> bool:
     worker = process(pid)
     if worker is not None and worker.alive and \
             worker.started_at <= run_start + START_SLACK_SECONDS:
+        return pid
+    return False
+
+
+def fail_lost_run(instance: dg.DagsterInstance, run: dg.DagsterRun) -> bool:
+    """Fail `run` if it is STARTED by this host's DefaultRunLauncher and the process that
+    executes it is gone; whether it did."""
+    if run.status != dg.DagsterRunStatus.STARTED or live_worker(instance, run) is not False:
         return False
     # A run that ended between the lookup and now wrote its own end before it exited.
     if instance.get_run_by_id(run.run_id).status != dg.DagsterRunStatus.STARTED:
         return False
+    pid = _WORKERS[run.run_id][0]
     instance.report_run_failed(
         run, f"the run's process {pid} is gone and so is the code server that launched "
              "it: nothing else would fail the run, and its sensor would wait on it")
+    return True
+
+
+def interrupt_run(instance: dg.DagsterInstance, run_id: str) -> int | None:
+    """Interrupt the live process executing the run (SIGINT, which is how its code
+    server's termination reaches it) when that server cannot; its pid, else None."""
+    run = instance.get_run_by_id(run_id)
+    pid = live_worker(instance, run) if run is not None and not run.is_finished else None
+    if not pid:
+        return None
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGINT)
+    return pid
+
+
+def cancel_ended_run(instance: dg.DagsterInstance, run_id: str) -> bool:
+    """Mark canceled a run asked to stop whose process ended without recording its end;
+    whether it did."""
+    run = instance.get_run_by_id(run_id)
+    if run is None or run.is_finished or live_worker(instance, run) is not False:
+        return False
+    instance.report_run_canceled(
+        run, f"the run's process {_WORKERS[run_id][0]} ended after it was asked to stop, "
+             "without recording its end")
     return True
 
 

@@ -8,8 +8,10 @@ nothing consumed Kafka again.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
+import signal
 import subprocess
 from pathlib import Path
 
@@ -101,3 +103,34 @@ def test_a_runs_worker_is_looked_up_once(instance: dg.DagsterInstance,
     for _tick in range(3):
         assert [r.run_id for r in unfinished_runs(instance, JOB, UNFINISHED)] == [run.run_id]
     assert sorted(reads) == ["get_records_for_run", "get_run_record_by_id"]
+
+
+@pytest.mark.parametrize("launcher", ["no-server-named", "server-gone"])
+def test_terminating_a_run_whose_code_server_is_gone_interrupts_its_process(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, launcher: str) -> None:
+    """`make dev`'s Ctrl-C (and the soak's end) terminate runs as the UI does, through
+    the code server that launched each. With that server killed, the run stayed
+    CANCELING and its process kept running: now the process is interrupted as the
+    server would, and a run whose process then ends without a word is marked canceled."""
+    from dagster._core.launcher.default_run_launcher import GRPC_INFO_TAG
+
+    from binlog_assets.dev.dagster_dev import terminate_runs
+
+    home = tmp_path / "dagster"
+    home.mkdir()
+    shutil.copy(REPO_ROOT / "setup" / "dagster.yaml", home / "dagster.yaml")
+    monkeypatch.setenv("DAGSTER_HOME", str(home))
+    worker = subprocess.Popen(["sleep", "60"])
+    try:
+        with dg.DagsterInstance.get() as instance:
+            run = started(instance, worker.pid)
+            if launcher == "server-gone":
+                instance.add_run_tags(run.run_id, {GRPC_INFO_TAG: json.dumps(
+                    {"socket": str(tmp_path / "gone.sock"), "host": "localhost"})})
+        terminate_runs(30.0)
+        assert worker.wait(timeout=10) == -signal.SIGINT
+        with dg.DagsterInstance.get() as instance:
+            assert instance.get_run_by_id(run.run_id).status == dg.DagsterRunStatus.CANCELED
+    finally:
+        worker.kill()
+        worker.wait()
