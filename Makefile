@@ -62,9 +62,10 @@ test: setup registry
 	$(PY) -m pytest -q -m "not long" -n $(TEST_WORKERS) --dist loadfile --durations=20
 
 ## The long variants: the daemon-driven end-to-end pipeline (backfill + automation), the
-## seeded schema-change drills and the replica tests' rewrite variants.
+## seeded schema-change drills and the replica tests' rewrite variants; on the same
+## workers as `make test` (one process took over an hour).
 test-long: setup registry
-	$(PY) -m pytest -q -m long
+	$(PY) -m pytest -q -m long -n $(TEST_WORKERS) --dist loadfile --durations=20
 
 ## The long drill variants (more SIGKILL trials, fuzz examples, fencing races); their
 ## figures go to var/drills/report.json and report.md (BINLAKE_DRILL_REPORT moves them).
