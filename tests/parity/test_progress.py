@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from binlog_assets.config import parse_config
+from binlog_assets.config import PipelineConfig, parse_config
 from binlog_assets.formats.event import ChangeEvent, Position
 from binlog_assets.lakehouse.changelog import ChangelogWriter
 from binlog_assets.lakehouse.replica.routes import replica_route
@@ -16,21 +16,8 @@ def test_the_reached_position_counts_only_commits_up_to_the_version(tmp_path: Pa
     """delta-rs numbers the history of a log loaded at a version from that version while
     listing the latest commits: read so, a later commit's position passed for an earlier
     version's, and the check compared a replica that had not applied it."""
-    pipeline = parse_config({
-        "kafka": {"group.id": "g"}, "lakehouse": {"path": str(tmp_path), "database": "d"},
-        "sources": [{"name": "s", "topics": ["s.db.t", "s.db.u"],
-                     "tables": [{"source": "db.t", "replica": "t"},
-                                {"source": "db.u", "replica": "u"}]}]})
-    writer = ChangelogWriter(pipeline)
-    versions = []
-    for offset, (topic, table, pos) in enumerate(
-            [("s.db.t", "db.t", 100), ("s.db.u", "db.u", 200), ("s.db.t", "db.t", 300)]):
-        event = ChangeEvent(table=table, op="c", key=(offset,), key_columns=("id",),
-                            before=None, after={"id": offset}, position=Position(1, 4, pos, 0),
-                            source_ts=0, topic=topic, partition=0, offset=offset,
-                            column_types={"id": "int"})
-        versions.append(writer.write([event], None, group_id="g", topic=topic, partition=0,
-                                     end_offset=offset + 1))
+    pipeline, versions = _changelog(tmp_path, [("s.db.t", "db.t", 100), ("s.db.u", "db.u", 200),
+                                               ("s.db.t", "db.t", 300)])
     source = pipeline.sources[0]
     assert reached_position(pipeline, source, versions[0]) == (4, 100)
     assert reached_position(pipeline, source, versions[1]) == (4, 200)
@@ -52,22 +39,9 @@ def test_a_commit_without_a_survey_is_pending_only_for_the_replicas_of_its_rows(
     from binlog_assets.lakehouse.changelog import changelog_uri
     from binlog_assets.lakehouse.delta_log import delta_rs_uri
 
-    pipeline = parse_config({
-        "kafka": {"group.id": "g"}, "lakehouse": {"path": str(tmp_path), "database": "d"},
-        "sources": [{"name": "s", "topics": ["s.db.t", "s.db.u"],
-                     "tables": [{"source": "db.t", "replica": "t"},
-                                {"source": "db.u", "replica": "u"}]}]})
-    writer = ChangelogWriter(pipeline)
-    last = None
-    for offset, (topic, table) in enumerate([("s.db.t", "db.t"), ("s.db.u", "db.u"),
-                                             ("s.db.u", "db.u")]):
-        event = ChangeEvent(table=table, op="c", key=(offset,), key_columns=("id",),
-                            before=None, after={"id": offset},
-                            position=Position(1, 4, 100 + offset, 0), source_ts=0,
-                            topic=topic, partition=0, offset=offset,
-                            column_types={"id": "int"})
-        last = writer.write([event], None, group_id="g", topic=topic, partition=0,
-                            end_offset=offset + 1)
+    pipeline, versions = _changelog(tmp_path, [("s.db.t", "db.t", 100), ("s.db.u", "db.u", 101),
+                                               ("s.db.u", "db.u", 102)])
+    last = versions[-1]
     log = DeltaTable(delta_rs_uri(changelog_uri(pipeline)))
     log.alter.set_table_properties({"delta.appendOnly": "false"})
     log.delete("`table` = 'db.u' AND after LIKE '%1%'")  # rewrites nothing of db.t
@@ -82,3 +56,23 @@ def test_a_commit_without_a_survey_is_pending_only_for_the_replicas_of_its_rows(
                                         columns=["table"]).read_all()).column("table").to_pylist())
     assert deleted == ([end] if changed else [])
     assert changed <= {"db.u"}
+
+
+def _changelog(tmp_path: Path, rows: list[tuple[str, str, int]]
+               ) -> tuple[PipelineConfig, list[int]]:
+    """A changelog of replicas t and u, one commit per (topic, table, binlog position)."""
+    pipeline = parse_config({
+        "kafka": {"group.id": "g"}, "lakehouse": {"path": str(tmp_path), "database": "d"},
+        "sources": [{"name": "s", "topics": ["s.db.t", "s.db.u"],
+                     "tables": [{"source": "db.t", "replica": "t"},
+                                {"source": "db.u", "replica": "u"}]}]})
+    writer = ChangelogWriter(pipeline)
+    versions = []
+    for offset, (topic, table, pos) in enumerate(rows):
+        event = ChangeEvent(table=table, op="c", key=(offset,), key_columns=("id",),
+                            before=None, after={"id": offset}, position=Position(1, 4, pos, 0),
+                            source_ts=0, topic=topic, partition=0, offset=offset,
+                            column_types={"id": "int"})
+        versions.append(writer.write([event], None, group_id="g", topic=topic, partition=0,
+                                     end_offset=offset + 1))
+    return pipeline, versions
