@@ -167,10 +167,11 @@ def debezium_fence(debezium_connect: KafkaConnect, mariadb: MariaDBServer) -> De
     return DebeziumFence(debezium_connect, mariadb)
 
 
-# The folders in the order `make test` hands their files to its workers (`--dist
-# loadfile`): the soak's brief variant (its own stack, minutes), the long drills and the
-# Spark applies first, the folders of many short tests last, so that these fill both
-# workers at the end instead of one long file.
+# The folders in the order the tests are collected: the soak's brief variant (its own
+# stack, minutes), the long drills and the Spark applies first, the folders of many
+# short tests last. `--dist loadfile` hands out the files with the most tests first (xdist
+# reorders by count; this order breaks ties); kept in this order instead
+# (`--no-loadscope-reorder`), the suite took as long (docs/testing.md).
 FOLDER_ORDER = ("soak", "drills", "parity", "lakehouse", "orchestration", "dev", "consume")
 
 
