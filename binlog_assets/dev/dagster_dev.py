@@ -72,24 +72,26 @@ def terminate_runs(grace: float) -> None:
     with dg.DagsterInstance.get() as instance:
         statuses = [dg.DagsterRunStatus.STARTING, dg.DagsterRunStatus.STARTED,
                     dg.DagsterRunStatus.CANCELING]
-        ids = [r.dagster_run.run_id for r in
-               instance.get_run_records(dg.RunsFilter(statuses=statuses))]
-        for run_id in ids:
+        runs = [r.dagster_run for r in
+                instance.get_run_records(dg.RunsFilter(statuses=statuses))]
+        for run in runs:
             try:
-                asked = instance.run_coordinator.cancel_run(run_id)
-            except Exception as e:  # noqa: BLE001 - the run's own process is asked next
-                asked, error = False, e
-            else:
+                if instance.run_coordinator.cancel_run(run.run_id):
+                    continue
                 error = None
+            except Exception as e:  # noqa: BLE001 - the run's own process is asked next
+                error = e
             # The code server that launched the run is gone (killed, or ended when its
             # heartbeats stopped): its run process is interrupted as that server would.
-            if not asked and interrupt_run(instance, run_id) is None and error is not None:
-                print(f"binlake: could not terminate run {run_id}: {error}", flush=True)
+            if interrupt_run(instance, run) is None and error is not None:
+                print(f"binlake: could not terminate run {run.run_id}: {error}", flush=True)
+        ids = [run.run_id for run in runs]
         deadline = time.monotonic() + grace
         while ids and time.monotonic() < deadline:
-            left = [r.dagster_run.run_id for r in instance.get_run_records(
+            left = [r.dagster_run for r in instance.get_run_records(
                 dg.RunsFilter(run_ids=ids, statuses=statuses))]
-            if not [run_id for run_id in left if not cancel_ended_run(instance, run_id)]:
+            # Each one looked at, not only up to the first still running.
+            if all([cancel_ended_run(instance, run) for run in left]):
                 break
             time.sleep(0.2)
 

@@ -42,9 +42,9 @@ def worker_pid(instance: dg.DagsterInstance, run_id: str) -> int | None:
     return None
 
 
-def live_worker(instance: dg.DagsterInstance, run: dg.DagsterRun) -> int | None | bool:
-    """The pid of the live process executing `run`; False when that process is gone,
-    None when the run names none (not started by this host's DefaultRunLauncher)."""
+def run_worker(instance: dg.DagsterInstance, run: dg.DagsterRun) -> tuple[int, bool] | None:
+    """(pid, alive) of the process executing `run`; None when the run names none (not
+    started by this host's DefaultRunLauncher)."""
     if not isinstance(instance.run_launcher, DefaultRunLauncher):
         return None
     known = _WORKERS.get(run.run_id)
@@ -58,48 +58,52 @@ def live_worker(instance: dg.DagsterInstance, run: dg.DagsterRun) -> int | None 
         known = _WORKERS[run.run_id] = (pid, record.start_time)
     pid, run_start = known
     worker = process(pid)
-    if worker is not None and worker.alive and \
-            worker.started_at <= run_start + START_SLACK_SECONDS:
-        return pid
-    return False
+    return pid, (worker is not None and worker.alive
+                 and worker.started_at <= run_start + START_SLACK_SECONDS)
+
+
+def _gone(instance: dg.DagsterInstance, run: dg.DagsterRun) -> int | None:
+    """The pid of `run`'s process when that process is gone and the run, read after it,
+    still unfinished (a run that ends writes its end before its process exits)."""
+    found = run_worker(instance, run)
+    if found is None or found[1]:
+        return None
+    current = instance.get_run_by_id(run.run_id)
+    return found[0] if current is not None and current.status == run.status else None
 
 
 def fail_lost_run(instance: dg.DagsterInstance, run: dg.DagsterRun) -> bool:
     """Fail `run` if it is STARTED by this host's DefaultRunLauncher and the process that
     executes it is gone; whether it did."""
-    if run.status != dg.DagsterRunStatus.STARTED or live_worker(instance, run) is not False:
+    pid = _gone(instance, run) if run.status == dg.DagsterRunStatus.STARTED else None
+    if pid is None:
         return False
-    # A run that ended between the lookup and now wrote its own end before it exited.
-    if instance.get_run_by_id(run.run_id).status != dg.DagsterRunStatus.STARTED:
-        return False
-    pid = _WORKERS[run.run_id][0]
     instance.report_run_failed(
         run, f"the run's process {pid} is gone and so is the code server that launched "
              "it: nothing else would fail the run, and its sensor would wait on it")
     return True
 
 
-def interrupt_run(instance: dg.DagsterInstance, run_id: str) -> int | None:
-    """Interrupt the live process executing the run (SIGINT, which is how its code
+def interrupt_run(instance: dg.DagsterInstance, run: dg.DagsterRun) -> int | None:
+    """Interrupt the live process executing `run` (SIGINT, which is how its code
     server's termination reaches it) when that server cannot; its pid, else None."""
-    run = instance.get_run_by_id(run_id)
-    pid = live_worker(instance, run) if run is not None and not run.is_finished else None
-    if not pid:
+    found = run_worker(instance, run)
+    if found is None or not found[1]:
         return None
     with contextlib.suppress(ProcessLookupError):
-        os.kill(pid, signal.SIGINT)
-    return pid
+        os.kill(found[0], signal.SIGINT)
+    return found[0]
 
 
-def cancel_ended_run(instance: dg.DagsterInstance, run_id: str) -> bool:
-    """Mark canceled a run asked to stop whose process ended without recording its end;
-    whether it did."""
-    run = instance.get_run_by_id(run_id)
-    if run is None or run.is_finished or live_worker(instance, run) is not False:
+def cancel_ended_run(instance: dg.DagsterInstance, run: dg.DagsterRun) -> bool:
+    """Mark canceled `run`, asked to stop, when its process ended without recording its
+    end; whether it did."""
+    pid = None if run.is_finished else _gone(instance, run)
+    if pid is None:
         return False
     instance.report_run_canceled(
-        run, f"the run's process {_WORKERS[run_id][0]} ended after it was asked to stop, "
-             "without recording its end")
+        run, f"the run's process {pid} ended after it was asked to stop, without "
+             "recording its end")
     return True
 
 
