@@ -146,16 +146,29 @@ def unapplied_commits(pipeline: PipelineConfig, route: ReplicaRoute, applied: in
     return sorted(pending)
 
 
-def _changed_tables(log: DeltaTable, version: int) -> set[str]:
+def _changed_tables(log: DeltaTable, version: int) -> frozenset[str]:
     """Tables of the rows in the change feed of a commit without a survey (a property
     change, a compaction, a delete by hand): the builder surveys those rows, finds none of
     an idle replica's and leaves its applied version where it was, so only a commit with
     the replica's rows is one it must apply."""
     import pyarrow as pa
 
-    rows = pa.table(log.load_cdf(starting_version=version, ending_version=version,
-                                 columns=["table"]).read_all())
-    return {t for t in rows.column("table").unique().to_pylist() if t is not None}
+    key = (log.metadata().id, version)
+    tables = _CHANGED_TABLES.get(key)
+    if tables is None:
+        rows = pa.table(log.load_cdf(starting_version=version, ending_version=version,
+                                     columns=["table"]).read_all())
+        tables = frozenset(t for t in rows.column("table").unique().to_pylist()
+                           if t is not None)
+        if len(_CHANGED_TABLES) >= 1024:
+            _CHANGED_TABLES.clear()
+        _CHANGED_TABLES[key] = tables
+    return tables
+
+
+# (changelog table id, version) -> the tables its change feed holds: a commit never
+# changes, and a parity wait looks again every half second.
+_CHANGED_TABLES: dict[tuple[str, int], frozenset[str]] = {}
 
 
 def _label(position: tuple[int, int] | None) -> str:
