@@ -190,7 +190,10 @@ def one_round(job: Callable, instance: dg.DagsterInstance, resource: BinlakeReso
 def check(pipeline: PipelineConfig, topics: list[str], records: int) -> None:
     """Every partition's records in the changelog once, and its checkpoints at the end."""
     from binlog_assets.consume.lag import measure_lag
-    from binlog_assets.lakehouse.changelog import ChangelogWriter, changelog_uri
+    from binlog_assets.lakehouse.changelog import (
+        ChangelogWriter,
+        changelog_uri,
+    )
     from binlog_assets.orchestration.table_metadata import delta_row_count
 
     group = pipeline.kafka["group.id"]

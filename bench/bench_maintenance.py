@@ -42,7 +42,10 @@ from harness import load_average
 from binlog_assets.config import PipelineConfig, parse_config
 from binlog_assets.formats.event import PHASE_STREAM, ChangeEvent, Position
 from binlog_assets.lakehouse.audit import expected_live_rows
-from binlog_assets.lakehouse.changelog import ChangelogWriter, changelog_uri
+from binlog_assets.lakehouse.changelog import (
+    ChangelogWriter,
+    changelog_uri,
+)
 from binlog_assets.lakehouse.delta_log import table_location
 from binlog_assets.lakehouse.maintenance import compact_changelog, compact_table, live_files
 from binlog_assets.lakehouse.replica.builder import ReplicaBuilder

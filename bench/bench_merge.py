@@ -44,12 +44,13 @@ from pyspark.sql import DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 
 from binlog_assets.config import PipelineConfig, parse_config
-from binlog_assets.lakehouse.changelog import ChangelogWriter, commit_metadata
+from binlog_assets.lakehouse.changelog import ChangelogWriter
 from binlog_assets.lakehouse.changelog_reader import (
     changelog_schema,
     register_changelog,
     survey_of_frame,
 )
+from binlog_assets.lakehouse.changelog_rows import commit_metadata
 from binlog_assets.lakehouse.replica.builder import ReplicaBuilder, ReplicaResult
 from binlog_assets.lakehouse.spark import get_spark
 

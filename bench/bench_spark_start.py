@@ -30,7 +30,7 @@ SIDES = ("archive", "none")
 
 def child(side: str, lake: str, events: int, tables: int) -> dict:
     from binlog_assets.config import parse_config
-    from binlog_assets.formats.event import PHASE_STREAM, ChangeEvent, Position
+    from binlog_assets.formats.event import ChangeEvent, Position
     from binlog_assets.lakehouse.changelog import ChangelogWriter
     from binlog_assets.lakehouse.replica.builder import ReplicaBuilder
     from binlog_assets.lakehouse.spark import get_spark
@@ -46,7 +46,7 @@ def child(side: str, lake: str, events: int, tables: int) -> dict:
     types = {"id": "bigint", "amount": "decimal(10,2)", "note": "string"}
     batch = [ChangeEvent(f"shop.t{i % tables}", "c", (i,), ("id",), None,
                          {"id": i, "amount": Decimal("1.25"), "note": f"n{i}"},
-                         Position(PHASE_STREAM, 1, 100 + i, 0), 1_700_000_000_000 + i,
+                         Position(1, 1, 100 + i, 0), 1_700_000_000_000 + i,
                          column_types=types, topic="binlog", partition=0, offset=i)
              for i in range(events)]
     ChangelogWriter(pipeline).write(batch, None, group_id="start", topic="binlog",

@@ -17,6 +17,7 @@ from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 
 from binlog_assets.consume import defaults
+from binlog_assets.consume.lineage import UnorderedEventError
 from binlog_assets.formats.event import ChangeEvent, SourceUnavailableError, UnknownSchemaError
 
 # Why an event was dead-lettered; the run writes this next to the error in the DLQ record.
@@ -76,9 +77,10 @@ class StrictModeFailure(PartitionStopped):
 
 def stops_partition(error: BaseException, strict: bool) -> bool:
     """Whether a decode failure stops the partition at its record (else it is
-    dead-lettered): in strict mode, when the registry cannot be reached, and for a
-    schema id the registry does not know unless the config dead-letters those."""
-    if isinstance(error, SourceUnavailableError):
+    dead-lettered): in strict mode, when the registry cannot be reached, for an event
+    that cannot be placed in its source's order, and for a schema id the registry does
+    not know unless the config dead-letters those."""
+    if isinstance(error, SourceUnavailableError | UnorderedEventError):
         return True
     return strict or (isinstance(error, UnknownSchemaError) and not error.dead_letter)
 
@@ -91,6 +93,8 @@ def partition_stopped(error: BaseException, topic: str, partition: int, offset: 
              f"{committed}, nothing past it")
     if isinstance(error, SourceUnavailableError):
         return SourceUnavailableError(f"{error}; {where}: run again once it answers")
+    if isinstance(error, UnorderedEventError):
+        return PartitionStopped(f"{error} ({where})")
     if isinstance(error, UnknownSchemaError):
         return PartitionStopped(
             f"{error}; {where}. A wrong registry or a lost store: point schema_registry.url "

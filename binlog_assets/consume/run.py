@@ -45,6 +45,7 @@ from binlog_assets.consume.errors import (
 from binlog_assets.consume.handlers import HandlerRegistry
 from binlog_assets.consume.lane_routing import ORDERING_KEY
 from binlog_assets.consume.lanes import LaneDispatcher
+from binlog_assets.consume.lineage import MemoryBook, Placer
 from binlog_assets.consume.offsets import OffsetTracker
 from binlog_assets.consume.runtime import (
     CONSUMER_KEYS,
@@ -164,6 +165,7 @@ class BoundedRun:
         sink: ContiguousSink | None = None,
         stop: Stop | None = None,
         hold: Hold | None = None,
+        placer: Placer | None = None,
     ) -> None:
         from binlog_assets.formats import make_decoder
 
@@ -175,6 +177,9 @@ class BoundedRun:
         self.on_commit = on_commit
         self.sink = sink
         self.stop, self.hold = stop, hold
+        # Each event's lineage in its source (`consume/lineage.py`); without a changelog
+        # to keep the source's lineages in, they live as long as the run.
+        self.placer = placer or Placer(MemoryBook(), f"{topic}[{partition}]")
         # (offset, events, raw value) polled but not yet given to the sink.
         self._sink_buffer: deque[tuple[int, list[ChangeEvent], bytes | None]] = deque()
         self._sink_end: int | None = None
@@ -417,6 +422,7 @@ class BoundedRun:
         # work here is kept to the minimum; counting and lookups happen once per call (a
         # whole batch, or a slice of one while handlers wait).
         decode = self.decoder.decode
+        place = self.placer.place
         tracker, summary, next_offset = poll.tracker, poll.summary, poll.next_offset
         end = summary.end_offset
         topic, partition = self.tp.topic, self.tp.partition
@@ -450,6 +456,8 @@ class BoundedRun:
             try:
                 decoded = decode(msg.value(), topic=topic, partition=partition,
                                  offset=offset, key=msg.key(), headers=msg.headers())
+                for event in decoded:
+                    place(event)
             except (DecodeError, SourceUnavailableError) as e:
                 if stops_partition(e, self.settings.error_policy.strict):
                     received.pop()  # never received: nothing at or past it is committed

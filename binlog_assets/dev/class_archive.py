@@ -88,7 +88,7 @@ def _train(archive: Path) -> None:
     from pyspark import SparkContext
 
     from binlog_assets.config import parse_config
-    from binlog_assets.formats.event import PHASE_STREAM, ChangeEvent, Position
+    from binlog_assets.formats.event import ChangeEvent, Position
     from binlog_assets.lakehouse.changelog import ChangelogWriter
     from binlog_assets.lakehouse.replica.builder import ReplicaBuilder
     from binlog_assets.lakehouse.spark import get_spark
@@ -109,7 +109,7 @@ def _train(archive: Path) -> None:
         def event(op: str, ident: int, before: dict | None, after: dict | None
                   ) -> ChangeEvent:
             return ChangeEvent("shop.orders", op, (ident,), ("id",), before, after,
-                               Position(PHASE_STREAM, 1, 100 + offset, 0),
+                               Position(file=1, pos=100 + offset),
                                1_700_000_000_000 + offset, column_types=types,
                                topic="binlog", partition=0, offset=offset)
 

@@ -71,10 +71,10 @@ return 1
 
 
 def position_text(event: ChangeEvent) -> str:
-    """The event's place in the binlog as fixed-width digits, so that Lua's string order
-    is the binlog order (position, then Kafka offset, then row within the record)."""
-    (phase, file, pos, row), offset, row_index = event.sort_key()
-    return f"{phase:01d}{file:010d}{pos:020d}{row:06d}{offset:020d}{row_index:06d}"
+    """The event's place in its source's order as fixed-width digits (`sort_text`), so
+    that Lua's string order is that order (lineage, binlog position, Kafka offset, row
+    within the record)."""
+    return event.sort_text()
 
 
 def cell_text(value: object) -> str:

@@ -4,8 +4,9 @@
 turns any unexpected failure inside a format's `_decode` into a `DecodeError` (so a bad
 message never escapes as a bare KeyError or TypeError), and gives each format the same
 helpers: per-table primary-key overrides, a cache of binlog file name -> numeric index,
-the split of an update that changed a row's primary key into delete + create, and the
-check that no JSON number of a row lost digits on its way through a double.
+the split of an update that changed a row's primary key into delete + create, a table's
+snapshot end, and the check that no JSON number of a row lost digits on its way through
+a double.
 """
 
 from __future__ import annotations
@@ -24,6 +25,8 @@ import orjson
 from binlog_assets.formats.event import (
     OP_CREATE,
     OP_DELETE,
+    OP_TRUNCATE,
+    SNAPSHOT_END_ROW,
     ChangeEvent,
     DecodeError,
     SourceUnavailableError,
@@ -245,3 +248,13 @@ def split_key_change(update: ChangeEvent, old_key: tuple) -> list[ChangeEvent]:
     delete = replace(update, op=OP_DELETE, key=old_key, after=None)
     create = replace(update, op=OP_CREATE, before=None, row_index=update.row_index + 1)
     return [delete, create]
+
+
+def snapshot_end(last_row: ChangeEvent) -> ChangeEvent:
+    """The end of a table's snapshot, after the last row it read: a truncate of the table
+    just below the snapshot's rows, so that the table keeps only what the snapshot read
+    (a row deleted at the source while the snapshot was not running is deleted)."""
+    return ChangeEvent(last_row.table, OP_TRUNCATE, (), (), None, None,
+                       last_row.position._replace(row=SNAPSHOT_END_ROW), last_row.source_ts,
+                       last_row.topic, last_row.partition, last_row.offset,
+                       last_row.row_index + 1)

@@ -2,7 +2,10 @@
 
 Accepts bare envelopes and the `{"schema": ..., "payload": ...}` form. Ops c/u/d/r/t are
 changes; `m` and unknown ops are skipped and counted. The position is the source's binlog
-(file suffix, pos, row), and anything read during a snapshot ranks below streamed events.
+(file suffix, pos, row); what a snapshot reads counts at the binlog position the snapshot
+was taken at, just below what is streamed from there, and the last row a snapshot reads
+of a table is followed by that table's snapshot end (a truncate just below the
+snapshot's rows: whatever the snapshot did not read is gone at the source).
 Primary-key columns come from the per-table override, else from the Kafka record key
 (`{"id": 1}` or its schema-wrapped form); without either the key is empty. When a schema
 block is present, logical types (Decimal, dates, timestamps, bytes) become Python values,
@@ -29,6 +32,7 @@ from binlog_assets.formats.base import (
     loads_exact,
     long_number_in,
     may_have_lost_digits,
+    snapshot_end,
     split_key_change,
 )
 from binlog_assets.formats.event import (
@@ -38,8 +42,8 @@ from binlog_assets.formats.event import (
     OP_READ,
     OP_TRUNCATE,
     OP_UPDATE,
-    PHASE_SNAPSHOT,
-    PHASE_STREAM,
+    SNAPSHOT_ROW,
+    SNAPSHOT_SCHEMA_ROW,
     ChangeEvent,
     Position,
     dropped_database,
@@ -60,9 +64,8 @@ _PAYLOAD_KEY = b',"payload":'
 
 # Distinct row schemas are few (one per table version); the bound guards a runaway.
 _MAX_CACHED_PLANS = 4096
-# The `row` of a schema change read during a snapshot: below every row the snapshot
-# reads at the same binlog position (see `_schema_change`).
-SNAPSHOT_SCHEMA_ROW = -1
+# `source.snapshot` of a table's last row in a snapshot (`last`: the snapshot's last row).
+_TABLE_DONE = frozenset({"last_in_data_collection", "last"})
 
 # A double holds every decimal of at most this many digits as written.
 _DOUBLE_DIGITS = 15
@@ -285,10 +288,11 @@ class DebeziumDecoder(ChangeDecoder):
         source_ts = source.get("ts_ms") or doc.get("ts_ms")
         if source_ts is not None and type(source_ts) is not int:
             raise self._fail("field 'source.ts_ms' (or 'ts_ms') must be an integer")
+        server_id, gtid = self._origin(source)
         if op == OP_TRUNCATE:
             return [
                 ChangeEvent(table, op, (), (), None, None, position, source_ts,
-                            topic, partition, offset)
+                            topic, partition, offset, server_id=server_id, gtid=gtid)
             ]
 
         before = doc.get("before")
@@ -316,11 +320,14 @@ class DebeziumDecoder(ChangeDecoder):
             columns = self._key_columns_of(table, key) if key is not None else ()
         row_key = self._row_key(image, columns, image_name) if columns else ()
         event = ChangeEvent(table, op, row_key, columns, before, after, position, source_ts,
-                            topic, partition, offset, 0, None, column_types)
+                            topic, partition, offset, 0, None, column_types, server_id, gtid)
         if op == OP_UPDATE and columns and before is not None:
             old_key = self._row_key(before, columns, "before")
             if old_key != row_key:
                 return split_key_change(event, old_key)
+        snapshot = source.get("snapshot")
+        if type(snapshot) is str and snapshot in _TABLE_DONE:
+            return [event, snapshot_end(event)]
         return [event]
 
     def _parse(self, value: bytes) -> tuple[Any, _RowPlan | None]:
@@ -381,7 +388,18 @@ class DebeziumDecoder(ChangeDecoder):
             raise self._fail("field 'source.pos' must be an integer")
         if type(row) is not int:
             raise self._fail("field 'source.row' must be an integer")
-        return Position(PHASE_STREAM if streamed else PHASE_SNAPSHOT, file_index, pos, row)
+        # A snapshot's rows count at the position it read at, below what streams from there.
+        return Position(file=file_index, pos=pos, row=row if streamed else SNAPSHOT_ROW)
+
+    def _origin(self, source: dict[str, Any]) -> tuple[int | None, str | None]:
+        """The server id and GTID the change was written with; a snapshot read has none
+        (Debezium gives server id 0)."""
+        server_id, gtid = source.get("server_id"), source.get("gtid")
+        if server_id is not None and type(server_id) is not int:
+            raise self._fail("field 'source.server_id' must be an integer")
+        if gtid is not None and type(gtid) is not str:
+            raise self._fail("field 'source.gtid' must be a string")
+        return server_id or None, gtid or None
 
     def _convert(self, row: dict[str, Any], plan: _RowPlan, image_name: str) -> None:
         for column, convert in plan.converters:
@@ -461,12 +479,13 @@ class DebeziumDecoder(ChangeDecoder):
         if type(source) is not dict:
             raise self._fail("field 'source' must be an object")
         position = self._position(source, None) if source else Position()
-        if position.phase == PHASE_SNAPSHOT:
-            # The initial snapshot replays each table's schema (DROP TABLE IF EXISTS, DROP
-            # DATABASE IF EXISTS, CREATE TABLE) and then reads its rows, all at the one
-            # binlog position the snapshot started from, into other topics than this
-            # one: their Kafka offsets do not say which came first. The schema did.
+        if position.row == SNAPSHOT_ROW:
+            # A snapshot replays each table's schema (DROP TABLE IF EXISTS, DROP DATABASE
+            # IF EXISTS, CREATE TABLE) and then reads its rows, all at the one binlog
+            # position the snapshot started from, into other topics than this one: their
+            # Kafka offsets do not say which came first. The schema did.
             position = position._replace(row=SNAPSHOT_SCHEMA_ROW)
+        server_id, gtid = self._origin(source)
         source_ts = source.get("ts_ms") or doc.get("ts_ms")
         database = doc.get("databaseName") or source.get("db")
         changes = doc.get("tableChanges") or []
@@ -485,20 +504,22 @@ class DebeziumDecoder(ChangeDecoder):
                 ) from None
             events.append(
                 ChangeEvent(table, OP_DDL, (), columns, None, None, position, source_ts,
-                            topic, partition, offset, index, ddl, column_types or None)
+                            topic, partition, offset, index, ddl, column_types or None,
+                            server_id, gtid)
             )
         if not events and type(database) is str and dropped_database(ddl) == database:
             # Debezium lists no tables for a dropped database; replicas still must know.
             events.append(
                 ChangeEvent(f"{database}.{DATABASE_WIDE}", OP_DDL, (), (), None, None,
-                            position, source_ts, topic, partition, offset, 0, ddl))
+                            position, source_ts, topic, partition, offset, 0, ddl,
+                            server_id=server_id, gtid=gtid))
         if not events:
             if not (database and source.get("table")):
                 return self._skip("debezium:ddl_without_table")
             table = self._table(database, source.get("table"), "databaseName", "source.table")
             events.append(
                 ChangeEvent(table, OP_DDL, (), (), None, None, position, source_ts,
-                            topic, partition, offset, 0, ddl)
+                            topic, partition, offset, 0, ddl, server_id=server_id, gtid=gtid)
             )
         return events
 

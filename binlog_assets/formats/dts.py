@@ -35,7 +35,6 @@ from binlog_assets.formats.event import (
     OP_DDL,
     OP_DELETE,
     OP_UPDATE,
-    PHASE_STREAM,
     ChangeEvent,
     Position,
 )
@@ -290,12 +289,12 @@ class DtsDecoder(ChangeDecoder):
         if "@" in source_position:
             parts = source_position.split("@")
             if all(part.isascii() and part.isdigit() for part in parts):
-                return Position(PHASE_STREAM, int(parts[1]), int(parts[0]), 0)
+                return Position(file=int(parts[1]), pos=int(parts[0]))
         else:
             file_name, _, pos = source_position.rpartition(":")
             if file_name and pos.isascii() and pos.isdigit():
-                return Position(PHASE_STREAM, self._binlog_index(file_name, "sourcePosition"),
-                                int(pos), 0)
+                return Position(file=self._binlog_index(file_name, "sourcePosition"),
+                                pos=int(pos))
         raise self._fail(
             f"field 'sourcePosition' {source_position!r} is neither '<binlog file>:<offset>' "
             "nor '<offset>@<file index>'"

@@ -3,7 +3,9 @@
 Every decoder (Debezium, Maxwell, Canal, DTS) turns a Kafka record into zero or more
 `ChangeEvent`s. Downstream code (lanes, handlers, the changelog, the replica MERGE) only
 ever sees this model, so the ordering rules live here once: a `Position` compares as a
-tuple of integers, never as strings, and snapshot reads rank below streamed changes.
+tuple of integers, never as strings; its lineage (`consume/lineage.py`) ranks a source's
+binlog histories, and a snapshot read counts just below the changes streamed from the
+binlog position it was read at.
 """
 
 from __future__ import annotations
@@ -21,9 +23,19 @@ OP_TRUNCATE = "t"
 OP_DDL = "ddl"
 OPS = frozenset({OP_CREATE, OP_UPDATE, OP_DELETE, OP_READ, OP_TRUNCATE, OP_DDL})
 
-# Phase ranks snapshot reads below every streamed event of the same key.
-PHASE_SNAPSHOT = 0
-PHASE_STREAM = 1
+# The first field of a position: which of the source's binlog histories it is in. A
+# decoder gives FIRST_LINEAGE; the run places each event in its lineage. Lineage 0 is
+# what lakes written before lineages hold for snapshot reads: below every stream.
+LEGACY_SNAPSHOT_LINEAGE = 0
+FIRST_LINEAGE = 1
+
+# The `row` of what a snapshot reads at binlog position P, below every change streamed
+# from P (rows 0 and up): the snapshot's end (a truncate that removes what the snapshot
+# did not read), then its schema, then its rows.
+SNAPSHOT_END_ROW = -3
+SNAPSHOT_SCHEMA_ROW = -2
+SNAPSHOT_ROW = -1
+_ROW_SHIFT = -SNAPSHOT_END_ROW
 
 _BINLOG_SUFFIX = re.compile(r"\.(\d+)$")
 
@@ -67,18 +79,32 @@ class SourceUnavailableError(RuntimeError):
 
 
 class Position(NamedTuple):
-    """A total order over one binlog: compared field by field as integers.
+    """A total order over a source's changes: compared field by field as integers.
 
-    `file` is the binlog file's numeric suffix (mysql-bin.000123 -> 123), `pos` the byte
-    offset within it (or a GTID sequence number where that is all a source has), `row`
-    the row index inside one binlog event. Formats without any binlog coordinate use
-    zeros and let the Kafka offset (the ChangeEvent's tie-breaker) decide.
+    `lineage` numbers the source's binlog histories (a failover to a server with its own
+    binlog numbering, a binlog reset, a re-snapshot each start one), `file` is the binlog
+    file's numeric suffix (mysql-bin.000123 -> 123), `pos` the byte offset within it (or a
+    GTID sequence number where that is all a source has), `row` the row index inside one
+    binlog event (negative for what a snapshot read: SNAPSHOT_ROW and the rows above).
+    Formats without any binlog coordinate use zeros and let the Kafka offset (the
+    ChangeEvent's tie-breaker) decide. Stored as `pos_phase`.. in the changelog and as
+    the struct `_position(phase, file, pos, row, ...)` in replicas: `phase` is the lineage.
     """
 
-    phase: int = PHASE_STREAM
+    lineage: int = FIRST_LINEAGE
     file: int = 0
     pos: int = 0
     row: int = 0
+
+    @property
+    def snapshot(self) -> bool:
+        """Read by a snapshot (its rows, schema or end), not streamed from the binlog."""
+        return self.row < 0 or self.lineage == LEGACY_SNAPSHOT_LINEAGE
+
+    @property
+    def coordinates(self) -> tuple[int, int, int]:
+        """(file, pos, row): where in one binlog, whatever the lineage."""
+        return self.file, self.pos, self.row
 
 
 def binlog_file_index(name: str) -> int:
@@ -114,6 +140,10 @@ class ChangeEvent:
     ddl: str | None = None
     # column -> canonical type (int, bigint, decimal(p,s), string, ...); shared, read-only
     column_types: dict[str, str] | None = None
+    # Where the change was made, as the producer says: the server id that wrote it to the
+    # binlog and its GTID (MariaDB `domain-server-seq`, MySQL `uuid:n`); None if not said.
+    server_id: int | None = None
+    gtid: str | None = None
 
     @property
     def database(self) -> str:
@@ -127,11 +157,10 @@ class ChangeEvent:
         """Total order: position, then Kafka offset, then row within one record."""
         return (self.position, self.offset, self.row_index)
 
-
-def qualified_table(database: str | None, table: str | None) -> str:
-    """Join database and table into `db.table`, rejecting missing parts."""
-    if not database:
-        raise DecodeError("missing database name")
-    if not table:
-        raise DecodeError("missing table name")
-    return f"{database}.{table}"
+    def sort_text(self) -> str:
+        """`sort_key` as fixed-width digits, so that comparing the texts (in a store that
+        keeps text: Redis, a search index) orders as `sort_key` does."""
+        (lineage, file, pos, row), offset, row_index = self.sort_key()
+        # Snapshot rows are negative and a re-sync's offset is -1: shifted to count from 0.
+        return (f"{lineage:05d}{file:010d}{pos:020d}{row + _ROW_SHIFT:08d}"
+                f"{offset + 1:020d}{row_index:06d}")

@@ -1,11 +1,11 @@
 """Maxwell JSON rows -> ChangeEvents.
 
-insert/update/delete are changes; bootstrap-insert is a snapshot read (op `r`, snapshot
-phase) and the bootstrap-start/complete markers are skipped and counted; table-create,
-table-alter and table-drop are `ddl` events, while database-level DDL, which names no
-table, is skipped and counted. Values are JSON-typed already; a number a double would
-round (a DECIMAL of more than 15 digits) is parsed again into a Decimal. `old` holds only
-the changed columns, so the before-image is `data` overlaid with `old`. Key columns come from the
+insert/update/delete are changes; bootstrap-insert is a snapshot read (op `r`) and
+the bootstrap-start/complete markers are skipped and counted; table-create, table-alter
+and table-drop are `ddl` events, while database-level DDL, which names no table, is
+skipped and counted. Values are JSON-typed already; a number a double would round (a
+DECIMAL of more than 15 digits) is parsed again into a Decimal. `old` holds only the
+changed columns, so the before-image is `data` overlaid with `old`. Key columns come from the
 per-table override, else `primary_key_columns`, else the Kafka record key
 (`{"database":..,"table":..,"pk.id":..}` or the array form). `position`, `xoffset` and
 `gtid` are opt-in producer settings: the position is the parsed `position` with `xoffset`
@@ -30,8 +30,7 @@ from binlog_assets.formats.event import (
     OP_DELETE,
     OP_READ,
     OP_UPDATE,
-    PHASE_SNAPSHOT,
-    PHASE_STREAM,
+    SNAPSHOT_ROW,
     ChangeEvent,
     Position,
 )
@@ -69,7 +68,7 @@ class MaxwellDecoder(ChangeDecoder):
             return self._skip(f"unknown_op:{kind}")
 
         table = self._table(doc.get("database"), doc.get("table"), "database", "table")
-        position = self._position(doc, PHASE_SNAPSHOT if op == OP_READ else PHASE_STREAM)
+        position = self._position(doc, snapshot=op == OP_READ)
         ts = doc.get("ts")
         if ts is not None and type(ts) is not int:
             raise self._fail("field 'ts' must be an integer (seconds)")
@@ -93,15 +92,28 @@ class MaxwellDecoder(ChangeDecoder):
 
         columns = self._key_columns(table, doc, key)
         row_key = self._row_key(data, columns, "data") if columns else ()
+        server_id, gtid = self._origin(doc)
         event = ChangeEvent(table, op, row_key, columns, before, after, position, source_ts,
-                            topic, partition, offset)
+                            topic, partition, offset, server_id=server_id, gtid=gtid)
         if op == OP_UPDATE and columns:
             old_key = self._row_key(before, columns, "old")
             if old_key != row_key:
                 return split_key_change(event, old_key)
         return [event]
 
-    def _position(self, doc: dict[str, Any], phase: int) -> Position:
+    def _position(self, doc: dict[str, Any], *, snapshot: bool) -> Position:
+        # A bootstrap row counts at the position it carries, just below what streams from
+        # there; Maxwell usually gives it none, and then it ranks below every change.
+        position = self._binlog_position(doc)
+        return position._replace(row=SNAPSHOT_ROW) if snapshot else position
+
+    def _origin(self, doc: dict[str, Any]) -> tuple[int | None, str | None]:
+        server_id, gtid = doc.get("server_id"), doc.get("gtid")
+        if server_id is not None and type(server_id) is not int:
+            raise self._fail("field 'server_id' must be an integer")
+        return server_id or None, gtid if type(gtid) is str and gtid else None
+
+    def _binlog_position(self, doc: dict[str, Any]) -> Position:
         xoffset = doc.get("xoffset") or 0
         if type(xoffset) is not int:
             raise self._fail("field 'xoffset' must be an integer")
@@ -112,7 +124,8 @@ class MaxwellDecoder(ChangeDecoder):
             file_name, _, pos = binlog_position.rpartition(":")
             if not (pos.isascii() and pos.isdigit()):
                 raise self._fail(f"field 'position' {binlog_position!r} has no numeric offset")
-            return Position(phase, self._binlog_index(file_name, "position"), int(pos), xoffset)
+            return Position(file=self._binlog_index(file_name, "position"), pos=int(pos),
+                            row=xoffset)
         gtid = doc.get("gtid")
         if gtid is not None:
             if type(gtid) is not str:
@@ -121,9 +134,9 @@ class MaxwellDecoder(ChangeDecoder):
             sequence = gtid.rpartition(":")[2] if ":" in gtid else gtid.rpartition("-")[2]
             if not (sequence.isascii() and sequence.isdigit()):
                 raise self._fail(f"field 'gtid' {gtid!r} has no sequence number")
-            return Position(phase, 0, int(sequence), xoffset)
+            return Position(pos=int(sequence), row=xoffset)
         # Without any binlog coordinate the Kafka offset alone must order, so no row either.
-        return Position(phase)
+        return Position()
 
     def _key_columns(self, table: str, doc: dict[str, Any], key: bytes | None) -> tuple:
         columns = self._key_override(table)

@@ -23,7 +23,8 @@ import orjson
 
 from binlog_assets.config import PipelineConfig
 from binlog_assets.formats.event import OP_CREATE, OP_DELETE, OP_READ, OP_TRUNCATE, OP_UPDATE
-from binlog_assets.lakehouse.changelog import changelog_uri, commit_doc
+from binlog_assets.lakehouse.changelog import changelog_uri
+from binlog_assets.lakehouse.changelog_rows import commit_doc
 from binlog_assets.lakehouse.delta_log import delta_rs_uri
 from binlog_assets.lakehouse.replica.routes import ReplicaRoute, replica_route
 

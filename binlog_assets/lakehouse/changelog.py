@@ -10,52 +10,41 @@ from __future__ import annotations
 
 import threading
 import uuid
-from base64 import b64encode
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from decimal import Decimal
 from typing import TYPE_CHECKING, Any
 
 import orjson
 
 from binlog_assets.config import PipelineConfig
+from binlog_assets.consume.lineage import LineageRecord, Mark
 from binlog_assets.formats.event import ChangeEvent
-from binlog_assets.formats.mysql_types import infer_types
+from binlog_assets.lakehouse.changelog_rows import (
+    ADDED_COLUMNS,
+    SURVEY_MAX_BYTES,
+    SURVEY_MAX_GROUPS,
+    arrow_table,
+    changelog_arrow_schema,
+    commit_metadata,
+    event_row,
+    source_times,
+    survey_of_rows,
+)
 from binlog_assets.lakehouse.delta_log import delta_rs_uri
+from binlog_assets.lakehouse.lineage_log import (
+    commit_record,
+    read_records,
+    stored_tail,
+    tail_origin,
+    tail_transactions,
+)
 from binlog_assets.lakehouse.transactions import changelog_app_id
 
 if TYPE_CHECKING:
-    from arro3.core import Schema, Table
     from deltalake import DeltaTable
 
 CHANGELOG_TABLE = "changelog"
-
-# The changelog's columns and their Delta (Spark SQL) types; `changelog_reader` builds
-# the Spark schema from the same list, so the two sides cannot drift apart.
-CHANGELOG_COLUMNS: tuple[tuple[str, str], ...] = (
-    ("topic", "string"),
-    ("partition", "int"),
-    ("offset", "bigint"),
-    ("row_index", "int"),
-    ("table", "string"),
-    ("op", "string"),
-    ("key", "string"),
-    ("key_columns", "array<string>"),
-    ("before", "string"),
-    ("after", "string"),
-    ("pos_phase", "int"),
-    ("pos_file", "bigint"),
-    ("pos_pos", "bigint"),
-    ("pos_row", "int"),
-    ("source_ts", "bigint"),
-    ("ddl", "string"),
-    ("column_types", "string"),
-    ("value_types", "string"),
-    ("raw", "binary"),
-    ("ingested_at", "timestamp"),
-)
-
 TABLE_PROPERTIES = {
     "delta.appendOnly": "true",
     # Replica builds read the commits they have not applied through the change feed's
@@ -76,154 +65,6 @@ _CREATE_LOCK = threading.Lock()
 REOPEN_VERSIONS = 100
 
 
-def _json_default(value: Any) -> Any:
-    # Exact text for decimals (a JSON number would pass through a double), in plain digits
-    # (str() writes 1E-7), and base64 for bytes; the replica casts both back by the
-    # column's type.
-    if isinstance(value, Decimal):
-        return format(value, "f")
-    if isinstance(value, bytes | bytearray | memoryview):
-        return b64encode(bytes(value)).decode("ascii")
-    return str(value)
-
-
-def to_json(value: Any) -> str | None:
-    """`value` as JSON text for the changelog (None stays None)."""
-    if value is None:
-        return None
-    return orjson.dumps(value, default=_json_default).decode()
-
-
-# The JSON text of type maps seen before: every row of a table repeats the same few,
-# and serializing them was a fifth of the changelog's per-event work. Bounded: a
-# producer could vary them without end.
-_TYPES_TEXT: dict[tuple, str] = {}
-_DECLARED_TEXT: dict[int, tuple[Mapping[str, str], str]] = {}  # id -> (the map, its text)
-_MAX_TYPES_TEXT = 1024
-
-
-def _remembered(memo: dict, key: Any, value: Any) -> Any:
-    if len(memo) >= _MAX_TYPES_TEXT:
-        memo.clear()
-    memo[key] = value
-    return value
-
-
-def _declared_json(column_types: Mapping[str, str]) -> str:
-    """`to_json(column_types)`; a decoder shares one map among the events of a schema."""
-    seen = _DECLARED_TEXT.get(id(column_types))
-    if seen is not None and seen[0] is column_types:
-        return seen[1]
-    text = to_json(column_types)
-    # The map is kept alive with its text, so its id cannot be reused meanwhile.
-    return _remembered(_DECLARED_TEXT, id(column_types), (column_types, text))[1]
-
-
-def _value_types(event: ChangeEvent) -> str | None:
-    types = infer_types((event.before, event.after), event.column_types)
-    if not types:
-        return None
-    key = tuple(types.items())
-    text = _TYPES_TEXT.get(key)
-    return text if text is not None else _remembered(_TYPES_TEXT, key, to_json(types))
-
-
-def event_row(event: ChangeEvent, raw: bytes | None, ingested_at: datetime) -> tuple:
-    """One changelog row, in `changelog_schema()` order."""
-    position = event.position
-    # DDL events name the key columns but carry no key values.
-    key = dict(zip(event.key_columns, event.key, strict=True)) if event.key else None
-    declared = event.column_types
-    return (
-        event.topic, event.partition, event.offset, event.row_index, event.table, event.op,
-        to_json(key), list(event.key_columns), to_json(event.before), to_json(event.after),
-        position.phase, position.file, position.pos, position.row, event.source_ts,
-        event.ddl, _declared_json(declared) if declared else None,
-        _value_types(event), raw, ingested_at,
-    )
-
-
-# Each commit's `userMetadata` is a JSON object: its `tag` (see `ChangelogWriter.write`)
-# and `survey`, a summary of the commit's rows that lets a replica build learn what a
-# range of commits holds from the Delta log instead of scanning it: one entry per
-# (table, op, column_types, value_types, key_columns) with its row count and highest
-# position. A commit with more distinct entries than this carries none, and a range
-# with such a commit (or one written by anything else) is scanned (`read_survey`).
-SURVEY_MAX_GROUPS = 256
-# Nor does one whose survey would take more than this much of the Delta log (wide tables'
-# declared types): every commit's metadata is read again by history and log replays.
-# A commit of several partitions' ranges (`write_many`) has both bounds once per
-# partition: as much as the commits of each range alone would have.
-SURVEY_MAX_BYTES = 64 * 1024
-# A range of more commits than this is scanned rather than read from the log.
-SURVEY_MAX_COMMITS = 2000
-# The Delta operation of the table's creation (delta-rs and Spark alike): it adds no rows.
-CREATE_OPERATION = "CREATE TABLE"
-
-# event_row indexes of what the survey keeps.
-_ROW_OFFSET, _ROW_INDEX, _ROW_TABLE, _ROW_OP, _ROW_KEY_COLUMNS = 2, 3, 4, 5, 7
-_ROW_POSITION = slice(10, 14)
-_ROW_COLUMN_TYPES, _ROW_VALUE_TYPES = 16, 17
-_ROW_SOURCE_TS = 14
-
-
-def survey_of_rows(rows: Sequence[tuple], max_groups: int = SURVEY_MAX_GROUPS
-                   ) -> list[list] | None:
-    """The survey of `event_row` tuples: [table, op, column_types, value_types,
-    key_columns, rows, last position (phase, file, pos, row, offset, row_index)] per
-    group, or None past `max_groups` groups."""
-    groups: dict[tuple, list] = {}
-    for r in rows:
-        group = (r[_ROW_TABLE], r[_ROW_OP], r[_ROW_COLUMN_TYPES], r[_ROW_VALUE_TYPES],
-                 tuple(r[_ROW_KEY_COLUMNS]))
-        position = (*r[_ROW_POSITION], r[_ROW_OFFSET], r[_ROW_INDEX])
-        entry = groups.get(group)
-        if entry is None:
-            if len(groups) >= max_groups:
-                return None
-            groups[group] = [1, position]
-        else:
-            entry[0] += 1
-            if position > entry[1]:
-                entry[1] = position
-    return [[*g[:4], list(g[4]), n, list(last)] for g, (n, last) in groups.items()]
-
-
-def source_times(rows: Sequence[tuple]) -> dict[str, int]:
-    """Per source table of `event_row` tuples, the latest source commit time (ms)."""
-    times: dict[str, int] = {}
-    for r in rows:
-        ts = r[_ROW_SOURCE_TS]
-        if ts is not None and ts > times.get(r[_ROW_TABLE], -1):
-            times[r[_ROW_TABLE]] = ts
-    return times
-
-
-def commit_metadata(tag: str, survey: list[list] | None,
-                    times: dict[str, int] | None = None,
-                    max_bytes: int = SURVEY_MAX_BYTES) -> str:
-    """A changelog commit's `userMetadata`: the survey and the tables' latest source
-    times (`times`), left out when the survey is None or larger than `max_bytes`."""
-    bare = orjson.dumps({"tag": tag}).decode()
-    if survey is None:
-        return bare
-    doc = {"tag": tag, "survey": survey}
-    if times:
-        doc["times"] = times
-    full = orjson.dumps(doc).decode()
-    return full if len(full) <= max_bytes else bare
-
-
-def commit_doc(metadata: str | None) -> dict[str, Any]:
-    if not metadata:
-        return {}
-    try:
-        doc = orjson.loads(metadata)
-    except orjson.JSONDecodeError:
-        return {"tag": metadata}  # a plain tag, as written before surveys
-    return doc if type(doc) is dict else {}
-
-
 def changelog_name(pipeline: PipelineConfig) -> tuple[str, str]:
     return pipeline.lakehouse.database, CHANGELOG_TABLE
 
@@ -235,44 +76,41 @@ def changelog_uri(pipeline: PipelineConfig) -> str:
     return pipeline.lakehouse.uri("warehouse", f"{database}.db", table)
 
 
-def changelog_arrow_schema() -> Schema:
-    from arro3.core import DataType, Field, Schema
-
-    types = {
-        "string": DataType.string(), "int": DataType.int32(), "bigint": DataType.int64(),
-        "binary": DataType.binary(), "array<string>": DataType.list(DataType.string()),
-        "timestamp": DataType.timestamp("us", tz="UTC"),
-    }
-    return Schema([Field(name, types[t], nullable=True) for name, t in CHANGELOG_COLUMNS])
-
-
-def _arrow_table(rows: Sequence[tuple], ingested_at: datetime) -> Table:
-    """`event_row` tuples as one Arrow table in the changelog's schema."""
-    from arro3.core import Array, DataType, Table, list_array
-
-    schema = changelog_arrow_schema()
-    n = len(rows)
-    columns = list(zip(*rows, strict=True)) if rows else [()] * len(CHANGELOG_COLUMNS)
-    arrays = []
-    for (_name, kind), field, values in zip(CHANGELOG_COLUMNS, schema, columns, strict=True):
-        if kind == "array<string>":
-            offsets, flat = [0], []
-            for items in values:
-                flat.extend(items)
-                offsets.append(len(flat))
-            arrays.append(list_array(Array(offsets, DataType.int32()),
-                                     Array(flat, DataType.string())))
-        elif kind == "timestamp":
-            # One timestamp for the whole commit (`event_row` is given one `ingested_at`).
-            micros = int(ingested_at.timestamp() * 1_000_000)
-            arrays.append(Array([micros] * n, DataType.int64()).cast(field.type))
-        else:
-            arrays.append(Array(list(values), field.type))
-    return Table.from_arrays(arrays, schema=schema)
-
-
 class ConcurrentPartitionWrite(RuntimeError):
     """Another writer committed the same partition's transaction at the same time."""
+
+
+class _MetadataChanged(Exception):
+    """A commit refused because the table's metadata changed since it was read."""
+
+
+# A lineage raise changes the table's metadata, which refuses a concurrent append: it is
+# written again on the table as it is then (raises are rare; a few tries are plenty).
+_METADATA_RETRIES = 5
+
+
+@dataclass
+class ChangelogLineages:
+    """A source's `LineageBook` on the changelog (`lineage_log.py`): one per writer and
+    source, so the partitions a process runs see each other's raises at once."""
+
+    writer: ChangelogWriter
+    source: str
+    generation: int = 0
+    _seen: list[LineageRecord] | None = None
+
+    def records(self) -> list[LineageRecord]:
+        return self.noticed(self.writer.lineages(self.source))
+
+    def raise_lineage(self, record: LineageRecord, expected: int) -> list[LineageRecord]:
+        return self.noticed(self.writer.raise_lineage(self.source, record, expected))
+
+    def noticed(self, records: list[LineageRecord]) -> list[LineageRecord]:
+        """`records` as just read; a change from the last read moves the generation."""
+        if self._seen is not None and records != self._seen:
+            self.generation += 1
+        self._seen = records
+        return records
 
 
 @dataclass(frozen=True)
@@ -309,9 +147,15 @@ class ChangelogWriter:
     def __init__(self, pipeline: PipelineConfig) -> None:
         self.name = changelog_name(pipeline)
         self.uri = delta_rs_uri(changelog_uri(pipeline))
+        self._reset()
+
+    def _reset(self) -> None:
         self._table = None
         self._opened_at = -1
         self._lock = threading.Lock()
+        # txn -> the partition's tail as this process last committed it, with its origin
+        self._tails: dict[str, Mark] = {}
+        self._books: dict[str, ChangelogLineages] = {}
 
     def __getstate__(self) -> dict[str, Any]:
         # A worker process gets the table's location alone, and opens the table itself.
@@ -319,9 +163,7 @@ class ChangelogWriter:
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.name, self.uri = state["name"], state["uri"]
-        self._table = None
-        self._opened_at = -1
-        self._lock = threading.Lock()
+        self._reset()
 
     def _open(self) -> DeltaTable:
         """The table at its newest version, created when missing. Brought up to date
@@ -340,10 +182,78 @@ class ChangelogWriter:
                                       name=f"{database}.{table}",
                                       configuration=TABLE_PROPERTIES)
                 self._table = DeltaTable(self.uri)
+                self._add_columns(self._table)
                 self._opened_at = self._table.version()
         else:
             self._table.update_incremental()
         return self._table
+
+    @staticmethod
+    def _add_columns(table: DeltaTable) -> None:
+        """Columns a changelog made by an earlier release lacks, added once (nullable:
+        its older rows hold null)."""
+        from deltalake.exceptions import CommitFailedError
+        from deltalake.schema import Field
+
+        names = set(table.schema().to_arrow().names)
+        missing = [Field(n, {"bigint": "long"}.get(t, t), nullable=True)
+                   for n, t in ADDED_COLUMNS if n not in names]
+        if missing:
+            try:
+                table.alter.add_columns(missing)
+            except CommitFailedError:
+                table.update_incremental()  # another writer added them first
+
+    # -- lineages and tails (`lineage_log.py`) ----------------------------------------
+    def lineages(self, source: str) -> list[LineageRecord]:
+        """The lineages `source` has raised, as the changelog holds them now."""
+        from deltalake import DeltaTable
+
+        with self._lock:
+            if self._table is None and not DeltaTable.is_deltatable(self.uri):
+                return []
+            return read_records(self._open(), source)
+
+    def raise_lineage(self, source: str, record: LineageRecord, expected: int
+                      ) -> list[LineageRecord]:
+        """`lineage_log.commit_record` on the changelog, under the writer's lock."""
+        doc = {"tag": f"lineage {source} {record.number}#{uuid.uuid4().hex}", "survey": [],
+               "lineage": {"source": source, **record.to_json()}}
+        with self._lock:
+            table = self._open()
+            return commit_record(table, source, record, expected, orjson.dumps(doc).decode())
+
+    def book(self, source: str) -> ChangelogLineages:
+        """The `LineageBook` of `source`, for the lineage rules of its partitions."""
+        with self._lock:
+            return self._books.setdefault(source, ChangelogLineages(self, source))
+
+    def _notice_lineages(self, table: DeltaTable) -> None:
+        """After a commit: a raise another process made meanwhile moves the generation of
+        this process's book of that source, so its partitions read the book again."""
+        for source, book in self._books.items():
+            if book._seen is not None:
+                book.noticed(read_records(table, source))
+
+    def tail(self, group_id: str, topic: str, partition: int) -> Mark | None:
+        """Where the partition stands in its source's lineages, as last committed."""
+        from deltalake import DeltaTable
+
+        txn = changelog_app_id(group_id, topic, partition)
+        with self._lock:
+            known = self._tails.get(txn)
+            if self._table is None and not DeltaTable.is_deltatable(self.uri):
+                return None
+            stored = stored_tail(self._open(), txn)
+        if known is not None and stored is not None and \
+                (known.lineage, *known.coordinates) == (stored.lineage, *stored.coordinates):
+            return Mark(known.lineage, known.file, known.pos, known.server_id, known.gtid_text,
+                        known.ts, known.snapshot)
+        return stored
+
+    def tail_origin(self, topic: str, partition: int, tail: Mark) -> Mark | None:
+        """The tail's server id, GTID and commit time, from its changelog row."""
+        return tail_origin(self.uri, topic, partition, tail)
 
     def ensure_table(self) -> None:
         """Create the changelog table when missing."""
@@ -399,15 +309,27 @@ class ChangelogWriter:
         before, as `write`), or the exception its `check` raised (that part adds
         nothing, the others are committed). A conflicting commit raises
         ConcurrentPartitionWrite for all: nothing is written."""
-        from deltalake import CommitProperties, Transaction, write_deltalake
-        from deltalake.exceptions import CommitFailedError
 
         for part in parts:
             part.validate()
+        for attempt in range(_METADATA_RETRIES):
+            try:
+                return self._write_many(parts)
+            except _MetadataChanged:
+                if attempt == _METADATA_RETRIES - 1:
+                    raise
+        raise AssertionError("unreachable")
+
+    def _write_many(self, parts: Sequence[PartitionWrite]) -> list[int | None | Exception]:
+        from deltalake import CommitProperties, Transaction, write_deltalake
+        from deltalake.exceptions import CommitFailedError
+
         now = datetime.now(UTC)
         outcomes: list[int | None | Exception] = [None] * len(parts)
         with self._lock:
             table = self._open()
+            tails: list = []  # the transactions moving each written part's tail
+            moved: dict[str, Mark] = {}
             rows: list[tuple] = []
             written: list[int] = []  # indexes of the parts this commit carries
             for i, part in enumerate(parts):
@@ -421,25 +343,33 @@ class ChangelogWriter:
                 if done is not None and done >= part.end_offset:
                     continue
                 raw = part.raw
-                rows += [event_row(e, raw.get(e.offset) if raw else None, now)
-                         for e in part.events if done is None or e.offset >= done]
+                fresh = [e for e in part.events if done is None or e.offset >= done]
+                rows += [event_row(e, raw.get(e.offset) if raw else None, now) for e in fresh]
                 written.append(i)
+                previous = self._tails.get(part.txn) or stored_tail(table, part.txn)
+                moves, tail = tail_transactions(part.txn, previous, fresh)
+                tails += moves
+                if moves:
+                    moved[part.txn] = tail
             if not written:
                 return outcomes
             tag = ",".join(f"{parts[i].txn}@{parts[i].end_offset}" for i in written)
             n = len(written)
             try:
                 write_deltalake(
-                    table, _arrow_table(rows, now), mode="append",
+                    table, arrow_table(rows, now), mode="append",
                     commit_properties=CommitProperties(
                         app_transactions=[Transaction(parts[i].txn, parts[i].end_offset)
-                                          for i in written],
+                                          for i in written] + tails,
                         custom_metadata={"userMetadata": commit_metadata(
                             f"{tag}#{uuid.uuid4().hex}",
                             survey_of_rows(rows, SURVEY_MAX_GROUPS * n), source_times(rows),
                             SURVEY_MAX_BYTES * n)}),
                 )
             except CommitFailedError as e:
+                if "Metadata changed" in str(e):
+                    # A lineage raised meanwhile (`lineage_log.py`): read the table again.
+                    raise _MetadataChanged from e
                 # delta-rs's conflict check refuses a commit whose transaction id another
                 # commit took since this one read the table: the race of two runs on one
                 # partition, which on object storage no file lock prevents.
@@ -450,6 +380,8 @@ class ChangelogWriter:
                     f"{names}: another run committed this partition's changelog at the "
                     f"same time ({e})") from e
             version = table.version()
+            self._tails.update(moved)
+            self._notice_lineages(table)
             for i in written:
                 outcomes[i] = version
             return outcomes
@@ -466,7 +398,7 @@ class ChangelogWriter:
         with self._lock:
             table = self._open()
             write_deltalake(
-                table, _arrow_table(rows, now), mode="append",
+                table, arrow_table(rows, now), mode="append",
                 commit_properties=CommitProperties(custom_metadata={
                     "userMetadata": commit_metadata(f"{tag}#{uuid.uuid4().hex}",
                                                     survey_of_rows(rows), source_times(rows))}),

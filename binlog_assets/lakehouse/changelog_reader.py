@@ -13,11 +13,13 @@ from typing import TYPE_CHECKING, NamedTuple
 
 from binlog_assets.config import PipelineConfig
 from binlog_assets.lakehouse.changelog import (
+    changelog_name,
+    changelog_uri,
+)
+from binlog_assets.lakehouse.changelog_rows import (
     CHANGELOG_COLUMNS,
     CREATE_OPERATION,
     SURVEY_MAX_COMMITS,
-    changelog_name,
-    changelog_uri,
     commit_doc,
 )
 from binlog_assets.lakehouse.delta_log import (

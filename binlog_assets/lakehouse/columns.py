@@ -1,9 +1,9 @@
 """Column expressions the replica and history MERGEs share: positions, keys, source tables.
 
 A position is one struct, `(phase, file, pos, row, offset, row_index)`: the binlog
-position as numbers (snapshot phase below streaming), then the Kafka offset and the row
-within one record as tie-breakers. Spark orders structs field by field, so one `>`
-compares two positions exactly and never as text.
+position as numbers (`phase` holds the position's lineage: `formats/event.py`), then the
+Kafka offset and the row within one record as tie-breakers. Spark orders structs field
+by field, so one `>` compares two positions exactly and never as text.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from pyspark.sql import Window
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
+from binlog_assets.formats.event import FIRST_LINEAGE
 from binlog_assets.lakehouse.identifiers import col
 
 if TYPE_CHECKING:
@@ -51,15 +52,18 @@ def position_sql(position: tuple[int, ...]) -> str:
 
 def binlog_before_sql(position: tuple[int, ...]) -> str:
     """SQL: the row's `_position` is older in the binlog than `position`, a streamed
-    event's (a DDL). By binlog coordinates whatever the row's phase: a snapshot row
-    carries the binlog position it was read at, so an initial snapshot is older than a
-    later ALTER and an incremental one taken after it is not. A source without
-    coordinates (file and pos zero) compares whole positions."""
-    _phase, file, pos = (int(v) for v in position[:3])
+    event's (a DDL). By lineage and binlog coordinates, whatever the row's `row`: a
+    snapshot row carries the binlog position it was read at, so an initial snapshot is
+    older than a later ALTER and an incremental one taken after it is not; a snapshot
+    read of a lake made before lineages (lineage 0) was read in lineage 1. A source
+    without coordinates (file and pos zero) compares whole positions."""
+    lineage, file, pos = (int(v) for v in position[:3])
     if file == 0 and pos == 0:
         return f"_position < {position_sql(position)}"
-    return (f"(_position.file < {file} OR "
-            f"(_position.file = {file} AND _position.pos < {pos}))")
+    lineage = max(lineage, FIRST_LINEAGE)
+    row = f"GREATEST(_position.phase, {FIRST_LINEAGE})"
+    return (f"({row} < {lineage} OR ({row} = {lineage} AND (_position.file < {file} OR "
+            f"(_position.file = {file} AND _position.pos < {pos}))))")
 
 
 def change_identity(position: Column) -> Column:

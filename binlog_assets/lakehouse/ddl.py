@@ -14,7 +14,11 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
-from binlog_assets.formats.event import DATABASE_WIDE, dropped_database
+from binlog_assets.formats.event import (
+    DATABASE_WIDE,
+    LEGACY_SNAPSHOT_LINEAGE,
+    dropped_database,
+)
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -206,6 +210,12 @@ class DdlEvent:
     def database(self) -> str:
         return self.table.split(".", 1)[0]
 
+    @property
+    def snapshot(self) -> bool:
+        """Replayed by a snapshot (which states each table's schema as it reads it,
+        dropping and creating it first), not a statement the source ran."""
+        return self.position[0] == LEGACY_SNAPSHOT_LINEAGE or self.position[3] < 0
+
 
 @dataclass
 class DdlPlan:
@@ -262,6 +272,10 @@ def plan_ddl(events: list[DdlEvent], routed: Callable[[str], bool]) -> DdlPlan:
     """
     plan = DdlPlan()
     for e in sorted(events, key=lambda e: e.position):
+        if e.snapshot and not _CREATE_TABLE.match(e.ddl):
+            # A snapshot's DROP ... IF EXISTS replays a schema; what its table lost while
+            # no snapshot ran is the snapshot end's to remove.
+            continue
         database = dropped_database(e.ddl)
         if database is not None:
             plan.drops[f"{database}.{DATABASE_WIDE}"] = e.position

@@ -22,7 +22,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from binlog_assets.formats.event import ChangeEvent
-from binlog_assets.lakehouse.changelog import ConcurrentPartitionWrite, PartitionWrite
+from binlog_assets.lakehouse.changelog import (
+    ConcurrentPartitionWrite,
+    PartitionWrite,
+)
 
 if TYPE_CHECKING:
     from binlog_assets.lakehouse.changelog import ChangelogWriter

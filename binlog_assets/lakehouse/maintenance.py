@@ -22,7 +22,8 @@ from typing import TYPE_CHECKING
 
 from binlog_assets.config import PipelineConfig
 from binlog_assets.formats.event import OP_DELETE
-from binlog_assets.lakehouse.changelog import changelog_uri, commit_metadata
+from binlog_assets.lakehouse.changelog import changelog_uri
+from binlog_assets.lakehouse.changelog_rows import commit_metadata
 from binlog_assets.lakehouse.delta_log import (
     SPARK_ONLY_PROPERTIES,
     delta_rs_uri,

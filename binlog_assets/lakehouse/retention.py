@@ -19,8 +19,8 @@ from binlog_assets.lakehouse.changelog import (
     TABLE_PROPERTIES,
     changelog_name,
     changelog_uri,
-    commit_metadata,
 )
+from binlog_assets.lakehouse.changelog_rows import commit_metadata
 from binlog_assets.lakehouse.delta_log import delta_rs_uri, table_detail, table_exists, txn_version
 from binlog_assets.lakehouse.identifiers import qualified
 from binlog_assets.lakehouse.maintenance import live_files

@@ -30,6 +30,22 @@ def changelog_app_id(group_id: str, topic: str, partition: int) -> str:
     return f"{group_id}/{topic}/{partition}"
 
 
+# A partition's tail (the furthest position it placed: `consume/lineage.py`) rides in the
+# same commits as its rows, as three more transactions: lineage, binlog file, position.
+TAIL_PARTS = ("lineage", "file", "pos")
+
+
+def tail_app_ids(txn: str) -> tuple[str, ...]:
+    """The transaction ids of the tail of the partition whose changelog id is `txn`."""
+    return tuple(f"{txn}#{part}" for part in TAIL_PARTS)
+
+
+def lineage_app_id(source: str) -> str:
+    """The transaction id whose version is the source's latest lineage, committed with
+    each raise: two partitions raising at once conflict, and one reads the other's."""
+    return f"binlake.lineage/{source}"
+
+
 class SparkTxn:
     """Within the block, Delta DML commits carry (APP_ID, version) and are skipped when
     the table already recorded that version or a later one."""

@@ -17,7 +17,10 @@ from collections.abc import Callable, Iterator, Sequence
 import dagster as dg
 from pydantic import Field
 
-from binlog_assets.lakehouse.changelog import ChangelogWriter, changelog_uri
+from binlog_assets.lakehouse.changelog import (
+    ChangelogWriter,
+    changelog_uri,
+)
 from binlog_assets.orchestration.changelog_asset import report_outcomes
 from binlog_assets.orchestration.consume_runs import (
     ChangelogRunConfig,

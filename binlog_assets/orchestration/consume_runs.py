@@ -25,9 +25,13 @@ from binlog_assets.consume.backlog import WorkerRule
 from binlog_assets.consume.checkpoint import CHANGELOG, Checkpoint, offset_for_timestamp
 from binlog_assets.consume.errors import ErrorPolicy
 from binlog_assets.consume.handlers import HandlerRegistry, load_registry
+from binlog_assets.consume.lineage import Placer
 from binlog_assets.consume.preflight import check_cluster
 from binlog_assets.consume.run import BoundedRun, RunSettings, RunSummary, Stop
-from binlog_assets.lakehouse.changelog import ChangelogWriter, changelog_uri
+from binlog_assets.lakehouse.changelog import (
+    ChangelogWriter,
+    changelog_uri,
+)
 from binlog_assets.lakehouse.fence import FencedChangelogSink
 from binlog_assets.orchestration.consume_workers import (
     SinkTotals,
@@ -142,8 +146,19 @@ def run_partition(
     hold = None if together is None else together.hold(plan.key, plan.settings.source, sink)
     with handlers.opened():
         summary = BoundedRun(topic, partition, handlers, settings, sink=sink,
-                             stop=stop, hold=hold).run()
+                             stop=stop, hold=hold, placer=placer(plan, initial)).run()
     return summary, sink
+
+
+def placer(plan: PartitionPlan, checkpoint: int | None) -> Placer:
+    """The partition's lineage placer: its source's lineages and its tail, as the
+    changelog holds them (up to its `checkpoint`: a replay of offsets below it places
+    them anew, without moving the tail)."""
+    writer, topic, partition = plan.writer, plan.topic, plan.partition
+    tail = writer.tail(plan.settings.group_id, topic, partition)
+    return Placer(writer.book(plan.settings.source), f"{topic}[{partition}]", tail,
+                  lambda: None if tail is None else writer.tail_origin(topic, partition, tail),
+                  replayed_below=checkpoint)
 
 
 @dataclass

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 import dagster as dg
 
 from binlog_assets.config import PipelineConfig
+from binlog_assets.formats.event import FIRST_LINEAGE, LEGACY_SNAPSHOT_LINEAGE
 
 if TYPE_CHECKING:
     from binlog_assets.lakehouse.audit_arrow import LiveKeys
@@ -179,10 +180,11 @@ def replica_table_metadata(builder: "ReplicaBuilder", name: str) -> dict[str, dg
 def position_label(position: tuple[int, ...]) -> str:
     """A changelog position as a reader knows it: binlog file index and byte position,
     the row within the event and the Kafka offset (`(1, 1, 381614, 0, 10, 0)` reads
-    `000001:381614 row 0, offset 10`); snapshot reads say so."""
-    phase, file, pos, row, offset, _row_index = position
-    where = f"{file:06d}:{pos} row {row}, offset {offset}"
-    return where if phase else f"snapshot, {where}"
+    `000001:381614 row 0, offset 10`); snapshot reads and lineages past the first say so."""
+    lineage, file, pos, row, offset, _row_index = position
+    where = f"{file:06d}:{pos}{'' if row < 0 else f' row {row}'}, offset {offset}"
+    where = f"snapshot, {where}" if lineage == LEGACY_SNAPSHOT_LINEAGE or row < 0 else where
+    return where if lineage <= FIRST_LINEAGE else f"lineage {lineage}, {where}"
 
 
 def failure_line(exc: Exception) -> str:

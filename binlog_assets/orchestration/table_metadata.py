@@ -14,10 +14,10 @@ import dagster as dg
 
 from binlog_assets.config import PipelineConfig
 from binlog_assets.lakehouse.changelog import (
-    CHANGELOG_COLUMNS,
     changelog_name,
     changelog_uri,
 )
+from binlog_assets.lakehouse.changelog_rows import CHANGELOG_COLUMNS
 from binlog_assets.lakehouse.delta_log import file_rows, open_log
 
 if TYPE_CHECKING:
@@ -34,23 +34,28 @@ CHANGELOG_COLUMN_DOCS = {
     "key_columns": "names of the key columns",
     "before": "row image before the change (JSON)",
     "after": "row image after the change (JSON)",
-    "pos_phase": "0 for snapshot reads, 1 for streamed changes",
+    "pos_phase": "the source lineage (a failover, binlog reset or re-snapshot starts the "
+                 "next; 0: a snapshot read of a lake made before lineages)",
     "pos_file": "binlog file index",
     "pos_pos": "byte position in the binlog file",
-    "pos_row": "row within the binlog event",
+    "pos_row": "row within the binlog event (negative: what a snapshot read there)",
     "source_ts": "source commit time (ms since the epoch)",
     "ddl": "the statement of a schema change",
     "column_types": "source column types (JSON)",
     "value_types": "types of values the producer sent without a schema (JSON)",
     "raw": "the Kafka record's value, when the source keeps it",
     "ingested_at": "when binlake appended the row",
+    "server_id": "id of the server that wrote the change to its binlog, when the producer "
+                 "says",
+    "gtid": "the change's GTID, when the producer says",
 }
 
 # binlake's own columns of a replica (the rest are the source table's).
 REPLICA_COLUMN_DOCS = {
     "_source_db": "source database of the row (shards of one replica keep theirs apart)",
     "_source_table": "source table of the row",
-    "_position": "binlog position of the last change applied to the row",
+    "_position": "binlog position of the last change applied to the row (phase: its "
+                 "lineage)",
     "_op": "that change's op: a deleted row stays as a tombstone (d, t) until purged; "
            "`<replica>_current` holds the live rows",
     "_source_ts": "source commit time of that change",

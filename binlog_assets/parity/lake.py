@@ -9,7 +9,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from binlog_assets.lakehouse.changelog import changelog_uri, commit_doc
+from binlog_assets.lakehouse.changelog import changelog_uri
+from binlog_assets.lakehouse.changelog_rows import commit_doc
 from binlog_assets.lakehouse.delta_log import delta_rs_uri
 from binlog_assets.lakehouse.transactions import APP_ID
 from binlog_assets.parity.canonical import Fingerprint, crcs_of

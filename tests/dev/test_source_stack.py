@@ -24,7 +24,7 @@ from binlog_assets.dev.connect import DebeziumConnector, DebeziumFence, KafkaCon
 from binlog_assets.dev.kafka import KafkaBroker
 from binlog_assets.dev.mariadb import MariaDBServer
 from binlog_assets.formats.debezium import DebeziumDecoder
-from binlog_assets.formats.event import PHASE_SNAPSHOT, PHASE_STREAM, ChangeEvent
+from binlog_assets.formats.event import SNAPSHOT_ROW, ChangeEvent, Position
 
 # Connect may still be creating a topic when the first poll runs; a shared 2-core box
 # can take a while, so waits are generous and end as soon as the records are in.
@@ -136,7 +136,7 @@ def test_row_changes_stream_in_binlog_order(
     assert len(records) == 6 and records[-1].value() is None
     assert all(e.table == f"shop.{table}" and e.key_columns == ("id",) for e in events)
     positions = [e.position for e in events]
-    assert all(p.phase == PHASE_STREAM and p.file > 0 and p.pos > 0 for p in positions)
+    assert all(not p.snapshot and p.file > 0 and p.pos > 0 for p in positions)
     assert positions == sorted(positions) and len(set(positions)) == len(positions)
     assert (positions[0].pos, positions[0].row) == (positions[1].pos, 0)
     assert positions[1].row == 1
@@ -262,19 +262,21 @@ def test_rows_present_before_a_connector_starts_arrive_as_snapshot_reads(
         # folded into a snapshot still under way (a RUNNING task may still be snapshotting).
         _execute(mariadb, f"INSERT INTO {database}.items VALUES (4, 'd')")
         events = _decode(_consume(kafka_broker, topic, lambda got: len(got) >= 4))
-        snapshot = events[:3]
+        snapshot, end, streamed = events[:3], events[3], events[4]
     finally:
         debezium_connect.remove_connector(connector.name)
     print(f"\nsnapshot connector running in {ready:.1f}s")
 
-    assert [(e.op, e.key, e.position.phase) for e in snapshot] == [
-        ("r", (1,), PHASE_SNAPSHOT), ("r", (2,), PHASE_SNAPSHOT), ("r", (3,), PHASE_SNAPSHOT),
+    assert [(e.op, e.key, e.position.row) for e in snapshot] == [
+        ("r", (1,), SNAPSHOT_ROW), ("r", (2,), SNAPSHOT_ROW), ("r", (3,), SNAPSHOT_ROW),
     ]
     assert snapshot[0].after == {"id": 1, "name": "a"}
-    streamed = events[3]
-    assert (streamed.op, streamed.key, streamed.position.phase) == ("c", (4,), PHASE_STREAM)
+    # The table's last snapshot row is followed by its snapshot end, below the rows.
+    assert (end.op, end.position) == ("t", snapshot[-1].position._replace(row=-3))
+    assert (streamed.op, streamed.key, streamed.position.snapshot) == ("c", (4,), False)
     assert streamed.position.file > 0 and streamed.position.pos > 0
     assert all(e.position < streamed.position for e in snapshot)
+    assert snapshot[0].position == Position(1, *snapshot[0].position.coordinates)
 
 
 @pytest.mark.integration

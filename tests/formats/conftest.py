@@ -1,8 +1,9 @@
 """Helpers shared by the format decoder tests: fixture files and a replay of events.
 
 `replay` applies decoded events to a dict keyed by (table, key), the way the replica
-would: c/r/u set the row, d deletes it (it must exist), t clears the table, ddl changes
-no row. `decode_lines` decodes a fixture file line by line with offset = line index.
+would: c/r/u set the row, d deletes it (it must exist), t clears the table's rows older
+than it (a snapshot's end follows the rows the snapshot read), ddl changes no row.
+`decode_lines` decodes a fixture file line by line with offset = line index.
 """
 
 from __future__ import annotations
@@ -23,13 +24,16 @@ State = dict[tuple[str, tuple], dict[str, Any]]
 
 def _replay(events: Iterable[ChangeEvent]) -> State:
     state: State = {}
+    at: dict[tuple[str, tuple], tuple] = {}
     for event in events:
         if event.op in ("c", "r", "u"):
             state[(event.table, event.key)] = event.after
+            at[(event.table, event.key)] = event.sort_key()
         elif event.op == "d":
             del state[(event.table, event.key)]
         elif event.op == "t":
-            for table_key in [k for k in state if k[0] == event.table]:
+            for table_key in [k for k in state if k[0] == event.table
+                              and at[k] < event.sort_key()]:
                 del state[table_key]
     return state
 

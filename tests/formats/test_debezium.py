@@ -9,7 +9,13 @@ import orjson
 import pytest
 
 from binlog_assets.formats.debezium import DebeziumDecoder
-from binlog_assets.formats.event import PHASE_SNAPSHOT, PHASE_STREAM, DecodeError, Position
+from binlog_assets.formats.event import (
+    SNAPSHOT_END_ROW,
+    SNAPSHOT_ROW,
+    SNAPSHOT_SCHEMA_ROW,
+    DecodeError,
+    Position,
+)
 
 PRODUCTS = "inventory.products"
 FIXTURE = "debezium-data-schema-include.txt"
@@ -49,9 +55,9 @@ def test_schema_include_fixture_positions_types_and_order(flink_lines, decode_li
     events = decode_lines(DebeziumDecoder(key_columns={PRODUCTS: ["id"]}),
                           flink_lines(FIXTURE))
 
-    assert [e.position.phase for e in events] == [PHASE_SNAPSHOT] * 9 + [PHASE_STREAM] * 7
-    assert events[0].position == Position(PHASE_SNAPSHOT, 3, 154, 0)
-    assert events[-1].position == Position(PHASE_STREAM, 3, 2443, 0)
+    assert [e.position.snapshot for e in events] == [True] * 9 + [False] * 7
+    assert events[0].position == Position(1, 3, 154, SNAPSHOT_ROW)
+    assert events[-1].position == Position(1, 3, 2443, 0)
     assert events[-1].op == "d" and events[-1].key == (111,)
     assert sorted(events, key=lambda e: e.sort_key()) == events
     assert events[0].column_types == {
@@ -326,7 +332,7 @@ def test_schema_change_record_becomes_ddl_per_table():
     assert (event.op, event.table, event.key, event.key_columns) == (
         "ddl", PRODUCTS, (), ("id",))
     assert event.ddl == record["ddl"]
-    assert event.position == Position(PHASE_STREAM, 4, 99, 0)
+    assert event.position == Position(1, 4, 99, 0)
     assert event.column_types == {"id": "int", "price": "decimal(10,2)"}
 
 
@@ -378,7 +384,7 @@ def test_bad_kafka_key_is_a_decode_error():
 
 def _position(**source: Any) -> Position:
     op = source.pop("op", "c")
-    [event] = DebeziumDecoder().decode(encode(envelope(op=op, after={"id": 1}, **source)))
+    event = DebeziumDecoder().decode(encode(envelope(op=op, after={"id": 1}, **source)))[0]
     return event.position
 
 
@@ -392,16 +398,49 @@ def test_positions_compare_as_numbers_not_strings():
 @pytest.mark.parametrize(
     "snapshot", ["true", "last", "first", "first_in_data_collection",
                  "last_in_data_collection", "incremental", True])
-def test_snapshot_reads_rank_below_streamed_events(snapshot):
+def test_snapshot_reads_count_at_their_position_below_what_streams_from_it(snapshot):
     snap = _position(snapshot=snapshot, file="mysql-bin.000099", pos=999999)
-    assert snap.phase == PHASE_SNAPSHOT
-    assert snap < _position(file="mysql-bin.000001", pos=4)
+    assert snap.snapshot and snap.row == SNAPSHOT_ROW
+    # Streamed from the position the snapshot read at, or later: newer.
+    assert snap < _position(file="mysql-bin.000099", pos=999999)
+    assert snap < _position(file="mysql-bin.000100", pos=4)
+    # Streamed before it (a change the snapshot already read): older.
+    assert snap > _position(file="mysql-bin.000099", pos=999998, row=7)
+    assert snap > _position(file="mysql-bin.000001", pos=4)
 
 
 @pytest.mark.parametrize("snapshot", ["false", None, False])
 def test_not_a_snapshot(snapshot):
-    assert _position(snapshot=snapshot).phase == PHASE_STREAM
-    assert _position(snapshot=snapshot, op="r").phase == PHASE_SNAPSHOT
+    assert not _position(snapshot=snapshot).snapshot
+    assert _position(snapshot=snapshot, op="r").snapshot
+
+
+@pytest.mark.parametrize("flag", ["last_in_data_collection", "last"])
+def test_a_tables_last_snapshot_row_is_followed_by_its_snapshot_end(flag):
+    # The end removes what the snapshot did not read (rows deleted while no snapshot ran):
+    # a truncate of the table just below the snapshot's rows, after the row in Kafka order.
+    decoder = DebeziumDecoder(key_columns={PRODUCTS: ["id"]})
+    row, end = decoder.decode(encode(envelope("r", after={"id": 7}, snapshot=flag,
+                                              server_id=0, gtid=None)), offset=9)
+    assert (row.op, row.key, row.position) == ("r", (7,), Position(1, 3, 154, SNAPSHOT_ROW))
+    assert (end.op, end.table, end.key, end.offset, end.row_index) == (
+        "t", PRODUCTS, (), 9, 1)
+    assert end.position == Position(1, 3, 154, SNAPSHOT_END_ROW)
+    assert end.position < row.position
+    assert end.position > _position(file="mysql-bin.000003", pos=153, row=99)
+    [middle] = decoder.decode(encode(envelope("r", after={"id": 6}, snapshot="true")))
+    assert middle.op == "r"
+
+
+def test_origin_server_and_gtid_ride_with_the_event():
+    decoder = DebeziumDecoder(key_columns={PRODUCTS: ["id"]})
+    [streamed] = decoder.decode(encode(envelope("c", after={"id": 1}, server_id=2,
+                                                gtid="0-2-11")))
+    assert (streamed.server_id, streamed.gtid) == (2, "0-2-11")
+    # A snapshot read has none: Debezium sends server id 0 and no GTID.
+    [read] = decoder.decode(encode(envelope("r", after={"id": 1}, server_id=0, gtid=None,
+                                            snapshot="true")))
+    assert (read.server_id, read.gtid) == (None, None)
 
 
 def test_transaction_metadata_records_are_skipped():
@@ -441,4 +480,5 @@ def test_snapshot_schema_changes_order_before_the_snapshot_rows():
     [alter] = decoder.decode(encode(
         {"source": {**source, "snapshot": "false", "pos": 999}, "databaseName": "inventory",
          "tableChanges": [], "ddl": "DROP DATABASE `inventory`"}), offset=22)
-    assert alter.position == Position(PHASE_STREAM, 4, 999, 0)
+    assert alter.position == Position(1, 4, 999, 0)
+    assert drop.position == Position(1, 4, 154, SNAPSHOT_SCHEMA_ROW)

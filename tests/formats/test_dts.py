@@ -12,7 +12,7 @@ import orjson
 import pytest
 
 from binlog_assets.formats.dts import RECORD_SCHEMA, DtsDecoder
-from binlog_assets.formats.event import PHASE_STREAM, DecodeError, Position
+from binlog_assets.formats.event import DecodeError, Position
 
 PRODUCTS = "inventory.products"
 NS = "com.alibaba.dts.formats.avro."
@@ -188,9 +188,9 @@ def test_timestamp_with_named_zone():
 @pytest.mark.parametrize(
     ("text", "position"),
     [
-        ("mysql-bin.000123:4567", Position(PHASE_STREAM, 123, 4567, 0)),
-        ("4567@123", Position(PHASE_STREAM, 123, 4567, 0)),
-        ("4567@123@1596684883", Position(PHASE_STREAM, 123, 4567, 0)),
+        ("mysql-bin.000123:4567", Position(1, 123, 4567, 0)),
+        ("4567@123", Position(1, 123, 4567, 0)),
+        ("4567@123@1596684883", Position(1, 123, 4567, 0)),
     ],
 )
 def test_source_position_forms(text, position):

@@ -6,7 +6,7 @@ from typing import Any
 import orjson
 import pytest
 
-from binlog_assets.formats.event import PHASE_SNAPSHOT, PHASE_STREAM, DecodeError, Position
+from binlog_assets.formats.event import SNAPSHOT_ROW, DecodeError, Position
 from binlog_assets.formats.maxwell import MaxwellDecoder
 
 PRODUCT = "test.product"
@@ -41,7 +41,7 @@ def test_fixture_events_order_by_kafka_offset_without_binlog_coordinates(
 ):
     events = decode_lines(MaxwellDecoder(), flink_lines("maxwell-data.txt"))
     assert len(events) == 20
-    assert {e.position for e in events} == {Position(PHASE_STREAM, 0, 0, 0)}
+    assert {e.position for e in events} == {Position(1, 0, 0, 0)}
     assert sorted(events, key=lambda e: e.sort_key()) == events
     assert events[0].source_ts == 1596684883000
     assert events[9].before == {"id": 106, "name": "hammer",
@@ -93,8 +93,8 @@ def test_bootstrap_insert_is_a_snapshot_read_and_markers_are_skipped():
     [event] = decoder.decode(row("bootstrap-insert"))
     assert decoder.decode(row("bootstrap-complete", data=...)) == []
 
-    assert (event.op, event.position.phase) == ("r", PHASE_SNAPSHOT)
-    assert event.position < Position(PHASE_STREAM, 0, 0, 0)
+    assert (event.op, event.position) == ("r", Position(1, 0, 0, SNAPSHOT_ROW))
+    assert event.position < Position(1, 0, 0, 0)
     assert decoder.skipped == {"maxwell:bootstrap-start": 1, "maxwell:bootstrap-complete": 1}
 
 
@@ -112,7 +112,7 @@ def test_table_ddl_is_a_ddl_event():
     assert (event.op, event.table, event.key, event.key_columns) == (
         "ddl", PRODUCT, (), ("id",))
     assert event.ddl == sql
-    assert event.position == Position(PHASE_STREAM, 6, 800911, 0)
+    assert event.position == Position(1, 6, 800911, 0)
     assert event.column_types == {"id": "bigint", "name": "string", "price": "decimal(10,2)"}
 
 
@@ -132,7 +132,7 @@ def test_tombstone_and_unknown_types_are_counted():
 
 def test_position_is_parsed_with_xoffset_as_row():
     [event] = MaxwellDecoder().decode(row(position="master.000006:800911", xoffset=3))
-    assert event.position == Position(PHASE_STREAM, 6, 800911, 3)
+    assert event.position == Position(1, 6, 800911, 3)
 
 
 def test_positions_compare_as_numbers_not_strings():
@@ -148,9 +148,9 @@ def test_gtid_sequence_orders_when_there_is_no_position():
         return MaxwellDecoder().decode(row(gtid=gtid, xoffset=xoffset))[0].position
 
     uuid = "c7c98333-6006-11ed-bfc9-b8cef6e1a231"
-    assert position(f"{uuid}:10") == Position(PHASE_STREAM, 0, 10, 0)
+    assert position(f"{uuid}:10") == Position(1, 0, 10, 0)
     assert position(f"{uuid}:10", 2) > position(f"{uuid}:9", 5)
-    assert position("0-1-42") == Position(PHASE_STREAM, 0, 42, 0)
+    assert position("0-1-42") == Position(1, 0, 42, 0)
 
 
 def test_key_columns_fall_back_to_the_kafka_key():

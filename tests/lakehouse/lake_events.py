@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from binlog_assets.config import PipelineConfig, parse_config
-from binlog_assets.formats.event import PHASE_SNAPSHOT, PHASE_STREAM, ChangeEvent, Position
+from binlog_assets.formats.event import SNAPSHOT_ROW, ChangeEvent, Position
 from binlog_assets.lakehouse.changelog import ChangelogWriter
 from binlog_assets.lakehouse.delta_log import open_log, table_location
 
@@ -49,7 +49,7 @@ class Source:
             self.file, self.pos = self.file + 1, 4
         else:
             self.pos += step
-        return Position(PHASE_STREAM, self.file, self.pos, 0)
+        return Position(1, self.file, self.pos, 0)
 
     def _event(self, op: str, key_row: dict[str, Any], before, after, position: Position,
                ts: int | None = None) -> ChangeEvent:
@@ -59,9 +59,10 @@ class Source:
                            column_types=self.types)
 
     def snapshot(self, after: dict[str, Any]) -> ChangeEvent:
-        # Debezium gives snapshot reads the binlog coordinates of the snapshot's start,
-        # which may well be above later streamed ones: the phase must decide.
-        return self._event("r", after, None, after, Position(PHASE_SNAPSHOT, 999, 999_999, 0))
+        # A snapshot read counts at the binlog position the snapshot was taken at (where
+        # the source's binlog stands now), just below what streams from there.
+        return self._event("r", after, None, after,
+                           Position(1, self.file, self.pos, SNAPSHOT_ROW))
 
     def insert(self, after: dict[str, Any], **step: Any) -> ChangeEvent:
         return self._event("c", after, None, after, self._next(**step))

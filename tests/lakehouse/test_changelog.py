@@ -12,15 +12,8 @@ from lake_events import GROUP, MakeConfig, Partition, Source, row
 
 from binlog_assets.formats.event import ChangeEvent, Position
 from binlog_assets.lakehouse.changelog import (
-    SURVEY_MAX_BYTES,
-    SURVEY_MAX_GROUPS,
     ChangelogWriter,
     changelog_checkpoint,
-    commit_metadata,
-    event_row,
-    source_times,
-    survey_of_rows,
-    to_json,
 )
 from binlog_assets.lakehouse.changelog_reader import (
     SurveyGroup,
@@ -31,6 +24,15 @@ from binlog_assets.lakehouse.changelog_reader import (
     read_survey,
     register_changelog,
     survey_of_frame,
+)
+from binlog_assets.lakehouse.changelog_rows import (
+    SURVEY_MAX_BYTES,
+    SURVEY_MAX_GROUPS,
+    commit_metadata,
+    event_row,
+    source_times,
+    survey_of_rows,
+    to_json,
 )
 
 TABLES = [{"source": "shop.orders", "replica": "orders"}]
@@ -263,14 +265,14 @@ def test_a_survey_too_large_for_the_log_is_left_out() -> None:
 def test_type_map_texts_follow_each_map_past_the_memo_bound() -> None:
     """The JSON text of declared and inferred type maps is remembered; each map still
     gets its own text, also once the memo has been cleared and maps' ids are reused."""
-    from binlog_assets.lakehouse import changelog
+    from binlog_assets.lakehouse import changelog_rows
 
     for i in range(2500):
         declared = {"id": "int", f"c{i}": "string"}
-        assert orjson.loads(changelog._declared_json(declared)) == declared
+        assert orjson.loads(changelog_rows._declared_json(declared)) == declared
         event = replace(Source("shop.orders").insert({"id": i, f"v{i % 1100}": "x"}),
                         column_types=None)
-        assert orjson.loads(changelog._value_types(event)) == {"id": "bigint",
+        assert orjson.loads(changelog_rows._value_types(event)) == {"id": "bigint",
                                                                f"v{i % 1100}": "string"}
 
 

@@ -11,7 +11,10 @@ from lake_events import Partition, Source, row
 
 from binlog_assets.config import PipelineConfig, parse_config
 from binlog_assets.lakehouse import changelog_reader
-from binlog_assets.lakehouse.changelog import ChangelogWriter, changelog_uri
+from binlog_assets.lakehouse.changelog import (
+    ChangelogWriter,
+    changelog_uri,
+)
 from binlog_assets.lakehouse.changelog_reader import read_survey
 from binlog_assets.lakehouse.delta_log import delta_rs_uri
 

@@ -9,7 +9,7 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from binlog_assets.formats.event import Position
-from binlog_assets.lakehouse.changelog import CHANGELOG_COLUMNS
+from binlog_assets.lakehouse.changelog_rows import CHANGELOG_COLUMNS
 from binlog_assets.lakehouse.columns import (
     POSITION_FIELDS,
     POSITION_TYPE,
@@ -31,7 +31,10 @@ _SPARK_TYPE = {"int": T.IntegerType(), "bigint": T.LongType()}
 
 def test_the_position_struct_is_the_binlog_position_then_the_kafka_tie_breakers() -> None:
     names = [name for name, _, _ in POSITION_FIELDS]
-    assert names == [*Position._fields, "offset", "row_index"]
+    # The struct keeps the name `phase` for the lineage, which replicas made before
+    # lineages already hold: a renamed struct field would mean rewriting every table.
+    assert Position._fields == ("lineage", "file", "pos", "row")
+    assert names == ["phase", *Position._fields[1:], "offset", "row_index"]
     assert POSITION_TYPE.fieldNames() == names
     changelog = dict(CHANGELOG_COLUMNS)
     # Each field is read from a changelog column of the same width.

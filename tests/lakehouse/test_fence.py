@@ -11,9 +11,11 @@ from lake_events import Partition, Source, row
 
 from binlog_assets.config import parse_config
 from binlog_assets.lakehouse.changelog import (
-    SURVEY_MAX_GROUPS,
     ChangelogWriter,
     ConcurrentPartitionWrite,
+)
+from binlog_assets.lakehouse.changelog_rows import (
+    SURVEY_MAX_GROUPS,
     event_row,
     survey_of_rows,
 )

@@ -6,7 +6,10 @@ from __future__ import annotations
 import pytest
 from lake_events import MakeConfig, Partition, Source, execute_job, row
 
-from binlog_assets.lakehouse.changelog import ChangelogWriter, changelog_uri
+from binlog_assets.lakehouse.changelog import (
+    ChangelogWriter,
+    changelog_uri,
+)
 from binlog_assets.lakehouse.changelog_reader import changelog_version, read_survey
 from binlog_assets.lakehouse.delta_log import table_location
 from binlog_assets.lakehouse.maintenance import compact_changelog, compact_table, live_files

@@ -20,7 +20,10 @@ from lake_events import (
 )
 
 from binlog_assets.config import PipelineConfig, parse_config
-from binlog_assets.lakehouse.changelog import ChangelogWriter, changelog_uri
+from binlog_assets.lakehouse.changelog import (
+    ChangelogWriter,
+    changelog_uri,
+)
 from binlog_assets.lakehouse.changelog_reader import changelog_version, read_survey
 from binlog_assets.lakehouse.delta_log import added_rows
 from binlog_assets.lakehouse.maintenance import compact_changelog

@@ -18,7 +18,10 @@ from lake_events import Partition, Source, row
 
 from binlog_assets.config import PipelineConfig, parse_config
 from binlog_assets.dev.s3 import S3Server
-from binlog_assets.lakehouse.changelog import ChangelogWriter, changelog_uri
+from binlog_assets.lakehouse.changelog import (
+    ChangelogWriter,
+    changelog_uri,
+)
 from binlog_assets.lakehouse.delta_log import delta_rs_uri
 from binlog_assets.lakehouse.fence import FencedChangelogSink, FencedRunError
 from binlog_assets.lakehouse.transactions import changelog_app_id

@@ -16,6 +16,8 @@ from binlog_assets.orchestration.replica_reports import (
 def test_position_label_reads_as_binlog_coordinates() -> None:
     assert position_label((1, 1, 381614, 0, 10, 0)) == "000001:381614 row 0, offset 10"
     assert position_label((0, 12, 4, 2, 7, 1)) == "snapshot, 000012:4 row 2, offset 7"
+    assert position_label((1, 12, 4, -1, 7, 0)) == "snapshot, 000012:4, offset 7"
+    assert position_label((3, 2, 40, 1, 9, 0)) == "lineage 3, 000002:40 row 1, offset 9"
 
 
 def test_schema_changes_reach_the_materialization_metadata() -> None:

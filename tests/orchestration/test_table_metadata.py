@@ -24,7 +24,8 @@ from binlog_assets.orchestration.table_metadata import (
 
 def test_table_assets_name_their_tables_columns_and_sources(binlake_env: Path) -> None:
     from binlog_assets.definitions import PIPELINE, defs
-    from binlog_assets.lakehouse.changelog import CHANGELOG_COLUMNS, changelog_uri
+    from binlog_assets.lakehouse.changelog import changelog_uri
+    from binlog_assets.lakehouse.changelog_rows import CHANGELOG_COLUMNS
 
     graph = defs.resolve_asset_graph()
     db = PIPELINE.lakehouse.database

@@ -9,7 +9,6 @@ from decimal import Decimal
 import pyarrow as pa
 import pytest
 
-from binlog_assets.formats.event import PHASE_STREAM
 from binlog_assets.parity.chunks import KeyRange
 from binlog_assets.parity.resync import _events, canonical_type, event_value
 from binlog_assets.parity.source import BinlogPosition, SourceTable
@@ -77,8 +76,8 @@ def test_a_chunk_becomes_reads_at_its_position_and_deletes_of_rows_the_source_la
     assert [(e.op, e.key) for e in events] == [("r", (1,)), ("r", (5,)), ("d", (2,)),
                                                ("d", (4,))]
     for e in events:
-        assert (e.position.phase, e.position.file, e.position.pos, e.position.row) == (
-            PHASE_STREAM, 4, 1234, 0)
+        assert (e.position.lineage, e.position.file, e.position.pos, e.position.row) == (
+            1, 4, 1234, 0)
         assert (e.topic, e.partition, e.offset) == ("", -1, -1)
         assert e.table == "shop.items" and e.key_columns == ("ID",)
         # The replica's types, so the apply types the values as the replica holds them.

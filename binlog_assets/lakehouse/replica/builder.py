@@ -20,13 +20,13 @@ from pyspark.sql import types as T
 from binlog_assets.config import PipelineConfig
 from binlog_assets.faults import fault_point
 from binlog_assets.formats.event import OP_DELETE, OP_TRUNCATE
-from binlog_assets.lakehouse.changelog import SURVEY_MAX_COMMITS
 from binlog_assets.lakehouse.changelog_reader import (
     LazyRange,
     changelog_version,
     read_changelog,
     register_changelog,
 )
+from binlog_assets.lakehouse.changelog_rows import SURVEY_MAX_COMMITS
 from binlog_assets.lakehouse.columns import (
     POSITION_TYPE,
     first_per_group,

@@ -12,7 +12,7 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from binlog_assets.formats.event import OP_DELETE, OP_TRUNCATE, OP_UPDATE
-from binlog_assets.lakehouse.changelog import to_json
+from binlog_assets.lakehouse.changelog_rows import to_json
 from binlog_assets.lakehouse.columns import (
     binlog_before_sql,
     changelog_position,

@@ -1,0 +1,127 @@
+"""The source lineages and partition tails the lineage rules read, kept in the changelog.
+
+A source's lineages (`consume/lineage.py`) are a table property of the changelog,
+`binlake.lineage.<source>` (JSON, one record per lineage), raised in a commit that also
+moves the transaction `binlake.lineage/<source>` to the new number: Delta refuses the
+second of two commits that change the table's metadata from the same version, so two
+partitions that meet one failover at once raise it once, and the other reads it. The
+commit adds no rows and carries an empty survey, so replica planning skips it.
+
+A partition's tail (the furthest position it placed) rides in every commit of its rows
+as three transactions beside its checkpoint (`transactions.tail_app_ids`): lineage,
+binlog file, position, read back in O(1) by the next run. The tail's server id, GTID and
+commit time are columns of its changelog row, looked up only when a rule needs them.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from binlog_assets.consume.lineage import LineageRaced, LineageRecord, Mark
+from binlog_assets.lakehouse.transactions import lineage_app_id, tail_app_ids
+
+if TYPE_CHECKING:
+    from deltalake import DeltaTable, Transaction
+
+    from binlog_assets.formats.event import ChangeEvent
+
+LINEAGE_PROPERTY = "binlake.lineage.{source}"
+
+
+def read_records(table: DeltaTable, source: str) -> list[LineageRecord]:
+    """The lineages `source` has raised, in order, as the table's metadata holds them."""
+    text = table.metadata().configuration.get(LINEAGE_PROPERTY.format(source=source))
+    if not text:
+        return []
+    return sorted((LineageRecord.from_json(doc) for doc in json.loads(text)),
+                  key=lambda r: r.number)
+
+
+def commit_record(table: DeltaTable, source: str, record: LineageRecord, expected: int,
+                  metadata: str) -> list[LineageRecord]:
+    """Add `record` to the source's lineages (or replace the one of its number) in one
+    commit, if they still number `expected`; raises LineageRaced when they do not or
+    when another commit changed the table's metadata first."""
+    from deltalake import CommitProperties, Transaction
+    from deltalake.exceptions import CommitFailedError
+
+    table.update_incremental()
+    records = read_records(table, source)
+    if len(records) != expected:
+        raise LineageRaced(f"{source}: {len(records)} lineages recorded, {expected} expected")
+    records = sorted([r for r in records if r.number != record.number] + [record],
+                     key=lambda r: r.number)
+    doc = json.dumps([r.to_json() for r in records], separators=(",", ":"), sort_keys=True)
+    try:
+        table.alter.set_table_properties(
+            {LINEAGE_PROPERTY.format(source=source): doc}, raise_if_not_exists=False,
+            commit_properties=CommitProperties(
+                app_transactions=[Transaction(lineage_app_id(source), records[-1].number)],
+                custom_metadata={"userMetadata": metadata}))
+    except CommitFailedError as e:
+        raise LineageRaced(f"{source}: another commit changed the changelog first ({e})") \
+            from e
+    return records
+
+
+def stored_tail(table: DeltaTable, txn: str) -> Mark | None:
+    """The partition's tail as its last commit recorded it (without its origin)."""
+    parts = [table.transaction_version(app_id) for app_id in tail_app_ids(txn)]
+    if any(p is None for p in parts):
+        return None
+    lineage, file, pos = parts
+    return Mark(lineage, file, pos)
+
+
+def furthest(events: Sequence[ChangeEvent]) -> Mark | None:
+    """The furthest-placed event of `events` with binlog coordinates, as a `Mark`."""
+    best, at = None, None
+    for e in events:
+        p = e.position
+        if (p.file or p.pos) and (at is None or (p.lineage, p.file, p.pos) > at):
+            best, at = e, (p.lineage, p.file, p.pos)
+    if best is None:
+        return None
+    p = best.position
+    return Mark(p.lineage, p.file, p.pos, best.server_id, best.gtid, best.source_ts,
+                p.snapshot)
+
+
+def tail_transactions(txn: str, previous: Mark | None, events: Sequence[ChangeEvent]
+                      ) -> tuple[list[Transaction], Mark | None]:
+    """The transactions moving the partition's tail past `previous` to the furthest of
+    `events`, and that tail; none when no event goes further."""
+    from deltalake import Transaction
+
+    new = furthest(events)
+    if new is None or (previous is not None and (new.lineage, *new.coordinates)
+                       <= (previous.lineage, *previous.coordinates)):
+        return [], previous
+    ids = tail_app_ids(txn)
+    return [Transaction(i, v) for i, v in zip(ids, (new.lineage, new.file, new.pos),
+                                              strict=True)], new
+
+
+def tail_origin(uri: str, topic: str, partition: int, tail: Mark) -> Mark | None:
+    """The tail's server id, GTID and commit time, from its changelog row (the Delta
+    statistics of the position columns skip the other files)."""
+    import pyarrow as pa
+    from deltalake import DeltaTable, QueryBuilder
+
+    table = DeltaTable(uri)
+    if "gtid" not in table.schema().to_arrow().names:
+        return None
+    query = QueryBuilder().register("changelog", table)
+    rows = pa.table(query.execute(
+        'SELECT "server_id", "gtid", "source_ts", "pos_row" FROM changelog '
+        f'WHERE "pos_phase" = {int(tail.lineage)} AND "pos_file" = {int(tail.file)} '
+        f'AND "pos_pos" = {int(tail.pos)} AND "partition" = {int(partition)} '
+        f"AND \"topic\" = '{topic.replace(chr(39), chr(39) * 2)}' "
+        'ORDER BY "offset" DESC LIMIT 1').read_all())
+    if rows.num_rows == 0:
+        return None
+    row = rows.to_pylist()[0]
+    return Mark(tail.lineage, tail.file, tail.pos, row["server_id"], row["gtid"],
+                row["source_ts"], row["pos_row"] is not None and row["pos_row"] < 0)
