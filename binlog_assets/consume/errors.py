@@ -18,7 +18,12 @@ from dataclasses import dataclass
 
 from binlog_assets.consume import defaults
 from binlog_assets.consume.lineage import UnorderedEventError
-from binlog_assets.formats.event import ChangeEvent, SourceUnavailableError, UnknownSchemaError
+from binlog_assets.formats.event import (
+    ChangeEvent,
+    SnapshotPending,
+    SourceUnavailableError,
+    UnknownSchemaError,
+)
 
 # Why an event was dead-lettered; the run writes this next to the error in the DLQ record.
 REASON_RETRIES_EXHAUSTED = "retries_exhausted"
@@ -80,7 +85,7 @@ def stops_partition(error: BaseException, strict: bool) -> bool:
     dead-lettered): in strict mode, when the registry cannot be reached, for an event
     that cannot be placed in its source's order, and for a schema id the registry does
     not know unless the config dead-letters those."""
-    if isinstance(error, SourceUnavailableError | UnorderedEventError):
+    if isinstance(error, SourceUnavailableError | UnorderedEventError | SnapshotPending):
         return True
     return strict or (isinstance(error, UnknownSchemaError) and not error.dead_letter)
 

@@ -52,7 +52,7 @@ class PartitionLag:
         return max(0, self.high - self.checkpoint)
 
 
-def _named(topic: str, entry: str) -> bool:
+def topic_named(topic: str, entry: str) -> bool:
     """Whether `entry` of a topic list names `topic`: by name, or, starting with `^`, as a
     regex over the cluster's topics (internal ones aside)."""
     if not entry.startswith("^"):
@@ -67,7 +67,7 @@ def topic_partitions(consumer: Consumer, topics: Iterable[str]) -> list[tuple[st
     names: list[str] = []
     for topic in topics:
         if topic.startswith("^"):
-            names += sorted(n for n in meta.topics if _named(n, topic))
+            names += sorted(n for n in meta.topics if topic_named(n, topic))
         else:
             names.append(topic)
     out = []
@@ -83,7 +83,7 @@ def lags_of(lags: Iterable[PartitionLag], topics: Iterable[str]) -> list[Partiti
     """Those of `lags` that `measure_lag` of `topics` would return: one measurement of
     several topic lists' topics, split by list."""
     entries = list(topics)
-    return [pl for pl in lags if any(_named(pl.topic, e) for e in entries)]
+    return [pl for pl in lags if any(topic_named(pl.topic, e) for e in entries)]
 
 
 def lag_consumer(kafka_conf: dict, group_id: str, error_cb: Any = None) -> Consumer:  # noqa: ANN401
@@ -93,6 +93,18 @@ def lag_consumer(kafka_conf: dict, group_id: str, error_cb: Any = None) -> Consu
     extra = {"error_cb": error_cb} if error_cb is not None else {}
     return Consumer({**kafka_conf, "group.id": group_id, "enable.auto.commit": False,
                      **extra})
+
+
+def high_watermark(kafka_conf: dict, topic: str, partition: int) -> int:
+    """The partition's end offset now (0 for a topic that does not exist)."""
+    consumer = lag_consumer(kafka_conf, "binlake-watermark")
+    try:
+        if topic not in consumer.list_topics(topic, timeout=10).topics:
+            return 0
+        return consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=30,
+                                              cached=False)[1]
+    finally:
+        consumer.close()
 
 
 # librdkafka's errors for a broker that went away (closed connections, refused

@@ -18,7 +18,8 @@ Each partition compares every event with its tail (the furthest event it has pla
    Ahead by coordinates but behind by GTID with a later commit time is the old
    primary still writing after a failover (split brain): the partition stops.
 2. Behind the tail:
-   - a snapshot read (or its schema) starts a lineage: a re-snapshot of a reset binlog;
+   - a snapshot read (or its schema) starts a lineage (a re-snapshot of a reset binlog),
+     unless it is where a later lineage of the source already is;
    - committed no later than the tail, with no newer GTID: a change read again (Connect
      redelivers after a restart; after a switch the connector reads again from the new
      server what it had read from the old one); it stays below what it copies;
@@ -200,13 +201,12 @@ def belongs(mark: Mark, record: LineageRecord) -> bool:
     if record.cause == SNAPSHOT:
         # A reset binlog starts its coordinates and GTID sequences again: only the commit
         # time tells an event after the snapshot from one before the reset.
-        return (mark.coordinates >= record.coordinates and mark.ts is not None
-                and record.ts is not None and mark.ts >= record.ts)
+        return mark.coordinates >= record.coordinates and not _earlier(mark.ts, record.ts)
     if mark.gtid is not None and mark.gtid.domain == record.domain:
         # Changes the connector read again from the new server carry their old sequence.
         return record.start_seq is not None and mark.gtid.seq >= record.start_seq
     return (record.server_id is not None and mark.server_id == record.server_id
-            and mark.ts is not None and record.ts is not None and mark.ts >= record.ts)
+            and not _earlier(mark.ts, record.ts))
 
 
 def _comparable(a: Gtid | None, b: Gtid | None) -> bool:
@@ -310,6 +310,11 @@ class Placer:
         if m.snapshot:
             for r in reversed(newer):
                 if r.cause == SNAPSHOT and r.coordinates == m.coordinates:
+                    return r.number, True
+            for r in reversed(newer):
+                # A partition behind a switch others placed, and a snapshot taken in the
+                # binlog the switch went to (a schema-only one, say): that lineage's.
+                if r.coordinates <= m.coordinates and not _later(r.ts, m.ts):
                     return r.number, True
             _reread_first(fresh)
             return self._raise(event, m, t, SNAPSHOT), True
@@ -434,7 +439,14 @@ def _same_switch(m: Mark, r: LineageRecord) -> bool:
 
 
 def _later(a: int | None, b: int | None) -> bool:
-    return a is not None and b is not None and a > b
+    """`a` committed in a later second than `b` (a binlog keeps whole seconds; a
+    snapshot's time, the connector's clock, has milliseconds)."""
+    return a is not None and b is not None and a // 1000 > b // 1000
+
+
+def _earlier(a: int | None, b: int | None) -> bool:
+    """Not known to be in `b`'s second or later: unknown counts as earlier."""
+    return a is None or b is None or a // 1000 < b // 1000
 
 
 def describe_records(records: Sequence[LineageRecord]) -> list[str]:

@@ -56,16 +56,23 @@ from binlog_assets.consume.runtime import (
     timed,
     yield_gil,
 )
+from binlog_assets.consume.snapshot_end import CoveredTables, nothing_covered, snapshot_ends
 from binlog_assets.consume.summary import (
     STOP_AT_RECORD,
     STOP_END,
     STOP_INTERRUPTED,
     STOP_MAX_RECORDS,
     STOP_MAX_SECONDS,
+    STOP_SNAPSHOT_PENDING,
     RunSummary,
 )
 from binlog_assets.faults import fault_point
-from binlog_assets.formats.event import ChangeEvent, DecodeError, SourceUnavailableError
+from binlog_assets.formats.event import (
+    ChangeEvent,
+    DecodeError,
+    SnapshotPending,
+    SourceUnavailableError,
+)
 
 log = logging.getLogger(__name__)
 
@@ -166,6 +173,7 @@ class BoundedRun:
         stop: Stop | None = None,
         hold: Hold | None = None,
         placer: Placer | None = None,
+        covered: CoveredTables = nothing_covered,
     ) -> None:
         from binlog_assets.formats import make_decoder
 
@@ -180,6 +188,7 @@ class BoundedRun:
         # Each event's lineage in its source (`consume/lineage.py`); without a changelog
         # to keep the source's lineages in, they live as long as the run.
         self.placer = placer or Placer(MemoryBook(), f"{topic}[{partition}]")
+        self.covered = covered  # the tables a snapshot read, for its end (`snapshot_end.py`)
         # (offset, events, raw value) polled but not yet given to the sink.
         self._sink_buffer: deque[tuple[int, list[ChangeEvent], bytes | None]] = deque()
         self._sink_end: int | None = None
@@ -276,7 +285,11 @@ class BoundedRun:
                 dispatcher.close(timeout=s.handler_timeout_seconds or 10.0)
             self._commit(consumer, tracker, summary, final=poll.halt is None
                          and summary.stop_reason != STOP_INTERRUPTED)
-            if poll.halt is not None:
+            if poll.halt is not None and isinstance(poll.halt[0], SnapshotPending):
+                log.info("%s[%d] ends before offset %d: %s", self.tp.topic, self.tp.partition,
+                         poll.halt[1], poll.halt[0])
+                summary.stop_reason = STOP_SNAPSHOT_PENDING
+            elif poll.halt is not None:
                 # What came before the record is committed; the record and all after it
                 # wait for the next run.
                 raise partition_stopped(poll.halt[0], self.tp.topic, self.tp.partition,
@@ -423,6 +436,7 @@ class BoundedRun:
         # whole batch, or a slice of one while handlers wait).
         decode = self.decoder.decode
         place = self.placer.place
+        ended = self.decoder.snapshots_ended  # filled in place by the decoder
         tracker, summary, next_offset = poll.tracker, poll.summary, poll.next_offset
         end = summary.end_offset
         topic, partition = self.tp.topic, self.tp.partition
@@ -458,6 +472,8 @@ class BoundedRun:
                                  offset=offset, key=msg.key(), headers=msg.headers())
                 for event in decoded:
                     place(event)
+                if ended:
+                    decoded = self._snapshot_ends(decoded, ended)
             except (DecodeError, SourceUnavailableError) as e:
                 if stops_partition(e, self.settings.error_policy.strict):
                     received.pop()  # never received: nothing at or past it is committed
@@ -504,6 +520,16 @@ class BoundedRun:
             poll.dispatcher.submit_many(events)
             self.peak_in_flight = max(self.peak_in_flight, poll.dispatcher.in_flight())
         poll.next_offset = next_offset
+
+    def _snapshot_ends(self, decoded: list[ChangeEvent], ended: list) -> list[ChangeEvent]:
+        """The record's events and the ends of the tables the snapshots it ended read."""
+        try:
+            events = snapshot_ends(decoded, ended, self.covered)
+        finally:
+            ended.clear()
+        for event in events[len(decoded):]:
+            self.placer.place(event)
+        return events
 
     def _has_handlers(self, table: str) -> bool:
         known = self._tables_with_handlers.get(table)

@@ -13,6 +13,8 @@ STOP_MAX_RECORDS = "max_records"
 STOP_MAX_SECONDS = "max_seconds"
 STOP_INTERRUPTED = "interrupted"  # the run's `stop` was set (Dagster terminated the run)
 STOP_AT_RECORD = "stopped_at_record"  # a record it may not pass (`errors.stops_partition`)
+# A snapshot's end waits for its schema (`consume/snapshot_end.py`): the next run goes on.
+STOP_SNAPSHOT_PENDING = "snapshot_pending"
 
 
 @dataclass

@@ -226,6 +226,42 @@ class KafkaConnect(LocalDaemon):
     def remove_connector(self, name: str) -> None:
         self._rest("DELETE", f"/connectors/{name}")
 
+    def reconfigure(self, connector: DebeziumConnector, timeout: float = 120.0) -> float:
+        """Give a running connector new settings (`PUT /connectors/<name>/config`, what a
+        failover runbook does to point it at the promoted server); returns the seconds
+        until it streams again."""
+        began = time.monotonic()
+        log_from = self._log_size()
+        self._rest("PUT", f"/connectors/{connector.name}/config",
+                   connector.config(self.data_dir))
+        self.wait_running(connector.name, timeout)
+        self.wait_streaming(connector, log_from, timeout - (time.monotonic() - began))
+        return time.monotonic() - began
+
+    def stop_connector(self, name: str, timeout: float = 60.0) -> None:
+        """Stop the connector and its tasks, keeping its config (`PUT .../stop`)."""
+        self._rest("PUT", f"/connectors/{name}/stop")
+        deadline = time.monotonic() + timeout
+        while self.connector_status(name)["connector"]["state"] != "STOPPED":
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"connector {name} not stopped in {timeout:.0f}s")
+            time.sleep(0.2)
+
+    def reset_offsets(self, name: str) -> None:
+        """Forget the stopped connector's source offsets (`DELETE .../offsets`): as if its
+        offsets topic or file were lost."""
+        self._rest("DELETE", f"/connectors/{name}/offsets")
+
+    def resume_connector(self, connector: DebeziumConnector, timeout: float = 180.0) -> float:
+        """Start a stopped connector again; returns the seconds until it streams (after
+        the snapshot its settings call for)."""
+        began = time.monotonic()
+        log_from = self._log_size()
+        self._rest("PUT", f"/connectors/{connector.name}/resume")
+        self.wait_running(connector.name, timeout)
+        self.wait_streaming(connector, log_from, timeout - (time.monotonic() - began))
+        return time.monotonic() - began
+
     def wait_running(self, name: str, timeout: float) -> None:
         """Return when `name` and all its tasks are RUNNING; raise if one FAILED."""
         deadline = time.monotonic() + timeout
@@ -372,21 +408,49 @@ class DebeziumFence:
         name = self.connector or (self.connect.connector.name if self.connect.connector
                                   else DebeziumConnector.name)
         fence = _binlog_point(*self.source.fence())
+        gtid = _gtid_point(self.source.binlog_position()[2])
         deadline = time.monotonic() + timeout
         seen: dict[str, Any] = {}
         while time.monotonic() < deadline:
             for entry in self.connect.offsets(name):
                 seen = entry.get("offset") or {}
-                if "file" in seen and _binlog_point(seen["file"], seen.get("pos", 0)) >= fence:
+                if _past(seen, fence, gtid, self.source.server_id):
                     return
             time.sleep(0.1)
         raise TimeoutError(f"connector {name} did not commit a source offset past the fence "
-                           f"at {fence} in {timeout:.0f}s (last {seen})")
+                           f"at {fence} (GTIDs {gtid}) in {timeout:.0f}s (last {seen})")
+
+
+def _past(offset: dict[str, Any], fence: tuple[int, int], gtid: dict[str, int],
+          server_id: int) -> bool:
+    """Whether a connector's offset is at or past the fence. By GTID where both have
+    them: binlog coordinates are one server's, and after a failover the promoted server's
+    numbering may be anywhere (a connector still on the old index is not past). The
+    offset's GTIDs are those of the transactions done before the one it stands in: in
+    the fence's own, it is past once its coordinates are, on the fence's server."""
+    seen = _gtid_point(offset.get("gtids") or "")
+    at = "file" in offset and _binlog_point(offset["file"], offset.get("pos", 0)) >= fence
+    if gtid and seen:
+        behind = {domain: seq - seen.get(domain, -1) for domain, seq in gtid.items()}
+        return all(b <= 0 for b in behind.values()) or (
+            all(b <= 1 for b in behind.values()) and at
+            and offset.get("server_id") == server_id)
+    return at
 
 
 def _binlog_point(file: str, position: int) -> tuple[int, int]:
     """A binlog position in order across files (`binlog.000012`, byte 4567)."""
     return int(file.rsplit(".", 1)[1]), int(position)
+
+
+def _gtid_point(text: str) -> dict[str, int]:
+    """A MariaDB GTID position (`0-1-12,1-3-4`) as domain -> sequence."""
+    out = {}
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        pieces = part.split("-")
+        if len(pieces) == 3 and all(p.isdigit() for p in pieces):
+            out[pieces[0]] = int(pieces[2])
+    return out
 
 
 def _properties(props: Mapping[str, str]) -> str:

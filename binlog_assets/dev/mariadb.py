@@ -3,9 +3,12 @@
 The end-to-end tests and the demo need a real binlog for Debezium to read, so this runs
 `mariadbd` as a child process (never the system service) over its own data directory,
 listening on loopback only, with the binlog settings a CDC source needs: `log_bin`,
-`binlog_format=ROW`, `binlog_row_image=FULL`, a fixed `server_id` and strict GTIDs. The
-server ignores /etc/mysql (`--no-defaults`), so nothing a user set up for the system
-service leaks in. A `debezium` account gets the grants the connector documents.
+`binlog_format=ROW`, `binlog_row_image=FULL`, its own `server_id`, strict GTIDs and
+`log_slave_updates` (a replica's binlog holds what it replicates, as a promotable
+replica's must). The server ignores /etc/mysql (`--no-defaults`), so nothing a user set
+up for the system service leaks in. A `debezium` account gets the grants the connector
+documents. For the failover drills a server replicates another by GTID
+(`replicate_from`) and is promoted (`promote`), as an operator's runbook does.
 """
 
 from __future__ import annotations
@@ -132,6 +135,81 @@ class MariaDBServer(LocalDaemon):
         finally:
             conn.close()
 
+    def execute(self, *statements: str) -> list[tuple]:
+        """Run `statements` as root, in order; the rows of the last one."""
+        conn = self.connect()
+        try:
+            with conn.cursor() as cur:
+                rows: list[tuple] = []
+                for statement in statements:
+                    cur.execute(statement)
+                    rows = list(cur.fetchall() or ())
+                return rows
+        finally:
+            conn.close()
+
+    def binlog_position(self) -> tuple[str, int, str]:
+        """(binlog file, position, GTID position) where the server's binlog stands."""
+        [(file, pos, *_)] = self.execute("SHOW MASTER STATUS")
+        [(gtid,)] = self.execute("SELECT @@gtid_binlog_pos")
+        return file, int(pos), gtid
+
+    def rotate_binlog(self, times: int = 1) -> None:
+        """Start `times` new binlog files (FLUSH BINARY LOGS)."""
+        for _ in range(times):
+            self.execute("FLUSH BINARY LOGS")
+
+    def replicate_from(self, primary: MariaDBServer, *, fresh: bool = True) -> None:
+        """Become a GTID replica of `primary`, as a replica is set up: with `fresh`, its own
+        binlog and GTID state are reset first (its binlog numbering starts again at 1)
+        and it replicates the primary's whole binlog; else it resumes from the GTID
+        position it has (a former primary rejoining)."""
+        if primary.port is None:
+            raise RuntimeError("the primary is not started")
+        steps = ["STOP SLAVE", "RESET SLAVE ALL"]
+        if fresh:
+            steps += ["RESET MASTER", "SET GLOBAL gtid_slave_pos = ''"]
+        else:
+            steps += ["SET GLOBAL gtid_slave_pos = @@gtid_binlog_pos"]
+        self.execute(*steps,
+                     f"CHANGE MASTER TO MASTER_HOST='127.0.0.1', MASTER_PORT={primary.port}, "
+                     "MASTER_USER='root', MASTER_USE_GTID=slave_pos",
+                     "START SLAVE", "SET GLOBAL read_only = 1")
+
+    def wait_replicated(self, primary: MariaDBServer, timeout: float = 60.0) -> None:
+        """Return once this replica has applied everything `primary` has committed."""
+        [(target,)] = primary.execute("SELECT @@gtid_binlog_pos")
+        deadline = time.monotonic() + timeout
+        status: dict = {}
+        while time.monotonic() < deadline:
+            [(ok,)] = self.execute(f"SELECT MASTER_GTID_WAIT('{target}', 1)")
+            if ok == 0:
+                return
+            status = self.replica_status()
+            if status.get("Last_SQL_Errno") or status.get("Last_IO_Errno"):
+                raise RuntimeError(f"replication of {primary.data_dir} failed: "
+                                   f"{status.get('Last_SQL_Error') or status.get('Last_IO_Error')}")
+        raise TimeoutError(f"replica not at {target} after {timeout:.0f}s: {status}")
+
+    def replica_status(self) -> dict:
+        conn = self.connect()
+        try:
+            with conn.cursor() as cur:
+                cur.execute("SHOW SLAVE STATUS")
+                row = cur.fetchone()
+                return {} if row is None else dict(zip([d[0] for d in cur.description], row,
+                                                       strict=True))
+        finally:
+            conn.close()
+
+    def promote(self) -> None:
+        """Stop replicating and take writes: the promoted replica of a failover."""
+        self.execute("STOP SLAVE", "RESET SLAVE ALL", "SET GLOBAL read_only = 0")
+
+    def demote(self) -> None:
+        """Stop taking writes (the old primary, before a failover)."""
+        self.execute("SET GLOBAL read_only = 1")
+
     def _install_db(self) -> None:
         # "normal" root auth (no unix_socket plugin) lets the root user connect whoever
         # runs the tests; the server only listens on loopback and its own socket.
@@ -157,7 +235,7 @@ class MariaDBServer(LocalDaemon):
             # Debian's packaged config sets utf8mb4; --no-defaults would fall back to latin1.
             "--character-set-server=utf8mb4", "--collation-server=utf8mb4_general_ci",
             "--log-bin=binlog", "--binlog-format=ROW", "--binlog-row-image=FULL",
-            f"--server-id={self.server_id}", "--gtid-strict-mode=ON",
+            f"--server-id={self.server_id}", "--gtid-strict-mode=ON", "--log-slave-updates=ON",
             # Small on purpose: the machine is shared with Kafka, Connect and Spark.
             f"--innodb-buffer-pool-size={self.buffer_pool}",
         ]

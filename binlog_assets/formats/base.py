@@ -29,6 +29,7 @@ from binlog_assets.formats.event import (
     SNAPSHOT_END_ROW,
     ChangeEvent,
     DecodeError,
+    Position,
     SourceUnavailableError,
     binlog_file_index,
 )
@@ -117,6 +118,9 @@ class ChangeDecoder:
         `db.table` name, or by a regex fully matching the names (a table config's
         `source`, read as the replica routing reads it)."""
         self.skipped: Counter[str] = Counter()
+        # Snapshots that ended in the records decoded since the caller last emptied it:
+        # (the position they read at, their producer's schema-change topic).
+        self.snapshots_ended: list[tuple[Position, str]] = []
         # Exact names, then table -> the first matching pattern's columns (None: no
         # match), filled as tables appear.
         self._key_overrides: dict[str, tuple[str, ...] | None] = {}

@@ -327,6 +327,9 @@ class DebeziumDecoder(ChangeDecoder):
                 return split_key_change(event, old_key)
         snapshot = source.get("snapshot")
         if type(snapshot) is str and snapshot in _TABLE_DONE:
+            if snapshot == "last":
+                # The whole snapshot ended: a table it found empty has no row to end it.
+                self.snapshots_ended.append((position, str(source.get("name") or "")))
             return [event, snapshot_end(event)]
         return [event]
 

@@ -73,6 +73,12 @@ class UnknownSchemaError(DecodeError):
         self.dead_letter = dead_letter
 
 
+class SnapshotPending(DecodeError):
+    """A snapshot's end that cannot be made yet: which tables the snapshot read is in its
+    producer's schema-change topic, which has not been consumed that far. The run ends
+    before the record, and the next run takes it up again."""
+
+
 class SourceUnavailableError(RuntimeError):
     """Something a decoder needs besides the record (a schema registry) cannot be reached:
     no record can be decoded until it can, so the run fails rather than dead-lettering."""

@@ -19,7 +19,7 @@ import orjson
 
 from binlog_assets.config import PipelineConfig
 from binlog_assets.consume.lineage import LineageRecord, Mark
-from binlog_assets.formats.event import ChangeEvent
+from binlog_assets.formats.event import ChangeEvent, Position
 from binlog_assets.lakehouse.changelog_rows import (
     ADDED_COLUMNS,
     SURVEY_MAX_BYTES,
@@ -35,6 +35,7 @@ from binlog_assets.lakehouse.delta_log import delta_rs_uri
 from binlog_assets.lakehouse.lineage_log import (
     commit_record,
     read_records,
+    snapshot_tables,
     stored_tail,
     tail_origin,
     tail_transactions,
@@ -254,6 +255,10 @@ class ChangelogWriter:
     def tail_origin(self, topic: str, partition: int, tail: Mark) -> Mark | None:
         """The tail's server id, GTID and commit time, from its changelog row."""
         return tail_origin(self.uri, topic, partition, tail)
+
+    def snapshot_tables(self, position: Position) -> list[str]:
+        """The tables whose schema a snapshot at `position` replayed (its CREATE TABLEs)."""
+        return snapshot_tables(self.uri, position)
 
     def ensure_table(self) -> None:
         """Create the changelog table when missing."""

@@ -20,12 +20,13 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from binlog_assets.consume.lineage import LineageRaced, LineageRecord, Mark
+from binlog_assets.formats.event import SNAPSHOT_SCHEMA_ROW
 from binlog_assets.lakehouse.transactions import lineage_app_id, tail_app_ids
 
 if TYPE_CHECKING:
     from deltalake import DeltaTable, Transaction
 
-    from binlog_assets.formats.event import ChangeEvent
+    from binlog_assets.formats.event import ChangeEvent, Position
 
 LINEAGE_PROPERTY = "binlake.lineage.{source}"
 
@@ -125,3 +126,20 @@ def tail_origin(uri: str, topic: str, partition: int, tail: Mark) -> Mark | None
     row = rows.to_pylist()[0]
     return Mark(tail.lineage, tail.file, tail.pos, row["server_id"], row["gtid"],
                 row["source_ts"], row["pos_row"] is not None and row["pos_row"] < 0)
+
+
+def snapshot_tables(uri: str, position: Position) -> list[str]:
+    """The tables a snapshot at `position` read: those whose CREATE TABLE it replayed into
+    the changelog at that position (`consume/snapshot_end.py`)."""
+    import pyarrow as pa
+    from deltalake import DeltaTable, QueryBuilder
+
+    if not DeltaTable.is_deltatable(uri):
+        return []
+    query = QueryBuilder().register("changelog", DeltaTable(uri))
+    rows = pa.table(query.execute(
+        'SELECT DISTINCT "table" FROM changelog WHERE "op" = \'ddl\' '
+        f'AND "pos_phase" = {int(position.lineage)} AND "pos_file" = {int(position.file)} '
+        f'AND "pos_pos" = {int(position.pos)} AND "pos_row" = {SNAPSHOT_SCHEMA_ROW} '
+        'AND upper(ltrim("ddl")) LIKE \'CREATE TABLE%\'').read_all())
+    return sorted(t for t in rows.column(0).to_pylist() if t)

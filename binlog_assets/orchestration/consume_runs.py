@@ -25,9 +25,11 @@ from binlog_assets.consume.backlog import WorkerRule
 from binlog_assets.consume.checkpoint import CHANGELOG, Checkpoint, offset_for_timestamp
 from binlog_assets.consume.errors import ErrorPolicy
 from binlog_assets.consume.handlers import HandlerRegistry, load_registry
+from binlog_assets.consume.lag import high_watermark, topic_named
 from binlog_assets.consume.lineage import Placer
 from binlog_assets.consume.preflight import check_cluster
 from binlog_assets.consume.run import BoundedRun, RunSettings, RunSummary, Stop
+from binlog_assets.formats.event import Position
 from binlog_assets.lakehouse.changelog import (
     ChangelogWriter,
     changelog_uri,
@@ -88,6 +90,7 @@ class PartitionPlan:
     handlers: str | None  # the source's registry by name: imported where the run runs
     writer: ChangelogWriter
     lakehouse: str  # where the fence takes the partition's lock
+    source_topics: tuple[str, ...] = ()  # its source's topics (names, or `^` patterns)
 
 
 def consume_partition(
@@ -146,7 +149,8 @@ def run_partition(
     hold = None if together is None else together.hold(plan.key, plan.settings.source, sink)
     with handlers.opened():
         summary = BoundedRun(topic, partition, handlers, settings, sink=sink,
-                             stop=stop, hold=hold, placer=placer(plan, initial)).run()
+                             stop=stop, hold=hold, placer=placer(plan, initial),
+                             covered=SnapshotSchema(plan)).run()
     return summary, sink
 
 
@@ -159,6 +163,26 @@ def placer(plan: PartitionPlan, checkpoint: int | None) -> Placer:
     return Placer(writer.book(plan.settings.source), f"{topic}[{partition}]", tail,
                   lambda: None if tail is None else writer.tail_origin(topic, partition, tail),
                   replayed_below=checkpoint)
+
+
+@dataclass(frozen=True)
+class SnapshotSchema:
+    """The tables a snapshot that ended in this partition read (`snapshot_end.py`): those
+    its schema-change topic replayed into the changelog; None while that topic, which the
+    partition's source consumes, has records the changelog does not hold yet."""
+
+    plan: PartitionPlan
+
+    def __call__(self, position: Position, schema_topic: str) -> list[str] | None:
+        plan = self.plan
+        if not schema_topic or not any(topic_named(schema_topic, t)
+                                       for t in plan.source_topics):
+            return []
+        tables = plan.writer.snapshot_tables(position)
+        if tables:
+            return tables
+        done = plan.writer.checkpoint(plan.settings.group_id, schema_topic, 0) or 0
+        return None if done < high_watermark(plan.settings.kafka_conf, schema_topic, 0) else []
 
 
 @dataclass
@@ -245,7 +269,7 @@ def plan_run(pipeline: PipelineConfig, kafka_conf: dict, keys: Sequence[str],
         )
         partitions[key] = PartitionPlan(key, topic, partition, settings,
                                         run_config.start_timestamp_ms, source.handlers,
-                                        writer, pipeline.lakehouse.uri())
+                                        writer, pipeline.lakehouse.uri(), tuple(source.topics))
     topics = {topic for topic, _ in topic_partitions.values()}
     sources = [s for s in pipeline.sources if any(map(s.matches, topics))]
     found = (s.handler_registry() for s in sources)

@@ -252,3 +252,17 @@ def test_records_round_trip_through_json():
     record = LineageRecord(3, SNAPSHOT, 1, 555, ts=T0, seen="x[0]@4", raised_at="2026-11-27")
     assert LineageRecord.from_json(record.to_json()) == record
     assert "re-snapshot" in record.describe() and "000001:555" in record.describe()
+
+
+def test_a_schema_only_snapshot_in_the_binlog_of_a_later_lineage_joins_it():
+    # The connector rebuilt its schema history after a failback (snapshot.mode recovery):
+    # the schema-change topic, which saw nothing since the failover, gets the snapshot's
+    # DDL at the coordinates of the promoted server's binlog, not a reset's.
+    book = MemoryBook()
+    rows, schema = Placer(book, "rows[0]"), Placer(book, "schema[0]")
+    placed(schema, ev(4, 400, seq=3, ts=0, op="ddl"))
+    placed(rows, ev(4, 754, seq=7, ts=1), ev(1, 1914, server=2, seq=8, ts=5))
+    assert placed(schema, snap(1, 85975, row=SNAPSHOT_SCHEMA_ROW, ts=30)) == [2]
+    assert [r.number for r in book.records()] == [2]
+    # Behind the latest switch's binlog instead: a reset, a lineage of its own.
+    assert placed(rows, snap(1, 500, ts=40)) == [3]
