@@ -26,6 +26,7 @@ from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
 
 from binlog_assets.consume import defaults
 from binlog_assets.consume.checkpoint import (
+    OVERRIDE,
     CheckpointSource,
     Resolution,
     kafka_committed_source,
@@ -272,6 +273,10 @@ class BoundedRun:
             dispatcher = starting.result()
             dispatcher.report_done_to(tracker.done_many)
             if start.offset >= end:
+                if start.source == OVERRIDE:
+                    # Run from past every record (a record skipped on purpose, say): the
+                    # checkpoints move there, or the next run would read it again.
+                    self._commit(consumer, tracker, summary, skipping=True)
                 summary.seconds = time.monotonic() - began
                 return summary
             consumer.assign([TopicPartition(self.tp.topic, self.tp.partition, start.offset)])
@@ -586,7 +591,8 @@ class BoundedRun:
         self._sink_end = end_offset
 
     def _commit(self, consumer: Consumer, tracker: OffsetTracker,
-                summary: RunSummary | None, *, final: bool = False) -> None:
+                summary: RunSummary | None, *, final: bool = False,
+                skipping: bool = False) -> None:
         # What to commit is read first, then the dead letters are flushed: an event a lane
         # dead-letters and marks done after this read is not committed past, so every
         # dead letter below the commit has been acknowledged by the broker.
@@ -596,7 +602,7 @@ class BoundedRun:
         if final and self.hold is not None:  # the caller commits it (`Hold`)
             self.hold(*self._sink_range(offset), offset, metadata)
             return
-        if offset > (self._sink_end or 0):
+        if offset > (self._sink_end or 0) or (skipping and self.sink is not None):
             fault_point("after_handlers")
             if self.sink is not None:
                 self._flush_sink(offset)

@@ -74,7 +74,8 @@ def resync_replica(context: dg.OpExecutionContext, config: ResyncConfig,
             for table in source_tables(db, own_route(route, source)):
                 if config.table and table.name != config.table:
                     continue
-                done = resync_table(pipeline, config.replica, db, table, key_range)
+                done = resync_table(pipeline, config.replica, db, table, key_range,
+                                    lineage=_placer(pipeline, source, db, binlake))
                 for c in done:
                     context.log.info(f"{table.name} {c.key_range.label()} at binlog "
                                      f"{c.position.name}:{c.position.pos}: {c.source_rows} "
@@ -89,6 +90,26 @@ def resync_replica(context: dg.OpExecutionContext, config: ResyncConfig,
             "source_rows": sum(c.source_rows for _, c in chunks),
             "deleted": sum(c.deleted for _, c in chunks),
             "ranges": [f"{t} {c.key_range.label()}" for t, c in chunks][:100]}
+
+
+def _placer(pipeline, source, db, binlake: BinlakeResource):  # noqa: ANN001, ANN202
+    """The lineage of a re-sync's snapshot position: where the source's partitions place
+    it (`parity/lineage.py`); a position with no place yet fails the re-sync, saying why."""
+    from binlog_assets.parity.lake import high_watermarks
+    from binlog_assets.parity.lineage import place_position
+
+    kafka_conf, group = binlake.kafka_conf(), pipeline.kafka["group.id"]
+
+    def lineage(position) -> int:  # noqa: ANN001
+        partitions = list(high_watermarks(kafka_conf, group, source))
+        placed = place_position(pipeline, source, db, position, partitions, group)
+        if placed.lineage is None:
+            raise ValueError(f"the re-sync's snapshot at {position.name}:{position.pos} "
+                             f"cannot be placed in the source's order: {placed.reason}; "
+                             f"run it again once the changelog has caught up")
+        return placed.lineage
+
+    return lineage
 
 
 @dg.op(name="apply_resynced", pool=SPARK_POOL,

@@ -16,6 +16,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from binlog_assets.formats.event import FIRST_LINEAGE
 from binlog_assets.lakehouse.replica.routes import ReplicaRoute, replica_route
 from binlog_assets.parity.canonical import Fingerprint
 from binlog_assets.parity.lake import replica_rows, row_positions
@@ -247,7 +248,8 @@ def _recheck(pipeline: PipelineConfig, route: ReplicaRoute, source: SourceConfig
     # taken apart would see different rows under a running workload.
     source_crcs, position = row_crcs(db, table, key_range)
     again = Fingerprint.of(list(source_crcs.values()))
-    if not _wait(pipeline, route, source, db, position, kafka_conf, group, report).past:
+    seen = _wait(pipeline, route, source, db, position, kafka_conf, group, report)
+    if not seen.past:
         return None
     uppers = [c.key_range.upper for c in chunks]
     rows = replica_rows(pipeline, route.replica, table)
@@ -256,7 +258,7 @@ def _recheck(pipeline: PipelineConfig, route: ReplicaRoute, source: SourceConfig
         return None
     # A row the stream changed after the snapshot may differ from it: not a mismatch
     # (and a damaged row a later change rewrote is repaired by it).
-    at = (1, position.file, position.pos)
+    at = (seen.lineage or FIRST_LINEAGE, position.file, position.pos)
     later = {k for k, p in row_positions(pipeline, route.replica, table).items() if p >= at}
     keys = differing_keys(source_crcs, rows.in_chunk(uppers, index),
                           pipeline.parity.sample_keys, later)

@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from binlog_assets.formats.event import FIRST_LINEAGE
 from binlog_assets.lakehouse.changelog import changelog_uri
 from binlog_assets.lakehouse.changelog_rows import commit_doc
 from binlog_assets.lakehouse.delta_log import delta_rs_uri
@@ -96,8 +97,8 @@ def replica_rows(pipeline: PipelineConfig, replica: str, table: SourceTable) -> 
 
 def row_positions(pipeline: PipelineConfig, replica: str, table: SourceTable
                   ) -> dict[Key, tuple[int, int, int]]:
-    """Key -> (phase, binlog file, position) of the replica's row of each key of `table`,
-    tombstones included: which rows a change after a snapshot has touched."""
+    """Key -> (lineage, binlog file, position) of the replica's row of each key of
+    `table`, tombstones included: which rows a change after a snapshot has touched."""
     from deltalake import DeltaTable, QueryBuilder
 
     delta = DeltaTable(replica_uri(pipeline, replica))
@@ -164,10 +165,11 @@ def changelog_version(pipeline: PipelineConfig) -> int | None:
 
 
 def reached_position(pipeline: PipelineConfig, source: SourceConfig, up_to: int
-                     ) -> tuple[int, int] | None:
-    """The highest (binlog file index, position) of a change of `source` among the
-    changelog's commits up to version `up_to`, from the surveys the commits carry (their
-    tag names the topic; no row is read). None: no such change in the recent commits."""
+                     ) -> tuple[int, int, int] | None:
+    """The highest (lineage, binlog file index, position) of a change of `source` among
+    the changelog's commits up to version `up_to`, from the surveys the commits carry
+    (their tag names the topic; no row is read). None: no such change in the recent
+    commits."""
     from deltalake import DeltaTable
 
     # The latest log: one loaded at a version numbers its history wrongly (delta-rs).
@@ -183,7 +185,7 @@ def reached_position(pipeline: PipelineConfig, source: SourceConfig, up_to: int
             continue
         for entry in doc.get("survey") or ():
             last = entry[-1]
-            position = (int(last[1]), int(last[2]))
+            position = (max(int(last[0]), FIRST_LINEAGE), int(last[1]), int(last[2]))
             if best is None or position > best:
                 best = position
     return best

@@ -14,6 +14,9 @@ part records:
    commits of the source's topics reached a position at or past P (Debezium publishes
    in binlog order), or the binlog between the last position they reached and P holds
    no row event of the replica's tables (`SHOW BINLOG EVENTS`): the table was idle.
+   Positions compare with their lineage (`parity/lineage.py`): P is placed in the
+   source's lineages first, and has no place while the changelog has not reached the
+   server's binlog (a failover not consumed yet).
 
 Under a running workload 3 holds by its first half within a consumer run or two; on an
 idle source, by its second.
@@ -26,6 +29,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from binlog_assets.formats.event import FIRST_LINEAGE
 from binlog_assets.lakehouse.changelog import changelog_uri
 from binlog_assets.lakehouse.changelog_rows import commit_doc
 from binlog_assets.lakehouse.delta_log import delta_rs_uri
@@ -36,6 +40,7 @@ from binlog_assets.parity.lake import (
     partitions_behind,
     reached_position,
 )
+from binlog_assets.parity.lineage import place_position
 from binlog_assets.parity.source import BinlogPosition, binlog_tables_between
 
 if TYPE_CHECKING:
@@ -52,6 +57,7 @@ class Progress:
 
     past: bool
     reason: str
+    lineage: int | None = None  # the lineage P was placed in, once known
 
 
 @dataclass
@@ -70,6 +76,7 @@ class PastWaiter:
     group: str
     _targets: dict | None = None
     _version: int | None = None
+    _lineage: int | None = None
 
     def look(self) -> Progress:
         if self._targets is None:
@@ -86,12 +93,22 @@ class PastWaiter:
         if pending:
             return Progress(False, f"the replica has not applied changelog versions "
                                    f"{pending[:10]}")
+        if self._lineage is None:
+            placed = place_position(self.pipeline, self.source, self.db, self.position,
+                                    list(self._targets), self.group)
+            if placed.lineage is None:
+                self._targets = self._version = None
+                return Progress(False, placed.reason)
+            self._lineage = placed.lineage
         reached = reached_position(self.pipeline, self.source, self._version)
-        target = (self.position.file, self.position.pos)
+        target = (self._lineage, self.position.file, self.position.pos)
         if reached is not None and reached >= target:
             return Progress(True, f"the changelog reached binlog {_label(reached)}, past "
-                                  f"the snapshot's {_label(target)}")
-        between = binlog_tables_between(self.db, reached, self.position)
+                                  f"the snapshot's {_label(target)}", self._lineage)
+        # The binlog between can be read only when both ends are of the server's binlog.
+        between = (binlog_tables_between(self.db, None if reached is None else reached[1:],
+                                         self.position)
+                   if reached is None or reached[0] == self._lineage else None)
         ours = None if between is None else sorted(t for t in between
                                                    if self.route.matches(t))
         if between is None or ours:
@@ -103,7 +120,7 @@ class PastWaiter:
                                          f"{_label(target)} cannot be read or is too long")
         return Progress(True, f"the changelog reached binlog {_label(reached)} and the "
                               f"binlog up to the snapshot's {_label(target)} holds no "
-                              f"change of the replica's tables")
+                              f"change of the replica's tables", self._lineage)
 
 
 def progress(pipeline: PipelineConfig, route: ReplicaRoute, source: SourceConfig,
@@ -172,5 +189,9 @@ def _changed_tables(log: DeltaTable, version: int) -> frozenset[str]:
 _CHANGED_TABLES: dict[tuple[str, int], frozenset[str]] = {}
 
 
-def _label(position: tuple[int, int] | None) -> str:
-    return "start" if position is None else f"{position[0]:06d}:{position[1]}"
+def _label(position: tuple[int, int, int] | None) -> str:
+    if position is None:
+        return "start"
+    lineage, file, pos = position
+    where = f"{file:06d}:{pos}"
+    return where if lineage <= FIRST_LINEAGE else f"{where} (lineage {lineage})"

@@ -2,9 +2,10 @@
 
 binlake reads the range itself, as pt-table-sync does: inside one consistent snapshot
 at binlog position P, over the read-only connection, and appends the range to the
-changelog as change events at P (phase 1, P's file and byte position, Kafka offset -1,
-so a change streamed at P itself still ranks above them); the replica's apply brings
-them in like any change, and the changelog stays the whole truth of the replica:
+changelog as change events at P (P's lineage, file and byte position, Kafka offset -1,
+so a change streamed at P itself still ranks above them: `parity/lineage.py` places P);
+the replica's apply brings them in like any change, and the changelog stays the whole
+truth of the replica:
 
 - each source row of the range is an `r` event with its row as the after image: it
   replaces the replica's row of that key where the row's `_position` is below P;
@@ -19,12 +20,13 @@ A table without a key, or a replica kept as a log of changes, has no range to re
 from __future__ import annotations
 
 import bisect
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from typing import TYPE_CHECKING, Any
 
-from binlog_assets.formats.event import OP_DELETE, OP_READ, ChangeEvent, Position
+from binlog_assets.formats.event import FIRST_LINEAGE, OP_DELETE, OP_READ, ChangeEvent, Position
 from binlog_assets.formats.mysql_types import time_text
 from binlog_assets.lakehouse.changelog import ChangelogWriter
 from binlog_assets.lakehouse.replica.routes import replica_route
@@ -51,9 +53,13 @@ class ChunkResync:
 
 
 def resync_table(pipeline: PipelineConfig, replica: str, db: pymysql.Connection,
-                 table: SourceTable, key_range: KeyRange | None = None) -> list[ChunkResync]:
+                 table: SourceTable, key_range: KeyRange | None = None,
+                 lineage: Callable[[BinlogPosition], int] = lambda position: FIRST_LINEAGE
+                 ) -> list[ChunkResync]:
     """Re-sync `key_range` of `table` (None: the whole table, chunk by chunk of
-    `parity.chunk_rows`, each at its own snapshot): one changelog commit per chunk."""
+    `parity.chunk_rows`, each at its own snapshot): one changelog commit per chunk.
+    `lineage` places a snapshot's position in the source's lineages (raising when it has
+    no place yet)."""
     if not table.key:
         raise ValueError(f"{table.name} has no key: its replica is a log of changes, which "
                          f"a key range cannot re-sync")
@@ -84,7 +90,8 @@ def resync_table(pipeline: PipelineConfig, replica: str, db: pymysql.Connection,
                 chunk = KeyRange(lower, None if found is None else
                                  tuple(key_value(v) for v in found))
             rows = _source_rows(db, table, chunk)
-        events, deleted = _events(uri, schema, table, key_names, chunk, rows, position)
+        events, deleted = _events(uri, schema, table, key_names, chunk, rows, position,
+                                  lineage(position))
         version = writer.append(events, f"resync/{replica}/{table.name}@{position.name}:"
                                         f"{position.pos}")
         done.append(ChunkResync(chunk, position, len(rows), deleted, version))
@@ -111,10 +118,11 @@ def _replica_names(schema: pa.Schema, columns: tuple[str, ...]) -> list[str]:
 
 
 def _events(uri: str, schema: pa.Schema, table: SourceTable, key_names: list[str],
-            chunk: KeyRange, rows: list[dict[str, Any]], position: BinlogPosition
-            ) -> tuple[list[ChangeEvent], int]:
-    """The chunk's change events at `position`, and how many of them are deletes."""
-    at = Position(file=position.file, pos=position.pos)
+            chunk: KeyRange, rows: list[dict[str, Any]], position: BinlogPosition,
+            lineage: int = FIRST_LINEAGE) -> tuple[list[ChangeEvent], int]:
+    """The chunk's change events at `position` of `lineage`, and how many of them are
+    deletes."""
+    at = Position(lineage, position.file, position.pos)
     types = {n.lower(): schema.field(n).type for n in schema.names if n not in _META}
     # The replica's types, declared per image's spelling of its columns (one map for a
     # chunk's reads, one for its deletes), so nothing is typed by inference.

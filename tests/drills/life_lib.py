@@ -25,6 +25,8 @@ from binlog_assets.lakehouse.replica.builder import ReplicaBuilder
 from binlog_assets.orchestration.consume_runs import ChangelogRunConfig, consume_partition
 from binlog_assets.orchestration.partitions import partition_key
 
+# A read-only account for the parity check, made on a primary before its replicas copy it.
+PARITY_USER, PARITY_PASSWORD = "binlake_parity", "parity-pw"
 TABLES = [
     {"source": "shop.customers", "replica": "customers"},
     {"source": "shop.products", "replica": "products"},
@@ -46,14 +48,22 @@ class ShopLife:
     connector_server_id: int = 184100
 
     def __post_init__(self) -> None:
+        self.pipeline = self._pipeline(self.primary)
+        self.kafka_conf = dict(self.pipeline.kafka)
+        self.connector = self._connector(self.primary)
+
+    def _pipeline(self, server: MariaDBServer) -> PipelineConfig:
+        """The shop pipeline, its parity checks reading `server` (the runbook points
+        `sources[].connection` at the primary of the moment)."""
         data = self.base.model_dump(mode="json", exclude_none=True)
         data["kafka"]["group.id"] = self.name
         data["lakehouse"] = {**data["lakehouse"], "database": self.name}
+        data["parity"] = {"chunk_rows": 40, "wait_seconds": 60}
         data["sources"] = [{"name": "shop", "topics": [f"^{self.name}(\\..*)?$"],
-                            "format": "debezium", "tables": TABLES}]
-        self.pipeline = parse_config(data)
-        self.kafka_conf = dict(self.pipeline.kafka)
-        self.connector = self._connector(self.primary)
+                            "format": "debezium", "tables": TABLES,
+                            "connection": {"host": "127.0.0.1", "port": server.port,
+                                           "user": PARITY_USER, "password": PARITY_PASSWORD}}]
+        return parse_config(data)
 
     def _connector(self, server: MariaDBServer) -> DebeziumConnector:
         return DebeziumConnector.for_server(
@@ -70,6 +80,7 @@ class ShopLife:
         self.primary = server
         for key, value in settings.items():
             setattr(self, key, value)
+        self.pipeline = self._pipeline(server)
         self.connector = self._connector(server)
         return self.connect.reconfigure(self.connector)
 
@@ -109,6 +120,15 @@ class ShopLife:
 
     def compare(self) -> list[shop.TableComparison]:
         return shop.compare(self.primary.connect(), self.spark, self.pipeline.lakehouse.database)
+
+
+def grant_parity(server: MariaDBServer) -> None:
+    """The parity check's account on `server`: reads the shop, and the binlog status."""
+    server.execute(f"CREATE USER IF NOT EXISTS '{PARITY_USER}'@'%' IDENTIFIED BY "
+                   f"'{PARITY_PASSWORD}'",
+                   *(f"GRANT SELECT ON {db}.* TO '{PARITY_USER}'@'%'"
+                     for db in ("shop", "shop_1", "shop_2")),
+                   f"GRANT BINLOG MONITOR ON *.* TO '{PARITY_USER}'@'%'")
 
 
 def assert_equal(comparisons: list[shop.TableComparison], when: str) -> None:
