@@ -66,10 +66,11 @@ def place_position(pipeline: PipelineConfig, source: SourceConfig, db: pymysql.C
     if tails:
         tail, topic, part = max(tails, key=lambda x: (x[0].lineage, *x[0].coordinates))
         origin = lambda: writer.tail_origin(topic, part, tail)  # noqa: E731
-    server_id, gtid = _origin(db)
+    server_id, gtid = _origin(db, position)
+    taken = position.taken_ms if position.taken_ms is not None else int(time.time() * 1000)
     event = ChangeEvent("", "u", (), (), None, None, Position(file=position.file,
                                                               pos=position.pos),
-                        int(time.time() * 1000), server_id=server_id, gtid=gtid)
+                        taken, server_id=server_id, gtid=gtid)
     placer = Placer(FrozenBook(writer.lineages(source.name)), "the source's snapshot",
                     Mark(tail.lineage, tail.file, tail.pos) if tail else None, origin)
     try:
@@ -83,16 +84,20 @@ def place_position(pipeline: PipelineConfig, source: SourceConfig, db: pymysql.C
     return Placed(event.position.lineage)
 
 
-def _origin(db: pymysql.Connection) -> tuple[int | None, str | None]:
-    """The server's id and the latest GTID of its binlog (MariaDB's highest sequence);
-    None where it has none (GTIDs off, or MySQL's own form)."""
+def _origin(db: pymysql.Connection, position: BinlogPosition
+            ) -> tuple[int | None, str | None]:
+    """The server's id and the GTID of its binlog at `position` (MariaDB's
+    BINLOG_GTID_POS, its highest sequence); None where it has none (GTIDs off, or MySQL,
+    whose GTIDs do not order across servers anyway)."""
+    import pymysql
+
     with db.cursor() as cur:
         cur.execute("SELECT @@server_id")
         server_id = int(cur.fetchone()[0])
         try:
-            cur.execute("SELECT @@gtid_binlog_pos")
+            cur.execute("SELECT BINLOG_GTID_POS(%s, %s)", (position.name, position.pos))
             text = str(cur.fetchone()[0] or "")
-        except Exception:  # noqa: BLE001 - a server without MariaDB's GTID variables
+        except pymysql.err.MySQLError:  # not MariaDB, or the file is purged already
             return server_id, None
     gtids = [g.strip() for g in text.split(",") if g.strip().count("-") == 2]
     if not gtids:

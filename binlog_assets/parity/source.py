@@ -11,8 +11,9 @@ binlog changes the chunk's rows include.
 from __future__ import annotations
 
 import re
+import time
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from binlog_assets.parity.canonical import chunk_sql, quote, row_crc_sql, source_expression
@@ -37,18 +38,20 @@ _SYSTEM_DATABASES = ("mysql", "information_schema", "performance_schema", "sys")
 
 @dataclass(frozen=True, order=True)
 class BinlogPosition:
-    """A binlog position compared as numbers: (file index, byte position)."""
+    """A binlog position compared as numbers: (file index, byte position); when read in a
+    snapshot, also the time it was read at (ms)."""
 
     file: int
     pos: int
     name: str = ""
+    taken_ms: int | None = field(default=None, compare=False)
 
     @classmethod
-    def parse(cls, name: str, pos: int | str) -> BinlogPosition:
+    def parse(cls, name: str, pos: int | str, taken_ms: int | None = None) -> BinlogPosition:
         m = _BINLOG_INDEX.search(name)
         if m is None:
             raise ValueError(f"binlog file name {name!r} has no numeric suffix")
-        return cls(int(m.group(1)), int(pos), name)
+        return cls(int(m.group(1)), int(pos), name, taken_ms)
 
 
 @dataclass(frozen=True)
@@ -161,7 +164,7 @@ class Snapshot:
             cur.execute("SHOW STATUS LIKE 'binlog_snapshot_%'")
             status = {k.lower(): v for k, v in cur.fetchall()}
         return BinlogPosition.parse(status["binlog_snapshot_file"],
-                                    status["binlog_snapshot_position"])
+                                    status["binlog_snapshot_position"], int(time.time() * 1000))
 
     def __exit__(self, *exc: object) -> None:
         with self.db.cursor() as cur:

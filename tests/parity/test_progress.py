@@ -19,9 +19,9 @@ def test_the_reached_position_counts_only_commits_up_to_the_version(tmp_path: Pa
     pipeline, versions = _changelog(tmp_path, [("s.db.t", "db.t", 100), ("s.db.u", "db.u", 200),
                                                ("s.db.t", "db.t", 300)])
     source = pipeline.sources[0]
-    assert reached_position(pipeline, source, versions[0]) == (4, 100)
-    assert reached_position(pipeline, source, versions[1]) == (4, 200)
-    assert reached_position(pipeline, source, versions[2]) == (4, 300)
+    assert reached_position(pipeline, source, versions[0]) == (1, 4, 100)
+    assert reached_position(pipeline, source, versions[1]) == (1, 4, 200)
+    assert reached_position(pipeline, source, versions[2]) == (1, 4, 300)
     # Commits touching replica `t`: the first and the third.
     route = replica_route(pipeline, "t")
     assert unapplied_commits(pipeline, route, None, versions[1]) == [versions[0]]
