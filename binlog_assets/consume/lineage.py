@@ -18,14 +18,16 @@ Each partition compares every event with its tail (the furthest event it has pla
    Ahead by coordinates but behind by GTID with a later commit time is the old
    primary still writing after a failover (split brain): the partition stops.
 2. Behind the tail:
-   - a snapshot read (or its schema) starts a lineage (a re-snapshot of a reset binlog),
-     unless it is where a later lineage of the source already is;
+   - a snapshot read starts a lineage (a re-snapshot of a reset binlog), unless it is
+     where a later lineage of the source already is; a snapshot's schema alone starts
+     none (a connector rebuilding its schema history replays it where it resumes);
    - committed no later than the tail, with no newer GTID: a change read again (Connect
      redelivers after a restart; after a switch the connector reads again from the new
      server what it had read from the old one); it stays below what it copies;
    - a later lineage of the source the event belongs to: joined (another partition
      raised it first);
-   - a newer GTID, another server id or another GTID domain: a failover starts a
+   - a newer GTID, another server id (GTIDs not comparable) or another GTID domain, or
+     any change committed later than a snapshot read it follows: a failover starts a
      lineage;
    - anything else cannot be ordered: the partition stops at the record, naming both
      positions (`UnorderedEventError`), and never guesses.
@@ -48,6 +50,7 @@ from typing import Any, Protocol
 from binlog_assets.formats.event import (
     FIRST_LINEAGE,
     SNAPSHOT_END_ROW,
+    SNAPSHOT_SCHEMA_ROW,
     ChangeEvent,
     DecodeError,
 )
@@ -316,6 +319,10 @@ class Placer:
                 # binlog the switch went to (a schema-only one, say): that lineage's.
                 if r.coordinates <= m.coordinates and not _later(r.ts, m.ts):
                     return r.number, True
+            if event.position.row == SNAPSHOT_SCHEMA_ROW:
+                # A schema replay alone starts nothing: a connector rebuilding its schema
+                # history replays it at the position it resumes from, just behind.
+                return t.lineage, False
             _reread_first(fresh)
             return self._raise(event, m, t, SNAPSHOT), True
         if not _later(m.ts, t.ts) and not (_comparable(m.gtid, t.gtid)
@@ -329,12 +336,17 @@ class Placer:
                 self._learn(r, m)
                 return r.number, True
         _reread_first(fresh)
-        if _comparable(m.gtid, t.gtid) and m.gtid.seq > t.gtid.seq:
+        if _comparable(m.gtid, t.gtid):
+            if m.gtid.seq > t.gtid.seq:
+                return self._raise(event, m, t, FAILOVER), True
+        elif m.server_id is not None and t.server_id is not None and m.server_id != t.server_id:
             return self._raise(event, m, t, FAILOVER), True
-        if m.server_id is not None and t.server_id is not None and m.server_id != t.server_id:
-            return self._raise(event, m, t, FAILOVER), True
-        if m.gtid is not None and t.gtid is not None and m.gtid.domain != t.gtid.domain:
+        elif m.gtid is not None and t.gtid is not None and m.gtid.domain != t.gtid.domain:
             return self._raise(event, m, t, GTID_DOMAIN), True
+        elif t.snapshot and t.server_id is None and t.gtid is None:
+            # The tail is a snapshot read, which names no server: committed later at lower
+            # coordinates, the change is of another binlog than the snapshot read.
+            return self._raise(event, m, t, FAILOVER), True
         raise self._unordered(event, m, t, "it is behind the partition's last change with no "
                               "sign of a new binlog (no snapshot, no newer GTID, the same "
                               "server)")

@@ -226,14 +226,17 @@ class KafkaConnect(LocalDaemon):
     def remove_connector(self, name: str) -> None:
         self._rest("DELETE", f"/connectors/{name}")
 
-    def reconfigure(self, connector: DebeziumConnector, timeout: float = 120.0) -> float:
-        """Give a running connector new settings (`PUT /connectors/<name>/config`, what a
-        failover runbook does to point it at the promoted server); returns the seconds
-        until it streams again."""
+    def reconfigure(self, connector: DebeziumConnector, timeout: float = 120.0, *,
+                    running: bool = True) -> float:
+        """Give a connector new settings (`PUT /connectors/<name>/config`, what a failover
+        runbook does to point it at the promoted server); returns the seconds until it
+        streams again. A stopped connector (`running` False) keeps them until resumed."""
         began = time.monotonic()
         log_from = self._log_size()
         self._rest("PUT", f"/connectors/{connector.name}/config",
                    connector.config(self.data_dir))
+        if not running:
+            return 0.0
         self.wait_running(connector.name, timeout)
         self.wait_streaming(connector, log_from, timeout - (time.monotonic() - began))
         return time.monotonic() - began

@@ -274,6 +274,8 @@ class DebeziumDecoder(ChangeDecoder):
                 return self._schema_change(doc, topic, partition, offset)
             if doc.get("status") in ("BEGIN", "END"):
                 return self._skip("debezium:transaction")
+            if doc.keys() == {"ts_ms"}:
+                return self._skip("debezium:heartbeat")  # its topic holds only the time
             raise self._fail("missing field 'op'")
         if type(op) is not str:
             raise self._fail("field 'op' must be a string")

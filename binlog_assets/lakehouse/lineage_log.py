@@ -130,7 +130,8 @@ def tail_origin(uri: str, topic: str, partition: int, tail: Mark) -> Mark | None
 
 def snapshot_tables(uri: str, position: Position) -> list[str]:
     """The tables a snapshot at `position` read: those whose CREATE TABLE it replayed into
-    the changelog at that position (`consume/snapshot_end.py`)."""
+    the changelog at those binlog coordinates (`consume/snapshot_end.py`), in whatever
+    lineage its schema-change topic placed them (a schema replay raises none)."""
     import pyarrow as pa
     from deltalake import DeltaTable, QueryBuilder
 
@@ -139,7 +140,7 @@ def snapshot_tables(uri: str, position: Position) -> list[str]:
     query = QueryBuilder().register("changelog", DeltaTable(uri))
     rows = pa.table(query.execute(
         'SELECT DISTINCT "table" FROM changelog WHERE "op" = \'ddl\' '
-        f'AND "pos_phase" = {int(position.lineage)} AND "pos_file" = {int(position.file)} '
+        f'AND "pos_file" = {int(position.file)} '
         f'AND "pos_pos" = {int(position.pos)} AND "pos_row" = {SNAPSHOT_SCHEMA_ROW} '
         'AND upper(ltrim("ddl")) LIKE \'CREATE TABLE%\'').read_all())
     return sorted(t for t in rows.column(0).to_pylist() if t)

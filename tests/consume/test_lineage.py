@@ -266,3 +266,22 @@ def test_a_schema_only_snapshot_in_the_binlog_of_a_later_lineage_joins_it():
     assert [r.number for r in book.records()] == [2]
     # Behind the latest switch's binlog instead: a reset, a lineage of its own.
     assert placed(rows, snap(1, 500, ts=40)) == [3]
+
+
+def test_a_change_behind_a_snapshot_and_committed_later_is_of_another_binlog():
+    # The schema-change topic's last record is the snapshot's schema (no server, no
+    # GTID); its next is an ALTER on the promoted server, at lower coordinates.
+    book = MemoryBook()
+    p = Placer(book, "schema[0]")
+    schema = snap(4, 379, row=SNAPSHOT_SCHEMA_ROW, ts=0)
+    alter = ev(1, 3275, server=2, seq=15, ts=30, op="ddl")
+    assert placed(p, schema, alter) == [1, 2]
+    assert book.records()[0].server_id == 2
+
+
+def test_the_old_primary_behind_the_new_ones_coordinates_with_an_older_gtid_stops():
+    # The new primary's numbering is higher (no lineage raised); the old one writes on.
+    p = Placer(MemoryBook(), "t[0]")
+    placed(p, ev(1, 900, seq=7, ts=1), ev(4, 300, server=2, seq=9, ts=5))
+    with pytest.raises(UnorderedEventError):
+        p.place(ev(1, 1200, seq=8, ts=9))
