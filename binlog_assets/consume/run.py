@@ -299,6 +299,8 @@ class BoundedRun:
                 # wait for the next run.
                 raise partition_stopped(poll.halt[0], self.tp.topic, self.tp.partition,
                                         poll.halt[1], summary.committed_offset)
+            summary.lineage = self.placer.lineage
+            summary.lineages_raised = [r.describe() for r in self.placer.raised]
             summary.dead_lettered = summary.decode_dead_lettered + dispatcher.dead_lettered
             summary.handlers = dispatcher.handler_metrics()
             summary.skipped = Counter(self.decoder.skipped)

@@ -39,6 +39,10 @@ class RunSummary:
     # The longest the run waited on Kafka at once: for records below its end offset
     # (consecutive empty fetches), its end offset, or a commit. A frozen broker shows here.
     kafka_wait_seconds: float = 0.0
+    # The source lineage the partition stands in at the end, and the lineages the run
+    # raised or learned more of (`consume/lineage.py`), described.
+    lineage: int = 1
+    lineages_raised: list[str] = field(default_factory=list)
 
     @property
     def throughput(self) -> float:

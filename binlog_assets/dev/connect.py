@@ -25,7 +25,7 @@ from typing import Any, ClassVar
 
 import orjson
 
-from binlog_assets.dev.mariadb import MariaDBServer
+from binlog_assets.dev.mariadb import HEARTBEAT_DATABASE, HEARTBEAT_TABLE, MariaDBServer
 from binlog_assets.dev.process import LocalDaemon, free_port
 from binlog_assets.environment import jars_dir
 
@@ -69,6 +69,10 @@ class DebeziumConnector:
     server_id: int = 184054
     database_include_list: tuple[str, ...] = ()
     snapshot_mode: str = "initial"
+    # Every so often Debezium writes the heartbeat table (`dev.mariadb`): its change moves
+    # the source's position in the changelog while the captured tables are idle (parity's
+    # wait, an idle replica's freshness). 0 turns heartbeats off.
+    heartbeat_seconds: float = 5.0
     extra: Mapping[str, str] = field(default_factory=dict)
 
     @classmethod
@@ -121,6 +125,11 @@ class DebeziumConnector:
             "topic.creation.default.partitions": "1",
             "topic.creation.default.replication.factor": "1",
         }
+        if self.heartbeat_seconds:
+            props["heartbeat.interval.ms"] = str(int(self.heartbeat_seconds * 1000))
+            props["heartbeat.action.query"] = (
+                f"INSERT INTO {HEARTBEAT_DATABASE}.{HEARTBEAT_TABLE} (id, at) VALUES (1, "
+                "NOW(3)) ON DUPLICATE KEY UPDATE at = NOW(3)")
         if self.database_include_list:
             props["database.include.list"] = ",".join(self.database_include_list)
         props.update(self.extra)

@@ -38,6 +38,10 @@ _DEBEZIUM_GRANTS = (
 
 # The table whose row `fence()` changes (`dev.connect.DebeziumFence`).
 FENCE_DATABASE, FENCE_TABLE = "binlake_fence", "ticks"
+# The table Debezium's heartbeat action writes (`DebeziumConnector.heartbeat_seconds`):
+# a change in the binlog every beat, so each source's position moves while its tables
+# are idle. Debezium's account may write it, and nothing else.
+HEARTBEAT_DATABASE, HEARTBEAT_TABLE = "binlake_heartbeat", "beat"
 
 
 @dataclass
@@ -251,6 +255,11 @@ class MariaDBServer(LocalDaemon):
             cur.execute("CREATE USER IF NOT EXISTS %s@'%%' IDENTIFIED BY %s",
                         (self.debezium_user, self.debezium_password))
             cur.execute(f"GRANT {_DEBEZIUM_GRANTS} ON *.* TO %s@'%%'", (self.debezium_user,))
+            cur.execute(f"CREATE DATABASE IF NOT EXISTS {HEARTBEAT_DATABASE}")
+            cur.execute(f"CREATE TABLE IF NOT EXISTS {HEARTBEAT_DATABASE}.{HEARTBEAT_TABLE} "
+                        "(id INT PRIMARY KEY, at DATETIME(3) NOT NULL)")
+            cur.execute(f"GRANT INSERT, UPDATE ON {HEARTBEAT_DATABASE}.{HEARTBEAT_TABLE} "
+                        "TO %s@'%%'", (self.debezium_user,))
 
     def _wait_ready(
         self, began: float, timeout: float, proc: subprocess.Popen[bytes] | None = None

@@ -28,6 +28,7 @@ from binlog_assets.lakehouse.changelog_rows import (
     changelog_arrow_schema,
     commit_metadata,
     event_row,
+    source_origins,
     source_times,
     survey_of_rows,
 )
@@ -369,7 +370,7 @@ class ChangelogWriter:
                         custom_metadata={"userMetadata": commit_metadata(
                             f"{tag}#{uuid.uuid4().hex}",
                             survey_of_rows(rows, SURVEY_MAX_GROUPS * n), source_times(rows),
-                            SURVEY_MAX_BYTES * n)}),
+                            SURVEY_MAX_BYTES * n, source_origins(rows))}),
                 )
             except CommitFailedError as e:
                 if "Metadata changed" in str(e):

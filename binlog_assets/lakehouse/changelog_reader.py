@@ -21,6 +21,7 @@ from binlog_assets.lakehouse.changelog_rows import (
     CREATE_OPERATION,
     SURVEY_MAX_COMMITS,
     commit_doc,
+    tag_topic,
 )
 from binlog_assets.lakehouse.delta_log import (
     added_rows,
@@ -119,9 +120,12 @@ class SurveyGroup(NamedTuple):
     value_types: str | None  # JSON: column -> type inferred from the values
     key_columns: list[str]
     rows: int
-    last: list[int]  # (phase, file, pos, row, offset, row_index)
+    last: list[int]  # (lineage, file, pos, row, offset, row_index)
     # The table's latest source commit time (ms) in the range; None where unrecorded.
     source_ts: int | None = None
+    # Where the table's furthest change in the range was written: [position, server id,
+    # GTID] (`changelog_rows.source_origins`); None where unrecorded.
+    origin: list | None = None
 
 
 def survey_of_frame(frame: DataFrame) -> list[SurveyGroup]:
@@ -175,6 +179,7 @@ def _merged_surveys(log: DeltaTable, first: int, up_to: int) -> list[SurveyGroup
         return None  # log entries cleaned up
     merged: dict[tuple, tuple[int, list[int]]] = {}  # group -> (rows, last position)
     times: dict[str, int] = {}  # table -> latest source time, of commits that record it
+    origins: dict[str, list] = {}  # table -> origin of its furthest change
     for operation, doc in found:
         survey = doc.get("survey", [] if operation == CREATE_OPERATION else None)
         if survey is None:
@@ -186,7 +191,11 @@ def _merged_surveys(log: DeltaTable, first: int, up_to: int) -> list[SurveyGroup
             merged[key] = (n, last) if seen is None else (seen[0] + n, max(seen[1], last))
         for table, ts in doc.get("times", {}).items():
             times[table] = max(ts, times.get(table, ts))
-    return [SurveyGroup(*key[:4], list(key[4]), n, last, times.get(key[0]))
+        for table, origin in doc.get("origins", {}).items():
+            if table not in origins or origin[0] > origins[table][0]:
+                origins[table] = origin
+    return [SurveyGroup(*key[:4], list(key[4]), n, last, times.get(key[0]),
+                        origins.get(key[0]))
             for key, (n, last) in merged.items()]
 
 
@@ -220,6 +229,44 @@ def _commit_docs(log: DeltaTable, first: int, up_to: int
             _commits[uri] = (table_id, kept)
     found = [docs[v] for v in range(first, up_to + 1) if v in docs]
     return found if len(found) == up_to - first + 1 else None
+
+
+class SourceClock:
+    """The newest source commit time the changelog holds of each source, brought forward
+    version by version from its commits' metadata (`times`, per table of the commit's
+    source): with Debezium's heartbeat action writing a heartbeat table the source
+    captures, it moves while the tables a replica reads are idle, and says how current an
+    idle replica is (README: Failover, binlog resets and snapshots)."""
+
+    def __init__(self, pipeline: PipelineConfig) -> None:
+        self.pipeline = pipeline
+        self.version: int | None = None
+        self.times: dict[str, int] = {}  # source name -> newest source commit time (ms)
+
+    def advance(self, up_to: int) -> dict[str, int]:
+        """The times as of changelog version `up_to`; versions whose metadata is gone
+        from the log (or a first call far behind it) read only the recent ones."""
+        log = _changelog_log(self.pipeline)
+        if log is None or up_to < 0:
+            return self.times
+        first = max(0, up_to - SURVEY_MAX_COMMITS + 1 if self.version is None
+                    else self.version + 1)
+        if first > up_to:
+            return self.times
+        for _op, doc in _commit_docs(log, first, up_to) or ():
+            topic = tag_topic(doc.get("tag") or "")
+            times = doc.get("times") or {}
+            if topic is None or not times:
+                continue
+            try:
+                source = self.pipeline.source_for_topic(topic).name
+            except KeyError:
+                continue
+            newest = max(times.values())
+            if newest > self.times.get(source, -1):
+                self.times[source] = newest
+        self.version = up_to
+        return self.times
 
 
 def changelog_frame(spark: SparkSession, pipeline: PipelineConfig) -> DataFrame:

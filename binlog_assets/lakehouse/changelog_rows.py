@@ -141,6 +141,7 @@ _ROW_OFFSET, _ROW_INDEX, _ROW_TABLE, _ROW_OP, _ROW_KEY_COLUMNS = 2, 3, 4, 5, 7
 _ROW_POSITION = slice(10, 14)
 _ROW_COLUMN_TYPES, _ROW_VALUE_TYPES = 16, 17
 _ROW_SOURCE_TS = 14
+_ROW_SERVER_ID, _ROW_GTID = 20, 21
 
 
 def survey_of_rows(rows: Sequence[tuple], max_groups: int = SURVEY_MAX_GROUPS
@@ -175,19 +176,45 @@ def source_times(rows: Sequence[tuple]) -> dict[str, int]:
     return times
 
 
+def source_origins(rows: Sequence[tuple]) -> dict[str, list]:
+    """Per source table of `event_row` tuples, where its furthest change was written:
+    [position (lineage, file, pos, row), server id, GTID], for tables whose producer says."""
+    origins: dict[str, list] = {}
+    for r in rows:
+        if r[_ROW_SERVER_ID] is None and r[_ROW_GTID] is None:
+            continue
+        position = list(r[_ROW_POSITION])
+        seen = origins.get(r[_ROW_TABLE])
+        if seen is None or position > seen[0]:
+            origins[r[_ROW_TABLE]] = [position, r[_ROW_SERVER_ID], r[_ROW_GTID]]
+    return origins
+
+
 def commit_metadata(tag: str, survey: list[list] | None,
                     times: dict[str, int] | None = None,
-                    max_bytes: int = SURVEY_MAX_BYTES) -> str:
-    """A changelog commit's `userMetadata`: the survey and the tables' latest source
-    times (`times`), left out when the survey is None or larger than `max_bytes`."""
+                    max_bytes: int = SURVEY_MAX_BYTES,
+                    origins: dict[str, list] | None = None) -> str:
+    """A changelog commit's `userMetadata`: the survey, the tables' latest source times
+    (`times`) and the origins of their furthest changes (`origins`), left out when the
+    survey is None or larger than `max_bytes`."""
     bare = orjson.dumps({"tag": tag}).decode()
     if survey is None:
         return bare
     doc = {"tag": tag, "survey": survey}
     if times:
         doc["times"] = times
+    if origins:
+        doc["origins"] = origins
     full = orjson.dumps(doc).decode()
     return full if len(full) <= max_bytes else bare
+
+
+def tag_topic(tag: str) -> str | None:
+    """The topic of a consumer write's tag `group/topic/partition@end,…#id` (its first
+    partition's: a commit holds one source's partitions)."""
+    txn = tag.split("@", 1)[0]
+    parts = txn.split("/")
+    return "/".join(parts[1:-1]) if len(parts) >= 3 else None
 
 
 def commit_doc(metadata: str | None) -> dict[str, Any]:

@@ -85,7 +85,12 @@ def summary_metadata(summary: RunSummary, lag_at_end: int | None,
         "kafka_wait_seconds": dg.MetadataValue.float(round(summary.kafka_wait_seconds, 3)),
         "stop_reason": dg.MetadataValue.text(summary.stop_reason),
         "per_table": per_table_metadata(summary),
+        # The source's binlog history the partition is in: a step up is a failover, a
+        # binlog reset or a re-snapshot (README: Failover, binlog resets and snapshots).
+        "source_lineage": dg.MetadataValue.int(summary.lineage),
     }
+    if summary.lineages_raised:
+        md["lineages_raised"] = dg.MetadataValue.json(summary.lineages_raised)
     per_op = summary.per_op()
     # Every count, zeros included, so that each plots as one unbroken series.
     for op, name in OP_NAMES.items():
@@ -189,6 +194,9 @@ def report_outcomes(context: dg.OpExecutionContext, run: RunReport,
                 f"({summary.checkpoint_source}) to {summary.committed_offset} in "
                 f"{summary.seconds:.1f}s{where}; {summary.dead_lettered} dead-lettered"
                 + stopped)
+        for raised in summary.lineages_raised:
+            context.log.warning(f"{key}: the source's binlog changed under the stream: "
+                                f"{raised}")
         disagree = [f"{c.source}={c.offset}" for c in
                     disagreements(summary.checkpoint_candidates, summary.start_offset)]
         if disagree:

@@ -186,7 +186,7 @@ def pool_wanted(instance: dg.DagsterInstance, own_run_id: str) -> bool:
        description="Apply each new changelog version to the replicas as it lands.")
 def follow_replicas(context: dg.OpExecutionContext, config: FollowConfig,
                     binlake: BinlakeResource) -> Iterator:
-    from binlog_assets.lakehouse.changelog_reader import changelog_version
+    from binlog_assets.lakehouse.changelog_reader import SourceClock, changelog_version
     from binlog_assets.lakehouse.delta_log import log_scope
     from binlog_assets.lakehouse.replica.builder import ReplicaBuilder
     from binlog_assets.lakehouse.replica.plan import replicas_touched
@@ -239,6 +239,8 @@ def follow_replicas(context: dg.OpExecutionContext, config: FollowConfig,
     checks = _Checks(config.check_seconds, _row_count_evaluator(builders, pipeline))
     delays = _Delays(config.check_seconds)
     sync = InSync(context.instance, config.sync_seconds)
+    clock = SourceClock(pipeline)
+    source_of = {t.replica: s.name for s in pipeline.sources for t in s.tables}
     # A round's applies in one log line at its end: each line is an event write on this
     # thread, ahead of the next replica's materialization.
     applied: list[str] = []
@@ -258,8 +260,10 @@ def follow_replicas(context: dg.OpExecutionContext, config: FollowConfig,
                 yield from delays.due(time.monotonic())
                 yield from checks.due(time.monotonic())
                 broken = set(failed)
+                times = clock.advance(outcome)
                 yield from sync.due([n for n in names if n not in broken], outcome,
-                                    time.monotonic())
+                                    time.monotonic(),
+                                    lambda name, times=times: times.get(source_of.get(name, "")))
                 continue
             if isinstance(outcome, Exception):
                 failed[name] = outcome

@@ -138,6 +138,14 @@ def replica_metadata(result: "ReplicaResult", live_rows: int | None) -> dict[str
     }
     if result.last_position is not None:
         md["last_position"] = dg.MetadataValue.text(position_label(result.last_position))
+        # Which of the source's binlog histories the replica is in, and the server and
+        # GTID its newest change was written with (a failover shows as a step up).
+        md["source_lineage"] = dg.MetadataValue.int(max(int(result.last_position[0]),
+                                                        FIRST_LINEAGE))
+    if result.last_server_id is not None:
+        md["source_server_id"] = dg.MetadataValue.int(result.last_server_id)
+    if result.last_gtid is not None:
+        md["source_gtid"] = dg.MetadataValue.text(result.last_gtid)
     delay = source_delay(result, time.time())
     if delay is not None:
         # How far behind its source the replica was as this apply ended.

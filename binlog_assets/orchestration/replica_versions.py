@@ -22,6 +22,9 @@ Unsynced until its apply is reported.
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
+
 import dagster as dg
 from dagster._core.definitions.data_version import (
     CODE_VERSION_TAG,
@@ -117,10 +120,13 @@ class InSync:
         self.metadata[name] = dict(metadata or {})
         return provenance_tags(version, cursor, applied_version), cursor
 
-    def due(self, names: list[str], version: int, now: float
+    def due(self, names: list[str], version: int, now: float,
+            current_as_of: Callable[[str], int | None] = lambda name: None
             ) -> list[dg.AssetMaterialization]:
         """In-sync materializations of `names` (current at changelog `version`) whose
-        cursor is behind the changelog's materializations, at most every `every` s each."""
+        cursor is behind the changelog's materializations, at most every `every` s each.
+        `current_as_of(name)`: the newest source commit time (ms) the replica's source has
+        in the changelog, which an idle replica is current as of (heartbeats move it)."""
         from binlog_assets.orchestration.replica_reports import replica_key
 
         self._cursors.clear()  # a new poll: the next round looks its cursors up anew
@@ -141,10 +147,15 @@ class InSync:
             if cursor is None or (at is not None and cursor <= at):
                 continue
             self.reported[name] = (known, cursor, now)
+            metadata = {**self.metadata.get(name, {}),
+                        "in_sync_with_changelog_version": dg.MetadataValue.int(version)}
+            as_of = current_as_of(name)
+            if as_of is not None:
+                metadata["source_current_as_of"] = dg.MetadataValue.timestamp(as_of / 1000)
+                metadata["source_delay_seconds"] = dg.MetadataValue.float(
+                    round(max(0.0, time.time() - as_of / 1000), 3))
             out.append(dg.AssetMaterialization(
-                asset_key=replica_key(name),
-                metadata={**self.metadata.get(name, {}),
-                          "in_sync_with_changelog_version": dg.MetadataValue.int(version)},
+                asset_key=replica_key(name), metadata=metadata,
                 tags={**provenance_tags(known, cursor, version), IN_SYNC_TAG: "true"}))
         return out
 
@@ -160,7 +171,8 @@ class InSync:
         materialization = records[0].asset_materialization
         self.metadata[name] = {k: v for k, v in (materialization.metadata if materialization
                                                  else {}).items()
-                               if k != "in_sync_with_changelog_version"}
+                               if k not in ("in_sync_with_changelog_version",
+                                            "source_current_as_of")}
         pointer = tags.get(get_input_event_pointer_tag(CHANGELOG_ASSET_KEY))
         cursor = int(pointer) if pointer and pointer.isdigit() else None
         self.reported[name] = (tags.get(DATA_VERSION_TAG), cursor, float("-inf"))

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 
 from binlog_assets.formats.event import FIRST_LINEAGE
 from binlog_assets.lakehouse.changelog import changelog_uri
-from binlog_assets.lakehouse.changelog_rows import commit_doc
+from binlog_assets.lakehouse.changelog_rows import commit_doc, tag_topic
 from binlog_assets.lakehouse.delta_log import delta_rs_uri
 from binlog_assets.lakehouse.transactions import APP_ID
 from binlog_assets.parity.canonical import Fingerprint, crcs_of
@@ -180,7 +180,7 @@ def reached_position(pipeline: PipelineConfig, source: SourceConfig, up_to: int
             continue  # the log's history reaches past the version it was loaded at
         doc = commit_doc(commit.get("userMetadata"))
         tag = doc.get("tag") or ""
-        topic = _tag_topic(tag)
+        topic = tag_topic(tag)
         if topic is None or not source.matches(topic):
             continue
         for entry in doc.get("survey") or ():
@@ -189,13 +189,6 @@ def reached_position(pipeline: PipelineConfig, source: SourceConfig, up_to: int
             if best is None or position > best:
                 best = position
     return best
-
-
-def _tag_topic(tag: str) -> str | None:
-    """The topic of a changelog write's tag `group/topic/partition@end#id`."""
-    txn = tag.split("@", 1)[0]
-    parts = txn.split("/")
-    return "/".join(parts[1:-1]) if len(parts) >= 3 else None
 
 
 def high_watermarks(kafka_conf: dict, group: str, source: SourceConfig

@@ -243,6 +243,8 @@ def binlog_tables_between(db: pymysql.Connection, start: tuple[int, int] | None,
     with db.cursor() as cur:
         cur.execute("SHOW BINARY LOGS")
         files = [BinlogPosition.parse(r[0], 0) for r in cur.fetchall()]
+        if start is not None and start[0] not in {f.file for f in files}:
+            return None  # purged from where the changelog stands: what lies between is unknown
         tables: set[str] = set()
         seen, skipping = 0, start is not None
         first = start or ((files[0].file, 4) if files else (end.file, 4))

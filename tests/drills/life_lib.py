@@ -20,7 +20,7 @@ from binlog_assets.config import PipelineConfig, parse_config
 from binlog_assets.consume.handlers import HandlerRegistry
 from binlog_assets.dev import shop
 from binlog_assets.dev.connect import DebeziumConnector, DebeziumFence, KafkaConnect
-from binlog_assets.dev.mariadb import FENCE_DATABASE, MariaDBServer
+from binlog_assets.dev.mariadb import FENCE_DATABASE, HEARTBEAT_DATABASE, MariaDBServer
 from binlog_assets.lakehouse.replica.builder import ReplicaBuilder
 from binlog_assets.orchestration.consume_runs import ChangelogRunConfig, consume_partition
 from binlog_assets.orchestration.partitions import partition_key
@@ -46,6 +46,8 @@ class ShopLife:
     snapshot_mode: str = "initial"
     extra: dict[str, str] = field(default_factory=dict)
     connector_server_id: int = 184100
+    heartbeat_seconds: float = 5.0
+    parity_wait_seconds: float = 60.0
 
     def __post_init__(self) -> None:
         self.pipeline = self._pipeline(self.primary)
@@ -58,7 +60,7 @@ class ShopLife:
         data = self.base.model_dump(mode="json", exclude_none=True)
         data["kafka"]["group.id"] = self.name
         data["lakehouse"] = {**data["lakehouse"], "database": self.name}
-        data["parity"] = {"chunk_rows": 40, "wait_seconds": 60}
+        data["parity"] = {"chunk_rows": 40, "wait_seconds": self.parity_wait_seconds}
         data["sources"] = [{"name": "shop", "topics": [f"^{self.name}(\\..*)?$"],
                             "format": "debezium", "tables": TABLES,
                             "connection": {"host": "127.0.0.1", "port": server.port,
@@ -69,8 +71,10 @@ class ShopLife:
         return DebeziumConnector.for_server(
             server, name=self.name, topic_prefix=self.name,
             server_id=self.connector_server_id,
-            database_include_list=("shop", "shop_1", "shop_2", FENCE_DATABASE),
-            snapshot_mode=self.snapshot_mode, extra=self.extra)
+            database_include_list=("shop", "shop_1", "shop_2", FENCE_DATABASE,
+                                   HEARTBEAT_DATABASE),
+            snapshot_mode=self.snapshot_mode, heartbeat_seconds=self.heartbeat_seconds,
+            extra=self.extra)
 
     def start(self) -> float:
         return self.connect.add_connector(self.connector)
@@ -134,3 +138,21 @@ def grant_parity(server: MariaDBServer) -> None:
 def assert_equal(comparisons: list[shop.TableComparison], when: str) -> None:
     for c in comparisons:
         assert c.matches, f"{when}: {c}"
+
+
+def purge_to(server: MariaDBServer, current: str, *, end_dumps: bool = False) -> None:
+    """PURGE BINARY LOGS up to `current`, until done: MariaDB keeps a file a binlog dump
+    thread still reads (a connector moving on to the next file; with `end_dumps`, a
+    stopped connector's thread that lingers, which is ended)."""
+    deadline = time.monotonic() + 30
+    while True:
+        if end_dumps:
+            for row in server.execute("SHOW PROCESSLIST"):
+                if str(row[4]).startswith("Binlog Dump"):
+                    server.execute(f"KILL {int(row[0])}")
+        server.execute(f"PURGE BINARY LOGS TO '{current}'")
+        left = [r[0] for r in server.execute("SHOW BINARY LOGS")]
+        if left == [current]:
+            return
+        assert time.monotonic() < deadline, (left, server.execute("SHOW PROCESSLIST"))
+        time.sleep(0.5)

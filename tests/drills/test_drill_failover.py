@@ -106,7 +106,7 @@ def test_the_old_primary_still_writing_after_a_failover_stops_its_partition(
     # onto the pipeline's topics.
     rogue = DebeziumConnector.for_server(
         primary, name=f"{life.name}-old", topic_prefix=f"{life.name}old", server_id=184199,
-        database_include_list=("shop",), snapshot_mode="no_data", extra={
+        database_include_list=("shop",), snapshot_mode="no_data", heartbeat_seconds=0, extra={
             "transforms": "same",
             "transforms.same.type": "org.apache.kafka.connect.transforms.RegexRouter",
             "transforms.same.regex": f"{life.name}old(.*)",

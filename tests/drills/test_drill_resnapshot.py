@@ -8,7 +8,7 @@ from __future__ import annotations
 import time
 
 import pytest
-from life_lib import ShopLife, assert_equal
+from life_lib import ShopLife, assert_equal, purge_to
 
 from binlog_assets.config import PipelineConfig
 from binlog_assets.dev import drills, shop
@@ -56,7 +56,7 @@ def test_a_re_snapshot_after_the_binlog_or_the_offsets_are_gone_loses_nothing(
         elif how == "purge":
             server.rotate_binlog()
             [(current, *_)] = server.execute("SHOW MASTER STATUS")
-            _purge_to(server, current)
+            purge_to(server, current, end_dumps=True)
         else:
             debezium_connect.reset_offsets(life.name)
         if how == "purge":
@@ -75,22 +75,6 @@ def test_a_re_snapshot_after_the_binlog_or_the_offsets_are_gone_loses_nothing(
     drills.record(f"resnapshot_{how}", {"lineages": lineages,
                                        "seconds": round(time.monotonic() - began, 1)})
     assert len(lineages) == (1 if how == "reset" else 0), lineages
-
-
-def _purge_to(server: MariaDBServer, current: str) -> None:
-    """PURGE BINARY LOGS up to `current`, until done: a stopped connector's binlog dump
-    thread can linger on the server, and MariaDB keeps the file it reads; it is ended."""
-    deadline = time.monotonic() + 30
-    while True:
-        for row in server.execute("SHOW PROCESSLIST"):
-            if str(row[4]).startswith("Binlog Dump"):
-                server.execute(f"KILL {int(row[0])}")
-        server.execute(f"PURGE BINARY LOGS TO '{current}'")
-        left = [r[0] for r in server.execute("SHOW BINARY LOGS")]
-        if left == [current]:
-            return
-        assert time.monotonic() < deadline, (left, server.execute("SHOW PROCESSLIST"))
-        time.sleep(0.5)
 
 
 def _resume_until_failed(connect: KafkaConnect, life: ShopLife, why: str) -> None:

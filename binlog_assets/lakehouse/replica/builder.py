@@ -368,6 +368,8 @@ class ReplicaBuilder:
             key_rule=rule.name,
             warning=rule.warning,
             last_source_ts=survey.last_source_ts,
+            last_server_id=survey.last_origin[1] if survey.last_origin else None,
+            last_gtid=survey.last_origin[2] if survey.last_origin else None,
             **counts,
         )
 

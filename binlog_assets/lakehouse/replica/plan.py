@@ -95,6 +95,9 @@ class ReplicaResult:
     warning: str | None = None  # what to set for the replica the config may have meant
     # The latest source commit time (ms) of the changes applied, where recorded.
     last_source_ts: int | None = None
+    # The server id and GTID the furthest change applied was written with, where said.
+    last_server_id: int | None = None
+    last_gtid: str | None = None
 
 
 class ReplicaError(RuntimeError):
@@ -142,6 +145,9 @@ class Survey:
     others: set[str] = field(default_factory=set)
     # The latest source commit time (ms) of the batch's row changes, where recorded.
     last_source_ts: int | None = None
+    # [position, server id, GTID] of the furthest change of the batch's tables, where
+    # the producer said (`changelog_rows.source_origins`).
+    last_origin: list | None = None
 
 
 def survey_batch(spark: SparkSession, pipeline: PipelineConfig, batch: Callable[[], DataFrame],
@@ -163,7 +169,7 @@ def add_groups(survey: Survey, groups: list[SurveyGroup]) -> None:
     it keeps their names and whether the batch holds DDL."""
     routed = set(survey.tables)
     # Earliest first, so that the column order of a new table is the source's.
-    for table, op, column_types, value_types, key_columns, n, last, ts in sorted(
+    for table, op, column_types, value_types, key_columns, n, last, ts, origin in sorted(
             groups, key=lambda g: g.last):
         survey.ddl = survey.ddl or op == OP_DDL
         if table not in routed:
@@ -186,6 +192,9 @@ def add_groups(survey: Survey, groups: list[SurveyGroup]) -> None:
             survey.rows += n
             if survey.last_position is None or last > survey.last_position:
                 survey.last_position = last
+        if origin is not None and (survey.last_origin is None
+                                   or origin[0] > survey.last_origin[0]):
+            survey.last_origin = origin
         if op == OP_TRUNCATE:
             current = survey.truncates.get(table)
             survey.truncates[table] = last if current is None else max(current, last)
