@@ -31,7 +31,7 @@ def server(tmp_path_factory: pytest.TempPathFactory):
         source.stop()
 
 
-@pytest.mark.parametrize("heartbeat_seconds", [1.0, 0.0])
+@pytest.mark.parametrize("heartbeat_seconds", [1.0, pytest.param(0.0, marks=pytest.mark.long)])
 def test_an_idle_replica_is_checked_by_the_heartbeats_position(
         heartbeat_seconds: float, server: MariaDBServer, debezium_connect: KafkaConnect,
         pipeline_config: PipelineConfig, spark) -> None:

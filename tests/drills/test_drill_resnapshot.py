@@ -35,7 +35,8 @@ def _gap(server: MariaDBServer, seed: int) -> None:
     server.execute("DELETE FROM shop_2.orders")
 
 
-@pytest.mark.parametrize("how", ["reset", "purge", "offsets"])
+@pytest.mark.parametrize("how", ["reset", pytest.param("purge", marks=pytest.mark.long),
+                                 pytest.param("offsets", marks=pytest.mark.long)])
 def test_a_re_snapshot_after_the_binlog_or_the_offsets_are_gone_loses_nothing(
         how: str, server: MariaDBServer, debezium_connect: KafkaConnect,
         pipeline_config: PipelineConfig, spark) -> None:
