@@ -30,6 +30,8 @@ from binlog_assets.dev.process import LocalDaemon, free_port
 from binlog_assets.environment import jars_dir
 
 _CONNECT_MAIN = "org.apache.kafka.connect.cli.ConnectStandalone"
+# Seconds a reconfigured connector's task may still show the failure of the task before it.
+_RESTART_GRACE = 10.0
 _JSON_CONVERTER = "org.apache.kafka.connect.json.JsonConverter"
 
 _LOG4J2 = """\
@@ -246,7 +248,14 @@ class KafkaConnect(LocalDaemon):
                    connector.config(self.data_dir))
         if not running:
             return 0.0
-        self.wait_running(connector.name, timeout)
+        # A task that failed before the change (its heartbeat action refused by a server
+        # just made read-only, say) shows FAILED until the change restarts it.
+        try:
+            self.wait_running(connector.name, _RESTART_GRACE)
+        except (RuntimeError, TimeoutError):
+            self._rest("POST", f"/connectors/{connector.name}/restart?includeTasks=true"
+                               "&onlyFailed=true")
+            self.wait_running(connector.name, timeout - (time.monotonic() - began))
         self.wait_streaming(connector, log_from, timeout - (time.monotonic() - began))
         return time.monotonic() - began
 

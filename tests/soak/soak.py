@@ -21,7 +21,9 @@ follower run, the process that reads Kafka and calls the handlers), SIGKILL of t
 replica follower run, Spark Connect server restart, daemon restart, code location reload
 (the code server's reload, as the UI's Reload button), the code server's child killed
 (the process that serves the location; `make dev`'s watch, `binlog_assets.dev.code_watch`,
-runs here too and must reload it). A location that stays unanswered for
+runs here too and must reload it), a failover of MariaDB to its GTID replica (a lower
+binlog numbering the first time, and back the next: the README's runbook), and a
+re-snapshot (the connector's offsets lost while writes go on). A location that stays unanswered for
 LOCATION_LOST_AFTER seconds ends the soak at once, naming it. At the end the workload stops,
 the pipeline drains, and the soak checks: each replica equals its table (delta-rs, the
 README's `_op` filter), the cache equals its table, every malformed record is in the
@@ -54,6 +56,7 @@ import time
 import traceback
 import uuid
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -106,7 +109,7 @@ from binlog_assets.procfs import children, processes  # noqa: E402
 
 FAULTS = ("broker_restart", "broker_freeze", "connect_restart", "mariadb_restart",
           "kill_consume_run", "kill_follower_run", "spark_restart", "daemon_restart",
-          "code_reload", "code_server_kill")
+          "code_reload", "code_server_kill", "failover", "resnapshot")
 # Faults that end a process doing handler work: handler calls beyond the first are the
 # README's at-least-once after them. After any other fault a repeat means a run failed
 # (and its log says why), which the report names.
@@ -120,10 +123,12 @@ SOAK_TAG = "binlake/soak"
 # Faults the pipeline's runs cannot see: nothing of Dagster's is disturbed (a daemon
 # restart, a code location reload: the runs go on in their processes), or only the source
 # is (Kafka Connect or MariaDB restarted: Debezium resumes from its offsets, and Kafka
-# just receives no records for a while, which no run can tell from a quiet source).
+# just receives no records for a while, which no run can tell from a quiet source; a
+# failover or a re-snapshot: the records go on, placed in the source's lineages, and only
+# a failover to a lower binlog numbering says so, in a run's warning).
 # `faults_visible` lists them instead of asking for evidence.
 NOT_VISIBLE = ("daemon_restart", "code_reload", "connect_restart", "mariadb_restart",
-               "code_server_kill")
+               "code_server_kill", "failover", "resnapshot")
 # A location unanswered this long (its watch's reloads included) has been lost: the soak
 # ends there rather than wait out its workload and drain with nothing running.
 LOCATION_LOST_AFTER = 300.0
@@ -201,10 +206,13 @@ class Workload(threading.Thread):
     `malformed_every` seconds. MariaDB restarts make statements fail: the writer
     reconnects and goes on (the end state is compared, not each statement)."""
 
-    def __init__(self, mariadb: MariaDBServer, bootstrap: str, tables: int, rate: float,
-                 seconds: float, seed: int, malformed_every: float) -> None:
+    def __init__(self, primary: Callable[[], MariaDBServer], bootstrap: str, tables: int,
+                 rate: float, seconds: float, seed: int, malformed_every: float) -> None:
         super().__init__(daemon=True, name="soak-workload")
-        self.mariadb, self.tables, self.rate, self.seconds = mariadb, tables, rate, seconds
+        self.primary, self.tables, self.rate, self.seconds = primary, tables, rate, seconds
+        # Cleared while the source fails over: the application stops writing too.
+        self.writing = threading.Event()
+        self.writing.set()
         self.rng = random.Random(seed)
         self.malformed_every = malformed_every
         self.stop = threading.Event()
@@ -227,7 +235,7 @@ class Workload(threading.Thread):
         self.specials_done: list[tuple[float, str]] = []
 
     def run(self) -> None:
-        conn = None
+        conn = server = None
         began = time.monotonic()
         done = 0
         next_malformed = began + self.malformed_every / 2
@@ -236,9 +244,18 @@ class Workload(threading.Thread):
             if now >= next_malformed:
                 self._produce_malformed()
                 next_malformed = now + self.malformed_every
+            if not self.writing.is_set():
+                if conn is not None:
+                    conn.close()
+                conn = None
+                self.stop.wait(0.1)
+                continue
             try:
-                if conn is None:
-                    conn = self.mariadb.connect()
+                if conn is None or server is not self.primary():
+                    if conn is not None:
+                        conn.close()
+                    server = self.primary()
+                    conn = server.connect()
                 due = int((now - began) * self.rate)
                 with conn.cursor() as cur:
                     while self.specials and (now - began) >= self.specials[0][0] * self.seconds:
@@ -420,7 +437,10 @@ class Soak:
     seed: int = 1
     group: str = "soak"
     broker: KafkaBroker = field(init=False)
-    mariadb: MariaDBServer = field(init=False)
+    mariadb: MariaDBServer = field(init=False)  # the primary of the moment
+    standby: MariaDBServer = field(init=False)  # its GTID replica, promoted by `failover`
+    switches: int = 0  # failovers so far
+    workload: Workload | None = None
     postgres: PostgresServer = field(init=False)
     redis: RedisServer = field(init=False)
     connect: KafkaConnect | None = None
@@ -440,7 +460,8 @@ class Soak:
         # Its port known before it starts: the config (and Spark Connect's, from it) is
         # written while the broker starts.
         self.broker = KafkaBroker(self.work / "kafka", port=free_port(), c1=True)
-        self.mariadb = MariaDBServer(self.work / "mariadb")
+        self.mariadb = MariaDBServer(self.work / "mariadb", server_id=1)
+        self.standby = MariaDBServer(self.work / "standby", server_id=2)
         self.postgres = PostgresServer(self.work / "postgres")
         self.redis = RedisServer(self.work / "redis")
 
@@ -482,8 +503,12 @@ class Soak:
         spark = begin({"spark_connect": self.spark.start})
         self.timings.update(parallel({
             "postgres": self.postgres.start, "kafka": self.broker.start,
-            "mariadb": self.mariadb.start, "redis": self.redis.start}))
+            "mariadb": self.mariadb.start, "standby": self.standby.start,
+            "redis": self.redis.start}))
         began = time.monotonic()
+        # The primary's binlog numbering above the standby's, whose is reset when it
+        # starts replicating: a failover goes to a lower numbering (the hard case).
+        self.mariadb.rotate_binlog(3)
         with self.mariadb.connect() as conn, conn.cursor() as cur:
             cur.execute(f"CREATE DATABASE {DATABASE}")
             for i in range(self.tables):
@@ -491,6 +516,8 @@ class Soak:
                             f"v INT NOT NULL, note VARCHAR(40))")
                 cur.execute(f"INSERT INTO {DATABASE}.t{i} VALUES "
                             + ",".join(f"({r}, {r}, 'row {r}')" for r in range(ROWS)))
+        self.standby.replicate_from(self.mariadb)
+        self.standby.wait_replicated(self.mariadb)
         self.timings["tables"] = round(time.monotonic() - began, 1)
         self.connect = KafkaConnect(self.work / "connect", self.broker.bootstrap_servers,
                                     DebeziumConnector.for_server(self.mariadb,
@@ -621,8 +648,8 @@ class Soak:
                     os.killpg(proc.pid, signal.SIGKILL)
         for pid in self.run_pids():  # a run process that outlived its code server
             terminate(pid, 10)
-        for service in (self.connect, self.spark, self.mariadb, self.broker, self.redis,
-                        self.postgres):
+        for service in (self.connect, self.spark, self.mariadb, self.standby, self.broker,
+                        self.redis, self.postgres):
             if service is not None:
                 with contextlib.suppress(Exception):
                     service.stop()
@@ -780,8 +807,52 @@ def inject(soak: Soak, fault: Fault, rng: random.Random) -> None:
         reply = soak.code_client().reload_code(timeout=180)
         soak.wait_code_server()
         fault.detail = f"code server reloaded ({type(reply).__name__})"
+    elif kind == "failover":
+        fault.detail = failover(soak)
+    elif kind == "resnapshot":
+        # The connector's offsets lost while writes go on: it snapshots again, and the
+        # rows changed or deleted meanwhile must come out right.
+        soak.connect.stop_connector(soak.connect.connector.name)
+        time.sleep(rng.uniform(2, 6))
+        soak.connect.reset_offsets(soak.connect.connector.name)
+        fault.detail = (f"offsets reset; snapshot done and streaming "
+                        f"{soak.connect.resume_connector(soak.connect.connector):.1f}s later")
     else:
         raise ValueError(f"unknown fault {kind}")
+
+
+def failover(soak: Soak) -> str:
+    """The runbook's failover (README: Failover, binlog resets and re-snapshots): writes
+    stop, the standby catches up and is promoted, the connector is pointed at it, and the
+    old primary becomes its replica (the next failover goes back)."""
+    old, new = soak.mariadb, soak.standby
+    began = time.monotonic()
+    if soak.workload is not None:
+        soak.workload.writing.clear()
+    try:
+        old.demote()
+        new.wait_replicated(old)
+        new.promote()
+        soak.mariadb, soak.standby = new, old
+        soak.switches += 1
+        # Debezium before 3.5.2 (debezium#1672) compares MariaDB GTIDs with their server
+        # id: once the new primary commits, an offset of the old one reads as purged, and
+        # a schema history of another server's GTIDs does not recover. So writes resume
+        # after the connector follows, and from the second switch on it runs in
+        # `recovery` mode for good (README: the runbook's steps 1 and 2).
+        connector = DebeziumConnector.for_server(
+            new, topic_prefix=DATABASE,
+            snapshot_mode="initial" if soak.switches == 1 else "recovery")
+        streaming = soak.connect.reconfigure(connector)
+        soak.connect.connector = connector  # what a Connect restart starts from
+    finally:
+        if soak.workload is not None:
+            soak.workload.writing.set()
+    old.replicate_from(new, fresh=False)
+    old.wait_replicated(new)
+    return (f"server {new.server_id} promoted (binlog {new.binlog_position()[0]}), the "
+            f"connector streaming from it {streaming:.1f}s later; server {old.server_id} "
+            f"its replica; {time.monotonic() - began:.1f}s in all")
 
 
 # --- measures ---------------------------------------------------------------------------
@@ -1076,8 +1147,9 @@ def soak(minutes: float, seed: int, tables: int, kinds: list[str], repeats: int,
             report["built_s"] = None
         report["start"] = measure(stack)
         faults = schedule(kinds, repeats, seconds, seed)
-        workload = Workload(stack.mariadb, stack.broker.bootstrap_servers, tables, rate,
-                            seconds, seed, malformed_every=max(5.0, seconds / 20))
+        workload = Workload(lambda: stack.mariadb, stack.broker.bootstrap_servers, tables,
+                            rate, seconds, seed, malformed_every=max(5.0, seconds / 20))
+        stack.workload = workload
         rng = random.Random(seed + 1)
         replicas = stack.names[:4]
         progress = Progress({"changelog": changelog_uri(stack.pipeline),

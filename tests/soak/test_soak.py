@@ -5,9 +5,10 @@
 - `test_soak_quick` (`make test-long`, about 3 minutes): 30 s of workload over 4 tables,
   a consume run SIGKILLed, no maintenance.
 - `test_soak_short` (`make test-long`): 90 s of workload over 20 tables with one fault
-  of each of six kinds (the consume run and the replica follower SIGKILLed, the broker
+  of each of eight kinds (the consume run and the replica follower SIGKILLed, the broker
   restarted, the daemon restarted, the code location reloaded, the code server's child
-  killed), maintenance every 40 s.
+  killed, MariaDB failed over to its replica, the connector's offsets lost and its
+  re-snapshot), maintenance every 40 s.
 
 Both make every check of the long run: replicas and the Redis cache equal to their
 tables, every malformed record dead-lettered with its coordinates, lag 0, no run left
@@ -27,7 +28,7 @@ import pytest
 from soak import ENV, markdown, soak, unseen_faults
 
 SHORT_FAULTS = ["kill_consume_run", "kill_follower_run", "broker_restart",
-                "daemon_restart", "code_reload", "code_server_kill"]
+                "daemon_restart", "code_reload", "code_server_kill", "failover", "resnapshot"]
 
 
 def run_soak(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, faults: list[str],
