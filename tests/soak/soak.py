@@ -57,7 +57,7 @@ import traceback
 import uuid
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -162,17 +162,17 @@ def log(message: str) -> None:
     print(f"[soak {time.strftime('%H:%M:%S')}] {message}", flush=True)
 
 
-def begin(starts: dict[str, Any]) -> Any:  # noqa: ANN401 - the join below
+def begin(starts: dict[str, Any]) -> Any:
     """Call each of `starts` in its own thread; returns the join: it waits for them all
     and gives the seconds each took (raising the first error)."""
     took: dict[str, float] = {}
     errors: list[BaseException] = []
 
-    def one(name: str, start: Any) -> None:  # noqa: ANN401 - a service's start
+    def one(name: str, start: Any) -> None:
         began = time.monotonic()
         try:
             start()
-        except BaseException as e:  # noqa: BLE001 - raised by the join, after the others
+        except BaseException as e:
             errors.append(e)
         took[name] = round(time.monotonic() - began, 1)
         log(f"{name} ready in {took[name]:.1f}s")
@@ -267,7 +267,7 @@ class Workload(threading.Thread):
                     while done < due and not self.stop.is_set():
                         cur.execute(*self._statement())
                         done += 1
-            except Exception as e:  # noqa: BLE001 - MariaDB restarting: reconnect, go on
+            except Exception as e:
                 self.failed += 1
                 with contextlib.suppress(Exception):
                     if conn is not None:
@@ -298,7 +298,7 @@ class Workload(threading.Thread):
 
     def _produce_malformed(self) -> None:
         """A record no decoder takes, into a source topic; its coordinates once acked."""
-        def acked(err, msg) -> None:  # noqa: ANN001 - confluent-kafka's callback
+        def acked(err, msg) -> None:
             if err is None:
                 self.malformed.append((msg.topic(), msg.partition(), msg.offset()))
             else:
@@ -349,7 +349,7 @@ class Maintenance(threading.Thread):
             self.run_ids.append(self.soak.submit(MAINTENANCE_JOB_NAME))
             log(f"maintenance run {self.run_ids[-1][:8]} submitted")
             return True
-        except Exception as e:  # noqa: BLE001 - reported; the check fails on none run
+        except Exception as e:
             stderr = getattr(e, "stderr", None) or b""
             error = f"{type(e).__name__}: {str(e)[:200]} {stderr[-300:].decode(errors='replace')}"
             self.errors.append(error)
@@ -553,7 +553,7 @@ class Soak:
         self.watch.start()
 
     @property
-    def pipeline(self):  # noqa: ANN201 - PipelineConfig
+    def pipeline(self):
         return parse_config(self.settings)
 
     def instance(self) -> dg.DagsterInstance:
@@ -582,7 +582,7 @@ class Soak:
         self.wait_code_server()
         return time.monotonic() - began
 
-    def code_client(self):  # noqa: ANN201 - DagsterGrpcClient
+    def code_client(self):
         from dagster._grpc.client import DagsterGrpcClient
 
         return DagsterGrpcClient(port=self.code_port, host="127.0.0.1")
@@ -812,11 +812,18 @@ def inject(soak: Soak, fault: Fault, rng: random.Random) -> None:
     elif kind == "resnapshot":
         # The connector's offsets lost while writes go on: it snapshots again, and the
         # rows changed or deleted meanwhile must come out right.
-        soak.connect.stop_connector(soak.connect.connector.name)
+        connector = soak.connect.connector
+        soak.connect.stop_connector(connector.name)
         time.sleep(rng.uniform(2, 6))
-        soak.connect.reset_offsets(soak.connect.connector.name)
+        soak.connect.reset_offsets(connector.name)
+        if connector.snapshot_mode == "recovery":
+            # `recovery` rebuilds a history at an offset and refuses to start without one
+            # ("Could not find existing redo log information"): README, the runbook's 5.
+            connector = replace(connector, snapshot_mode="initial")
+            soak.connect.reconfigure(connector, running=False)
+            soak.connect.connector = connector
         fault.detail = (f"offsets reset; snapshot done and streaming "
-                        f"{soak.connect.resume_connector(soak.connect.connector):.1f}s later")
+                        f"{soak.connect.resume_connector(connector):.1f}s later")
     else:
         raise ValueError(f"unknown fault {kind}")
 
@@ -1169,7 +1176,7 @@ def soak(minutes: float, seed: int, tables: int, kinds: list[str], repeats: int,
             log(f"fault {fault.kind}")
             try:
                 inject(stack, fault, rng)
-            except Exception as e:  # noqa: BLE001 - recorded; the checks decide
+            except Exception as e:
                 fault.detail = f"injection failed: {type(e).__name__}: {e}"
             fault.ended = time.time()
             log(f"  {fault.detail} ({fault.ended - fault.began:.1f}s)")
@@ -1233,7 +1240,7 @@ def soak(minutes: float, seed: int, tables: int, kinds: list[str], repeats: int,
         report["faults_not_visible_in_dagster"] = [
             f"{i} {f.kind}" for i, f in enumerate(faults)
             if not f.skipped and not seen_by(vars(f))]
-    except Exception:  # noqa: BLE001 - the report says where it stopped
+    except Exception:
         report["error"] = traceback.format_exc()
         log(report["error"])
     finally:
