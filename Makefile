@@ -51,7 +51,7 @@ $(DAGSTER_HOME)/dagster.yaml: setup/dagster.yaml
 demo: setup
 	$(PY) -m binlog_assets.dev.demo
 
-## The test suite: ruff first, then unit + integration on the real broker, Spark/Delta,
+## The test suite: ruff and the rooms' import order first, then unit + integration on the real broker, Spark/Delta,
 ## MariaDB and Debezium.
 ## Three workers (TEST_WORKERS) on the 2 cores, each with its own stack: while one waits
 ## on a broker, a child process or a Spark job, the others run (docs/testing.md). A file
@@ -59,6 +59,7 @@ demo: setup
 TEST_WORKERS ?= 3
 test: setup registry
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/lint-imports
 	$(PY) -m pytest -q -m "not long" -n $(TEST_WORKERS) --dist loadfile --durations=20
 
 ## The long variants: the daemon-driven end-to-end pipeline (backfill + automation), the
@@ -111,6 +112,7 @@ dev: stack-up
 
 lint: setup
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/lint-imports
 
 ## The benchmarks (bench/README.md); each prints its ratio against a baseline of the same run.
 ## Spark's Kafka source is for the benches only (E3's anchor, bench/anchor_spark.py).

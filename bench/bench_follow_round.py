@@ -99,16 +99,17 @@ def instrument(t: Timings, rounds: list[int]) -> None:
 
     from binlog_assets.consume import backlog, commit, lag, run
     from binlog_assets.lakehouse.changelog import ChangelogWriter
-    from binlog_assets.orchestration import (
-        changelog_asset,
-        changelog_follower,
-        consume_runs,
-    )
+    from binlog_assets.orchestration import changelog_asset, changelog_follower
 
     try:
-        from binlog_assets.orchestration import round_commit
-    except ImportError:  # a checkout before rounds committed together
-        round_commit = None
+        from binlog_assets.rounds import plan as consume_runs
+        from binlog_assets.rounds import round_commit
+    except ImportError:  # a checkout before the consume round had its room
+        from binlog_assets.orchestration import consume_runs
+        try:
+            from binlog_assets.orchestration import round_commit
+        except ImportError:  # before rounds committed together
+            round_commit = None
 
     t.wrap(lag, "measure_lag", "lag: follower (due, after)")
     t.wrap(backlog, "measure_lag", "lag: worker decision")

@@ -63,7 +63,7 @@ def topic(i: int) -> str:
     return f"{DB}.{DB}.t{i}"
 
 
-def create_tables(conn, tables: int) -> None:  # noqa: ANN001 - a pymysql connection
+def create_tables(conn, tables: int) -> None:
     with conn.cursor() as cur:
         cur.execute(f"CREATE DATABASE {DB}")
         for i in range(tables):

@@ -36,7 +36,8 @@ _RUN = """
 import json, sys, time
 from binlog_assets.config import parse_config
 from binlog_assets.consume.handlers import HandlerRegistry
-from binlog_assets.orchestration.consume_runs import ChangelogRunConfig, consume_partitions
+from binlog_assets.orchestration.changelog_run_config import ChangelogRunConfig
+from binlog_assets.rounds.plan import consume_partitions
 pipeline = parse_config(json.loads(sys.argv[1]))
 keys = sys.argv[2].split(",")
 began = time.perf_counter()

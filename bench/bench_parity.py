@@ -102,7 +102,7 @@ def build_replica(server: MariaDBServer, uri: str) -> int:
     return written
 
 
-def catch_up(server: MariaDBServer, pipeline, broker: KafkaBroker) -> None:  # noqa: ANN001
+def catch_up(server: MariaDBServer, pipeline, broker: KafkaBroker) -> None:
     """A changelog commit at the binlog's current end, as a caught-up pipeline leaves it,
     and the one Kafka record it consumed."""
     with server.connect() as conn, conn.cursor() as cur:

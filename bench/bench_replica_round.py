@@ -45,9 +45,9 @@ from binlog_assets.environment import REPO_ROOT
 from binlog_assets.orchestration.resources import BinlakeResource
 
 sys.path.insert(0, str(REPO_ROOT / "tests" / "lakehouse"))
-from lake_events import Partition, Source, row  # noqa: E402
+from lake_events import Partition, Source, row
 
-from binlog_assets.lakehouse.changelog import ChangelogWriter  # noqa: E402
+from binlog_assets.lakehouse.changelog import ChangelogWriter
 
 
 class Round:

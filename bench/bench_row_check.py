@@ -98,7 +98,7 @@ def main() -> None:
         shutil.rmtree(lake, ignore_errors=True)
 
 
-def _replica_side(pipeline, work, counter, args) -> None:  # noqa: ANN001
+def _replica_side(pipeline, work, counter, args) -> None:
     """A follower's check after each apply: both counts, timed apart."""
     from binlog_assets.lakehouse.replica.builder import ReplicaBuilder
     from binlog_assets.lakehouse.spark import get_spark

@@ -26,8 +26,9 @@ from binlog_assets.lakehouse.replica.builder import ReplicaBuilder
 from binlog_assets.lakehouse.replica.plan import replicas_touched
 from binlog_assets.lakehouse.replica.routes import replica_routes
 from binlog_assets.lakehouse.spark import get_spark
-from binlog_assets.orchestration.consume_runs import ChangelogRunConfig, consume_partitions
+from binlog_assets.orchestration.changelog_run_config import ChangelogRunConfig
 from binlog_assets.orchestration.replica_follower import follow
+from binlog_assets.rounds.plan import consume_partitions
 
 FOLLOW_POLL = 0.5  # seconds between the follower's looks at the changelog's version
 DEADLINE = 1800.0  # seconds: a follower that never catches up fails the bench
@@ -74,7 +75,7 @@ def binlake_following(pipeline: PipelineConfig, keys: list[str], expected: dict[
         try:
             consumed["outcomes"] = consume_partitions(pipeline, dict(pipeline.kafka), keys,
                                                       ChangelogRunConfig(), group=group)
-        except BaseException as error:  # noqa: BLE001 - re-raised by the main thread
+        except BaseException as error:
             consumed["error"] = error
         finally:
             consumed["at"], consumed["busy"] = time.perf_counter(), busy_seconds()

@@ -12,8 +12,13 @@
 
 import dagster as dg
 
-from binlog_assets.orchestration.consume_runs import CHANGELOG_RUN_CONFIG_SCAFFOLD
-from binlog_assets.orchestration.shared import CONSUME_JOB_NAME, DBT_JOB_NAME, ONE_PROCESS
+from binlog_assets.orchestration.changelog_run_config import CHANGELOG_RUN_CONFIG_SCAFFOLD
+from binlog_assets.orchestration.shared import (
+    BUILD_JOB_NAME,
+    CONSUME_JOB_NAME,
+    DBT_JOB_NAME,
+    ONE_PROCESS,
+)
 
 REPLICAS = dg.AssetSelection.key_prefixes("replica")
 # The dbt models (their own code location: the replicas they read are another's).
@@ -30,7 +35,7 @@ consume_changelog_job = dg.define_asset_job(
 )
 
 build_replicas_job = dg.define_asset_job(
-    name="build_replicas_job",
+    name=BUILD_JOB_NAME,
     selection=REPLICAS,
     description="Apply new changelog data to every replica (or rebuild them: run config).",
     executor_def=ONE_PROCESS,

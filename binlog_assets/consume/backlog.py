@@ -1,7 +1,7 @@
 """How many worker processes a run over several partitions uses: by its backlog.
 
 A run decodes in one interpreter; only a backlog of at least `backlog_records` records
-is worth the start of other processes (`orchestration/consume_workers.py` runs them).
+is worth the start of other processes (`rounds/workers.py` runs them).
 The rule sits beside the lag it reads, under the run that asks it, with the config's
 values already resolved into it.
 """

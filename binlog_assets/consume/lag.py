@@ -86,7 +86,7 @@ def lags_of(lags: Iterable[PartitionLag], topics: Iterable[str]) -> list[Partiti
     return [pl for pl in lags if any(topic_named(pl.topic, e) for e in entries)]
 
 
-def lag_consumer(kafka_conf: dict, group_id: str, error_cb: Any = None) -> Consumer:  # noqa: ANN401
+def lag_consumer(kafka_conf: dict, group_id: str, error_cb: Any = None) -> Consumer:
     """A consumer that only asks the cluster for offsets (never subscribes nor commits);
     `error_cb` gets librdkafka's client errors (served by `poll(0)`, which, the consumer
     having no assignment, returns no record)."""

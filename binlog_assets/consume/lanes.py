@@ -394,7 +394,7 @@ class LaneDispatcher:
         parked = False
         rest: list = []  # entries not run when the lane gave its worker up
         # A lane keeps its worker for one time slice while other lanes wait: slow handlers
-        # then take turns, and a long lane no longer holds the run's tail on one thread.
+        # then take turns, and a long lane does not hold the run's tail on one thread.
         began = monotonic()
         deadline = began + _SLICE_SECONDS
         finished = len(done)

@@ -100,7 +100,7 @@ class CodeWatch(threading.Thread):
             try:
                 for endpoint in self.endpoints():
                     self.check(endpoint)
-            except Exception as e:  # noqa: BLE001 - a watch that ends watches nothing
+            except Exception as e:
                 # The endpoints come from a file `dagster dev` rewrites and removes.
                 self.log(f"code watch: {type(e).__name__}: {e}; trying again")
 
@@ -115,7 +115,7 @@ class CodeWatch(threading.Thread):
         answered."""
         try:
             endpoint.client().ping("binlake-code-watch")
-        except Exception as e:  # noqa: BLE001 - any failure to answer counts
+        except Exception as e:
             self._since.setdefault(endpoint, time.monotonic())
             missed = self._missed.get(endpoint, 0) + 1
             self._missed[endpoint] = missed
@@ -133,7 +133,7 @@ class CodeWatch(threading.Thread):
         record = {"location": endpoint.location, "at": time.time(), "cause": cause}
         try:
             endpoint.client().reload_code(timeout=RELOAD_TIMEOUT)
-        except Exception as e:  # noqa: BLE001 - see below
+        except Exception as e:
             # The proxy starts the new child before it shuts the old one down, and
             # shutting a dead child down fails the call: whether the location answers
             # afterwards is what tells.
@@ -141,7 +141,7 @@ class CodeWatch(threading.Thread):
         try:
             endpoint.client().ping("binlake-code-watch")
             record["reloaded"] = True
-        except Exception:  # noqa: BLE001 - the next pings try again
+        except Exception:
             record["reloaded"] = False
         self.log(f"code location {endpoint.location} "
                  + ("answers again" if record["reloaded"] else

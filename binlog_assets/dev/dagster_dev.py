@@ -79,7 +79,7 @@ def terminate_runs(grace: float) -> None:
                 if instance.run_coordinator.cancel_run(run.run_id):
                     continue
                 error = None
-            except Exception as e:  # noqa: BLE001 - the run's own process is asked next
+            except Exception as e:
                 error = e
             # The code server that launched the run is gone (killed, or ended when its
             # heartbeats stopped): its run process is interrupted as that server would.

@@ -150,7 +150,7 @@ class PostgresServer(LocalDaemon):
                 try:
                     self.connect().close()
                     return
-                except Exception:  # noqa: BLE001 - starting up; retried until the deadline
+                except Exception:
                     pass
             time.sleep(0.1)
         raise TimeoutError(f"postgres on 127.0.0.1:{self.port} not ready in {timeout}s")

@@ -81,7 +81,6 @@ _MYSQL_TYPE_NUMBERS = {
     11: "string", 19: "string",  # TIME stays text: it can be negative or exceed 24 hours
     245: "json",
 }
-_DECIMAL_TYPE_NUMBERS = frozenset({0, 246})
 
 # Union branch -> canonical type, for non-MySQL sources and the blob family.
 _KIND_TYPES = {

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING
 
 from pyspark.sql import functions as F
 
+from binlog_assets.identifiers import col, qualified
 from binlog_assets.lakehouse.columns import change_identity, first_per_group, free_name
 from binlog_assets.lakehouse.delta_log import (
     NewTable,
@@ -35,7 +36,6 @@ from binlog_assets.lakehouse.delta_log import (
     metrics_since,
     table_version,
 )
-from binlog_assets.lakehouse.identifiers import col, qualified
 from binlog_assets.lakehouse.transactions import APP_ID
 
 if TYPE_CHECKING:

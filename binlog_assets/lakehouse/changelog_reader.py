@@ -12,6 +12,7 @@ import threading
 from typing import TYPE_CHECKING, NamedTuple
 
 from binlog_assets.config import PipelineConfig
+from binlog_assets.identifiers import qualified
 from binlog_assets.lakehouse.changelog import (
     changelog_name,
     changelog_uri,
@@ -32,7 +33,6 @@ from binlog_assets.lakehouse.delta_log import (
     table_exists,
     table_location,
 )
-from binlog_assets.lakehouse.identifiers import qualified
 
 if TYPE_CHECKING:
     from collections.abc import Callable

@@ -15,7 +15,7 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from binlog_assets.formats.event import FIRST_LINEAGE
-from binlog_assets.lakehouse.identifiers import col
+from binlog_assets.identifiers import col
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from binlog_assets.formats.event import OP_TRUNCATE
-from binlog_assets.lakehouse.identifiers import col, qualified, quote
+from binlog_assets.identifiers import col, qualified, quote
 
 if TYPE_CHECKING:
     from collections.abc import Iterator

@@ -26,6 +26,7 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from binlog_assets.formats.event import OP_DELETE, OP_TRUNCATE
+from binlog_assets.identifiers import col, qualified
 from binlog_assets.lakehouse.columns import (
     POSITION_TYPE,
     change_identity,
@@ -35,7 +36,6 @@ from binlog_assets.lakehouse.columns import (
     key_match,
 )
 from binlog_assets.lakehouse.delta_log import merge_aliases
-from binlog_assets.lakehouse.identifiers import col, qualified
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession

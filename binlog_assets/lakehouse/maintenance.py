@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING
 
 from binlog_assets.config import PipelineConfig
 from binlog_assets.formats.event import OP_DELETE
+from binlog_assets.identifiers import qualified, quote
 from binlog_assets.lakehouse.changelog import changelog_uri
 from binlog_assets.lakehouse.changelog_rows import commit_metadata
 from binlog_assets.lakehouse.delta_log import (
@@ -34,7 +35,6 @@ from binlog_assets.lakehouse.delta_log import (
     table_location,
     table_version,
 )
-from binlog_assets.lakehouse.identifiers import qualified, quote
 from binlog_assets.lakehouse.replica.plan import KEY_PROPERTY
 
 if TYPE_CHECKING:

@@ -15,6 +15,7 @@ from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING
 
 from binlog_assets.config import PipelineConfig
+from binlog_assets.identifiers import qualified
 from binlog_assets.lakehouse.changelog import (
     TABLE_PROPERTIES,
     changelog_name,
@@ -22,7 +23,6 @@ from binlog_assets.lakehouse.changelog import (
 )
 from binlog_assets.lakehouse.changelog_rows import commit_metadata
 from binlog_assets.lakehouse.delta_log import delta_rs_uri, table_detail, table_exists, txn_version
-from binlog_assets.lakehouse.identifiers import qualified
 from binlog_assets.lakehouse.maintenance import live_files
 from binlog_assets.lakehouse.replica.plan import APPEND_ONLY, recorded_rule
 from binlog_assets.lakehouse.replica.routes import replica_routes

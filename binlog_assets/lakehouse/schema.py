@@ -25,8 +25,8 @@ from typing import TYPE_CHECKING
 from pyspark.sql import types as T
 
 from binlog_assets.config import SchemaEvolution
+from binlog_assets.identifiers import check_columns, qualified, quote
 from binlog_assets.lakehouse.delta_log import add_columns
-from binlog_assets.lakehouse.identifiers import check_columns, qualified, quote
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession

@@ -195,7 +195,7 @@ def session_lost(session: SparkSession) -> bool:
         return False
     try:
         session.sql("SELECT 1").collect()
-    except Exception:  # noqa: BLE001 - any failure of the probe is the answer
+    except Exception:
         return True
     return False
 

@@ -72,7 +72,7 @@ def _error_line(exc: BaseException) -> str:
     details = getattr(exc, "details", None)
     try:
         named = f"{code().name}: {details()}" if callable(code) and callable(details) else ""
-    except Exception:  # noqa: BLE001 - a line for the log, whatever the error holds
+    except Exception:
         named = ""
     text = named or f"{type(exc).__name__}: {exc}"
     return text.strip().splitlines()[0][:200] if text.strip() else type(exc).__name__

@@ -28,14 +28,7 @@ from binlog_assets.formats.event import (
     OP_TRUNCATE,
     OP_UPDATE,
 )
-from binlog_assets.orchestration.consume_runs import (
-    ChangelogRunConfig,
-    PartitionOutcome,
-    RunReport,
-    plan_run,
-    run_partitions,
-)
-from binlog_assets.orchestration.consume_workers import SinkTotals
+from binlog_assets.orchestration.changelog_run_config import ChangelogRunConfig
 from binlog_assets.orchestration.kafka_sources import source_observation
 from binlog_assets.orchestration.metadata_checkpoint import latest_metadata_checkpoint
 from binlog_assets.orchestration.partitions import (
@@ -46,6 +39,8 @@ from binlog_assets.orchestration.partitions import (
 from binlog_assets.orchestration.resources import BinlakeResource
 from binlog_assets.orchestration.shared import ASSET_GROUP
 from binlog_assets.orchestration.table_metadata import delta_row_count
+from binlog_assets.rounds.partition import PartitionOutcome, SinkTotals
+from binlog_assets.rounds.plan import RunReport, plan_run, run_partitions
 
 # Change events by op, as the metadata names them.
 OP_NAMES = {OP_CREATE: "inserts", OP_UPDATE: "updates", OP_DELETE: "deletes",

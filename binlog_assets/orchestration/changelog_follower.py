@@ -17,18 +17,14 @@ from collections.abc import Callable, Iterator, Sequence
 import dagster as dg
 from pydantic import Field
 
+from binlog_assets.consume import lag, preflight
+from binlog_assets.consume.lag import PartitionLag, Unreachable, waited_for_kafka
 from binlog_assets.lakehouse.changelog import (
     ChangelogWriter,
     changelog_uri,
 )
 from binlog_assets.orchestration.changelog_asset import report_outcomes
-from binlog_assets.orchestration.consume_runs import (
-    ChangelogRunConfig,
-    PartitionOutcome,
-    RunReport,
-    plan_run,
-    run_partitions,
-)
+from binlog_assets.orchestration.changelog_run_config import ChangelogRunConfig
 from binlog_assets.orchestration.lost_runs import unfinished_runs
 from binlog_assets.orchestration.metadata_checkpoint import latest_metadata_checkpoints
 from binlog_assets.orchestration.partitions import KAFKA_PARTITIONS_NAME, partition_key
@@ -40,13 +36,16 @@ from binlog_assets.orchestration.sensors import (
 from binlog_assets.orchestration.shared import (
     CHANGELOG_FOLLOW_JOB_NAME,
     EVERY_DAEMON_PASS,
+    FOLLOW_RETRY_SECONDS,
+    FOLLOW_RUN_SECONDS,
     UNFINISHED,
 )
 from binlog_assets.orchestration.table_metadata import delta_row_count
+from binlog_assets.rounds.partition import PartitionOutcome
+from binlog_assets.rounds.plan import RunReport, plan_run, run_partitions
 
 # A partition whose bounded run failed (a broker away, a stopped partition) is tried
-# again after this long, not at every poll: each attempt logs its error.
-RETRY_SECONDS = 30.0
+# again after FOLLOW_RETRY_SECONDS, not at every poll: each attempt logs its error.
 # The changelog's row count is read from its whole Delta log (every file's statistics):
 # a follower does that at most this often, not at every round.
 ROW_COUNT_SECONDS = 30.0
@@ -96,7 +95,7 @@ class RowCount:
 def follow_partitions(due: Callable[[], Sequence[str]],
                       consume: Callable[[list[str]], list[PartitionOutcome]], *,
                       poll: float, stop: Callable[[], bool],
-                      retry: float = RETRY_SECONDS,
+                      retry: float = FOLLOW_RETRY_SECONDS,
                       clock: Callable[[], float] = time.monotonic
                       ) -> Iterator[list[PartitionOutcome]]:
     """Bounded runs of the partitions `due()` names, until `stop()` says so; yields each
@@ -119,131 +118,141 @@ def follow_partitions(due: Callable[[], Sequence[str]],
             time.sleep(poll)
 
 
-@dg.op(name="follow_changelog", out={},
-       description="Consume every partition's new records into the changelog as they arrive.")
-def follow_changelog(context: dg.OpExecutionContext, config: ChangelogFollowConfig,
-                     binlake: BinlakeResource) -> Iterator[dg.DagsterEvent]:
-    from binlog_assets.consume.lag import (
-        PartitionLag,
-        Unreachable,
-        lag_consumer,
-        measure_lag,
-        waited_for_kafka,
-    )
-    from binlog_assets.consume.preflight import check_cluster
+class ChangelogFollower:
+    """One follower run's rounds: which partitions are due (`due`), their bounded runs
+    and reports (`consume`), and when to stop (`stop`). One consumer asks for the offsets
+    of every round and one changelog writer serves every round: a new one each poll would
+    cost a connection and its threads, or a table opened anew."""
 
-    pipeline = binlake.pipeline
-    seconds = config.seconds or pipeline.dagster.changelog_follow_seconds or 300.0
-    deadline = time.monotonic() + seconds
-    kafka_conf, group = binlake.kafka_conf(), binlake.group_id()
-    topics = [t for s in pipeline.sources for t in s.topics]
-    rule = DueRule(pipeline.dagster.lag_threshold, pipeline.dagster.max_staleness_seconds)
-    instance = context.instance
+    def __init__(self, context: dg.OpExecutionContext, binlake: BinlakeResource,
+                 seconds: float) -> None:
+        self.context, self.instance = context, context.instance
+        self.pipeline = pipeline = binlake.pipeline
+        self.deadline = time.monotonic() + seconds
+        self.kafka_conf, self.group = binlake.kafka_conf(), binlake.group_id()
+        self.topics = [t for s in pipeline.sources for t in s.topics]
+        self.rule = DueRule(pipeline.dagster.lag_threshold,
+                            pipeline.dagster.max_staleness_seconds)
+        self.lags: dict[str, int] = {}  # each partition's lag at the start of the round
+        self.row_count = RowCount(lambda: delta_row_count(changelog_uri(pipeline)))
+        self.writer = ChangelogWriter(pipeline)
+        preflight.check_cluster(self.kafka_conf)
+        self.unreachable = Unreachable()
+        self.offsets = lag.lag_consumer(self.kafka_conf, self.group, error_cb=self.unreachable)
 
-    def stop() -> bool:
-        if time.monotonic() >= deadline:
+    def close(self) -> None:
+        self.offsets.close()
+
+    def stop(self) -> bool:
+        if time.monotonic() >= self.deadline:
             return True
-        backfill = changelog_backfill_in_progress(instance)
+        backfill = changelog_backfill_in_progress(self.instance)
         if backfill is not None:
-            context.log.info(f"backfill {backfill} of the changelog runs: handing the "
-                             f"partitions over to it")
+            self.context.log.info(f"backfill {backfill} of the changelog runs: handing the "
+                                  f"partitions over to it")
             return True
         return False
 
-    def measure() -> list[PartitionLag]:
+    def measure(self) -> list[PartitionLag]:
         # A broker restarting or frozen holds this call (librdkafka waits for it up to
         # its timeouts) and the follower with it: a long wait is logged, not silent.
         began, answered = time.monotonic(), False
         try:
-            lags = measure_lag(kafka_conf, group, topics, check=False, consumer=offsets)
+            lags = lag.measure_lag(self.kafka_conf, self.group, self.topics, check=False,
+                                   consumer=self.offsets)
             answered = True
             return lags
         finally:
-            what = f"the lag measurement of {len(topics)} topics"
-            line = waited_for_kafka(kafka_conf, what, time.monotonic() - began,
+            what = f"the lag measurement of {len(self.topics)} topics"
+            line = waited_for_kafka(self.kafka_conf, what, time.monotonic() - began,
                                     answered=answered)
             if line is not None:
-                unreachable.errors.clear()  # this line names the wait already
-                context.log.warning(line)
+                self.unreachable.errors.clear()  # this line names the wait already
+                self.context.log.warning(line)
             else:
-                warn_unreachable(what, time.monotonic() - began)
+                self.warn_unreachable(what, time.monotonic() - began)
 
-    lags: dict[str, int] = {}  # each partition's lag at the start of the round
+    def due(self) -> list[str]:
+        known = self.instance.get_dynamic_partitions(KAFKA_PARTITIONS_NAME)
+        held = held_partitions(self.instance, known)
+        self.lags = {partition_key(pl.topic, pl.partition): pl.lag for pl in self.measure()}
+        lags = {k: self.lags[k] for k in known if k in self.lags}
+        return [k for k in self.rule.due(lags, time.time()) if k not in held]
 
-    def due() -> list[str]:
-        known = instance.get_dynamic_partitions(KAFKA_PARTITIONS_NAME)
-        held = held_partitions(instance, known)
-        lags.clear()
-        lags.update((partition_key(pl.topic, pl.partition), pl.lag) for pl in measure())
-        return [k for k in rule.due({k: lags[k] for k in known if k in lags}, time.time())
-                if k not in held]
-
-    row_count = RowCount(lambda: delta_row_count(changelog_uri(pipeline)))
-    # One writer for every round: its table is brought up to date, not opened anew.
-    writer = ChangelogWriter(pipeline)
-
-    def report(run: RunReport, outcomes: list[PartitionOutcome]) -> None:
+    def report(self, run: RunReport, outcomes: list[PartitionOutcome]) -> None:
         # The lag at the end is measured once the round is over, for every source at
         # once, through the consumer kept open.
-        report_outcomes(context, run, outcomes, final=False, lags_at_end=measure(),
-                        row_count=lambda: row_count.after(outcomes), one_line=True)
+        report_outcomes(self.context, run, outcomes, final=False, lags_at_end=self.measure(),
+                        row_count=lambda: self.row_count.after(outcomes), one_line=True)
 
-    def warn_unreachable(what: str, seconds: float) -> None:
+    def warn_unreachable(self, what: str, seconds: float) -> None:
         # The lag consumer's connection errors (a broker restarting closes its
         # connections and refuses new ones) are served by a poll; the round or the
         # measurement that saw them waited for the broker, however it ended.
-        offsets.poll(0)
-        line = unreachable.warning(kafka_conf, what, seconds)
+        self.offsets.poll(0)
+        line = self.unreachable.warning(self.kafka_conf, what, seconds)
         if line is not None:
-            context.log.warning(line)
+            self.context.log.warning(line)
 
-    def consume(keys: list[str]) -> list[PartitionOutcome]:
+    def consume(self, keys: list[str]) -> list[PartitionOutcome]:
         began = time.monotonic()
-        plan = plan_run(pipeline, kafka_conf, keys, ChangelogRunConfig(), group=group,
-                        writer=writer)
+        plan = plan_run(self.pipeline, self.kafka_conf, keys, ChangelogRunConfig(),
+                        group=self.group, writer=self.writer)
         # Every partition's latest materialization at once, not a query each.
-        recorded = latest_metadata_checkpoints(instance, keys)
+        recorded = latest_metadata_checkpoints(self.instance, keys)
         outcomes = run_partitions(
             plan,
             metadata_checkpoint=recorded.get,
             # Terminated mid-round: what its partitions committed is still recorded.
-            on_interrupt=lambda stopped: report(plan.report, stopped),
+            on_interrupt=lambda stopped: self.report(plan.report, stopped),
             # due() has just measured them: the worker processes' rule needs no other.
-            lags={k: lags.get(k, 0) for k in keys},
+            lags={k: self.lags.get(k, 0) for k in keys},
             # One changelog commit and one Kafka commit for the round's partitions.
             together=True)
-        report(plan.report, outcomes)
-        warn_unreachable(f"a round of {len(keys)} partitions", time.monotonic() - began)
+        self.report(plan.report, outcomes)
+        self.warn_unreachable(f"a round of {len(keys)} partitions", time.monotonic() - began)
         return outcomes
 
-    failing: dict[str, BaseException] = {}
-    check_cluster(kafka_conf)
-    # One consumer asks for the offsets of every round: a new one each poll would cost
-    # a connection and its threads.
-    unreachable = Unreachable()
-    offsets = lag_consumer(kafka_conf, group, error_cb=unreachable)
-    try:
-        for outcomes in follow_partitions(due, consume, stop=stop,
-                                          poll=pipeline.dagster.changelog_poll_seconds):
-            for outcome in outcomes:
-                if outcome.error is None:
-                    failing.pop(outcome.key, None)
-                else:
-                    failing[outcome.key] = outcome.error
-                    context.log.warning(f"{outcome.key}: tried again in "
-                                        f"{RETRY_SECONDS:.0f} s; the other partitions go on")
-            # The round's materializations are in the event log since it logged them;
-            # the op keeps each one until it yields, so it yields them every round: a
-            # run of 10 minutes kept every one of its rounds' events before.
-            yield from context.consume_events()
-    finally:
-        offsets.close()
+
+def note_failures(log: dg.DagsterLogManager, outcomes: Sequence[PartitionOutcome],
+                  failing: dict[str, BaseException]) -> None:
+    """Keep `failing` to the partitions whose last attempt failed, each logged."""
+    for outcome in outcomes:
+        if outcome.error is None:
+            failing.pop(outcome.key, None)
+        else:
+            failing[outcome.key] = outcome.error
+            log.warning(f"{outcome.key}: tried again in {FOLLOW_RETRY_SECONDS:.0f} s; the "
+                        f"other partitions go on")
+
+
+def raise_failures(failing: dict[str, BaseException]) -> None:
     if failing:
         first = next(iter(failing.values()))
         raise RuntimeError(
             f"{len(failing)} partitions failed their last attempt: "
             + "; ".join(f"{key}: {error}" for key, error in sorted(failing.items()))
         ) from first
+
+
+@dg.op(name="follow_changelog", out={},
+       description="Consume every partition's new records into the changelog as they arrive.")
+def follow_changelog(context: dg.OpExecutionContext, config: ChangelogFollowConfig,
+                     binlake: BinlakeResource) -> Iterator[dg.DagsterEvent]:
+    dagster = binlake.pipeline.dagster
+    follower = ChangelogFollower(
+        context, binlake, config.seconds or dagster.changelog_follow_seconds or FOLLOW_RUN_SECONDS)
+    failing: dict[str, BaseException] = {}
+    try:
+        for outcomes in follow_partitions(follower.due, follower.consume, stop=follower.stop,
+                                          poll=dagster.changelog_poll_seconds):
+            note_failures(context.log, outcomes, failing)
+            # The round's materializations are in the event log since it logged them;
+            # the op keeps each one until it yields, so it yields them every round.
+            yield from context.consume_events()
+    finally:
+        follower.close()
+    raise_failures(failing)
 
 
 @dg.job(name=CHANGELOG_FOLLOW_JOB_NAME, executor_def=dg.in_process_executor,

@@ -17,10 +17,10 @@ from pydantic import Field
 from binlog_assets.config import PipelineConfig
 from binlog_assets.orchestration.replica_reports import replica_key, replica_names
 from binlog_assets.orchestration.resources import BinlakeResource
+from binlog_assets.orchestration.shared import BUILD_JOB_NAME
 
 PARITY_CHECK = "parity"
 PARITY_JOB_NAME = "parity_check_job"
-_BUILD_JOB_NAME = "build_replicas_job"
 
 
 class ParityRunConfig(dg.Config):
@@ -148,7 +148,7 @@ def build_parity_checks(pipeline: PipelineConfig) -> list[dg.AssetChecksDefiniti
 def _builds_replicas(context: dg.AssetCheckExecutionContext) -> bool:
     op = context.op_execution_context
     selection = op.run.asset_selection or set()
-    return op.job_name == _BUILD_JOB_NAME or any(
+    return op.job_name == BUILD_JOB_NAME or any(
         k.path[0] == "replica" for k in selection)
 
 

@@ -1,7 +1,5 @@
-"""Kafka topic-partitions as Dagster dynamic partitions.
-
-A partition key is `topic:partition`. Kafka topic names cannot contain a colon, so the
-key splits back unambiguously. The discovery sensor adds keys as topics or partitions
+"""Kafka topic-partitions as Dagster dynamic partitions, keyed `topic:partition`
+(`rounds/keys.py`). The discovery sensor adds keys as topics or partitions
 appear; nothing is ever removed automatically (a deleted topic's history stays visible).
 """
 
@@ -9,18 +7,13 @@ from __future__ import annotations
 
 import dagster as dg
 
+from binlog_assets.rounds.keys import parse_partition_key, partition_key
+
 KAFKA_PARTITIONS_NAME = "kafka_topic_partitions"
 kafka_partitions_def = dg.DynamicPartitionsDefinition(name=KAFKA_PARTITIONS_NAME)
 # The asset these partitions belong to (the sensors and the asset module both name it).
 CHANGELOG_ASSET_KEY = dg.AssetKey("changelog")
 
 
-def partition_key(topic: str, partition: int) -> str:
-    return f"{topic}:{partition}"
-
-
-def parse_partition_key(key: str) -> tuple[str, int]:
-    topic, sep, partition = key.rpartition(":")
-    if not sep or not topic or not partition.isdigit():
-        raise ValueError(f"partition key {key!r} is not of the form 'topic:partition'")
-    return topic, int(partition)
+__all__ = ["CHANGELOG_ASSET_KEY", "KAFKA_PARTITIONS_NAME", "kafka_partitions_def",
+           "parse_partition_key", "partition_key"]

@@ -42,7 +42,13 @@ from binlog_assets.orchestration.replica_reports import (
 )
 from binlog_assets.orchestration.replica_versions import InSync
 from binlog_assets.orchestration.resources import BinlakeResource
-from binlog_assets.orchestration.shared import EVERY_DAEMON_PASS, SPARK_POOL, UNFINISHED
+from binlog_assets.orchestration.shared import (
+    EVERY_DAEMON_PASS,
+    FOLLOW_RETRY_SECONDS,
+    FOLLOW_RUN_SECONDS,
+    SPARK_POOL,
+    UNFINISHED,
+)
 
 if TYPE_CHECKING:
     from binlog_assets.config import PipelineConfig
@@ -57,7 +63,6 @@ T = TypeVar("T")
 STALE_VERSIONS = 1000
 # A replica whose apply failed (Spark Connect restarting, a table locked) is applied
 # again after this long, not at every poll: each failure logs an error.
-RETRY_SECONDS = 30.0
 
 
 # A changed replica's row-count check runs at most this often per replica (a count of
@@ -86,7 +91,7 @@ class FollowConfig(dg.Config):
 def follow(apply: Callable[[str, int], object], names: list[str],
            version: Callable[[], int], *, poll: float, stop: Callable[[], bool],
            touched: Callable[[int, int], set[str] | None] = lambda after, up_to: None,
-           workers: int = 1, stale: int = STALE_VERSIONS, retry: float = RETRY_SECONDS,
+           workers: int = 1, stale: int = STALE_VERSIONS, retry: float = FOLLOW_RETRY_SECONDS,
            rounds: bool = False, waiting: Callable[[], None] | None = None
            ) -> Iterator[tuple[str | None, object]]:
     """Apply each new changelog version to the replicas it touches until `stop()` says
@@ -182,39 +187,63 @@ def pool_wanted(instance: dg.DagsterInstance, own_run_id: str) -> bool:
                for run in queued if run.run_id != own_run_id)
 
 
-@dg.op(name="follow_replicas", pool=SPARK_POOL, out={},
-       description="Apply each new changelog version to the replicas as it lands.")
-def follow_replicas(context: dg.OpExecutionContext, config: FollowConfig,
-                    binlake: BinlakeResource) -> Iterator:
-    from binlog_assets.lakehouse.changelog_reader import SourceClock, changelog_version
-    from binlog_assets.lakehouse.delta_log import log_scope
-    from binlog_assets.lakehouse.replica.builder import ReplicaBuilder
-    from binlog_assets.lakehouse.replica.plan import replicas_touched
-    from binlog_assets.lakehouse.replica.routes import replica_routes
-    from binlog_assets.lakehouse.spark import session_lost
-    from binlog_assets.lakehouse.spark_waits import SPARK_WAITS
+class ReplicaFollower:
+    """One follower run's replicas: each applied as the changelog lands (`apply`, by a
+    builder per replica applied at once, as a replica build has), its materialization
+    and checks reported (`take`), and the run's end (`finish`)."""
 
-    pipeline = binlake.pipeline
-    seconds = config.seconds or pipeline.dagster.replica_follow_seconds or 300.0
-    names = replica_names(pipeline)
-    # A builder (a Spark session) per replica applied at once, as a replica build has.
-    builders = Builders(lambda: ReplicaBuilder(binlake.spark(), pipeline),
-                        max(1, min(len(names), pipeline.spark.parallel_replicas)),
-                        session_lost)
-    deadline = time.monotonic() + seconds
-    routes = {name: route for name, route in replica_routes(pipeline).items()
-              if name in names}
+    def __init__(self, context: dg.OpExecutionContext, config: FollowConfig,
+                 binlake: BinlakeResource) -> None:
+        # Spark and the replica modules load with the first follower, not the location.
+        from binlog_assets.lakehouse.changelog_reader import SourceClock
+        from binlog_assets.lakehouse.replica.builder import ReplicaBuilder
+        from binlog_assets.lakehouse.replica.routes import replica_routes
+        from binlog_assets.lakehouse.spark import session_lost
 
-    def stop() -> bool:
-        if time.monotonic() >= deadline:
+        self.context = context
+        self.pipeline = pipeline = binlake.pipeline
+        seconds = config.seconds or pipeline.dagster.replica_follow_seconds or FOLLOW_RUN_SECONDS
+        self.deadline = time.monotonic() + seconds
+        self.names = replica_names(pipeline)
+        self.builders = Builders(lambda: ReplicaBuilder(binlake.spark(), pipeline),
+                                 max(1, min(len(self.names), pipeline.spark.parallel_replicas)),
+                                 session_lost)
+        self.routes = {name: route for name, route in replica_routes(pipeline).items()
+                       if name in self.names}
+        self.failed: dict[str, Exception] = {}  # replica -> its last apply's error
+        self.checks = _Checks(config.check_seconds, _row_count_evaluator(self.builders,
+                                                                         pipeline))
+        self.delays = _Delays(config.check_seconds)
+        self.sync = InSync(context.instance, config.sync_seconds)
+        self.clock = SourceClock(pipeline)
+        self.source_of = {t.replica: s.name for s in pipeline.sources for t in s.tables}
+        # A round's applies in one log line at its end: each line is an event write on
+        # this thread, ahead of the next replica's materialization.
+        self.applied: list[str] = []
+
+    def follow(self) -> Iterator[tuple[str | None, object]]:
+        from binlog_assets.lakehouse.changelog_reader import changelog_version
+        from binlog_assets.lakehouse.replica.plan import replicas_touched
+
+        pipeline = self.pipeline
+        return follow(self.apply, self.names, lambda: changelog_version(None, pipeline),
+                      poll=pipeline.dagster.replica_poll_seconds, stop=self.stop,
+                      touched=lambda after, up_to: replicas_touched(pipeline, self.routes,
+                                                                    after, up_to),
+                      workers=len(self.builders.all), rounds=True, waiting=self.log_waits)
+
+    def stop(self) -> bool:
+        if time.monotonic() >= self.deadline:
             return True
-        if pool_wanted(context.instance, context.run_id):
-            context.log.info("another run waits for the spark pool: handing it over")
+        if pool_wanted(self.context.instance, self.context.run_id):
+            self.context.log.info("another run waits for the spark pool: handing it over")
             return True
         return False
 
-    def apply(name: str, version: int) -> tuple:
-        def on(builder: "ReplicaBuilder") -> tuple:
+    def apply(self, name: str, version: int) -> tuple:
+        from binlog_assets.lakehouse.delta_log import log_scope
+
+        def with_builder(builder: "ReplicaBuilder") -> tuple:
             # One log scope for the apply and the columns read after it: the replica's
             # log, opened by the apply, is brought up to date instead of opened again.
             with log_scope():
@@ -224,88 +253,97 @@ def follow_replicas(context: dg.OpExecutionContext, config: FollowConfig,
                 columns = replica_table_metadata(builder, name) if changed(result) else {}
             return result, columns
 
-        return builders.run(on, f"replica {name}")
+        return self.builders.run(with_builder, f"replica {name}")
 
-    def log_waits() -> None:
+    def log_waits(self) -> None:
+        from binlog_assets.lakehouse.spark_waits import SPARK_WAITS
+
         for line in SPARK_WAITS.lines():
-            context.log.warning(line)
+            self.context.log.warning(line)
 
-    failed: dict[str, Exception] = {}  # replica -> its last apply's error
-    followed = follow(apply, names, lambda: changelog_version(None, pipeline),
-                      poll=pipeline.dagster.replica_poll_seconds, stop=stop,
-                      touched=lambda after, up_to: replicas_touched(pipeline, routes, after,
-                                                                    up_to),
-                      workers=len(builders.all), rounds=True, waiting=log_waits)
-    checks = _Checks(config.check_seconds, _row_count_evaluator(builders, pipeline))
-    delays = _Delays(config.check_seconds)
-    sync = InSync(context.instance, config.sync_seconds)
-    clock = SourceClock(pipeline)
-    source_of = {t.replica: s.name for s in pipeline.sources for t in s.tables}
-    # A round's applies in one log line at its end: each line is an event write on this
-    # thread, ahead of the next replica's materialization.
-    applied: list[str] = []
+    def log_applied(self) -> None:
+        if self.applied:
+            self.context.log.info("\n".join(self.applied))
+            self.applied.clear()
+        for line in self.builders.renewed():
+            self.context.log.warning(line)
+        self.log_waits()
 
-    def log_applied() -> None:
-        if applied:
-            context.log.info("\n".join(applied))
-            applied.clear()
-        for line in builders.renewed():
-            context.log.warning(line)
-        log_waits()
-
-    try:
-        for name, outcome in followed:
-            if name is None:  # a poll, every replica applied up to `outcome` but the failed
-                log_applied()
-                yield from delays.due(time.monotonic())
-                yield from checks.due(time.monotonic())
-                broken = set(failed)
-                times = clock.advance(outcome)
-                yield from sync.due([n for n in names if n not in broken], outcome,
-                                    time.monotonic(),
-                                    lambda name, times=times: times.get(source_of.get(name, "")))
-                continue
-            if isinstance(outcome, Exception):
-                failed[name] = outcome
-                context.log.error(f"replica {name}: {type(outcome).__name__}: "
-                                  f"{failure_line(outcome)}; tried again in "
-                                  f"{RETRY_SECONDS:.0f} s, the others go on following")
-                continue
-            failed.pop(name, None)
+    def take(self, name: str | None, outcome: object) -> Iterator:
+        """What one of `follow`'s outcomes reports: a poll (`name` None, every replica
+        applied up to `outcome` but the failed), a failed apply, or an applied one."""
+        if name is None:
+            yield from self._polled(outcome)
+        elif isinstance(outcome, Exception):
+            self.failed[name] = outcome
+            self.context.log.error(f"replica {name}: {type(outcome).__name__}: "
+                                   f"{failure_line(outcome)}; tried again in "
+                                   f"{FOLLOW_RETRY_SECONDS:.0f} s, the others go on following")
+        else:
+            self.failed.pop(name, None)
             result, columns = outcome
             if changed(result):
-                checks.applied(name, result.key_rule, result.applied_version)
-                applied.append(f"replica {name}: {result}")
-                if result.warning:
-                    context.log.warning(result.warning)
-                metadata = replica_metadata(result, None) | columns
-                tags, _ = sync.applied(name, result.applied_version, time.monotonic(),
-                                       metadata)
-                yield dg.AssetMaterialization(asset_key=replica_key(name), metadata=metadata,
-                                              tags=tags)
-                # Evaluated at each apply, so the UI shows it minutes before the run ends.
-                delay = source_delay_check(replica_key(name), result,
-                                           pipeline.dagster.replica_delay_alert_seconds,
-                                           time.time())
-                yield from delays.applied(name, dg.AssetCheckEvaluation(
-                    asset_key=delay.asset_key, check_name=delay.check_name,
-                    passed=delay.passed, severity=delay.severity, metadata=delay.metadata,
-                    description=delay.description), time.monotonic())
-                # Only this one: another's apply of this round may be in flight.
-                yield from checks.due(time.monotonic(), only=name)
-    except BaseException:
+                yield from self._applied(name, result, columns)
+
+    def _polled(self, version: object) -> Iterator:
+        self.log_applied()
+        yield from self.delays.due(time.monotonic())
+        yield from self.checks.due(time.monotonic())
+        broken = set(self.failed)
+        times = self.clock.advance(version)
+        yield from self.sync.due([n for n in self.names if n not in broken], version,
+                                 time.monotonic(),
+                                 lambda name: times.get(self.source_of.get(name, "")))
+
+    def _applied(self, name: str, result: "ReplicaResult", columns: dict) -> Iterator:
+        self.checks.applied(name, result.key_rule, result.applied_version)
+        self.applied.append(f"replica {name}: {result}")
+        if result.warning:
+            self.context.log.warning(result.warning)
+        metadata = replica_metadata(result, None) | columns
+        tags, _ = self.sync.applied(name, result.applied_version, time.monotonic(), metadata)
+        yield dg.AssetMaterialization(asset_key=replica_key(name), metadata=metadata,
+                                      tags=tags)
+        # Evaluated at each apply, so the UI shows it minutes before the run ends.
+        delay = source_delay_check(replica_key(name), result,
+                                   self.pipeline.dagster.replica_delay_alert_seconds,
+                                   time.time())
+        yield from self.delays.applied(name, dg.AssetCheckEvaluation(
+            asset_key=delay.asset_key, check_name=delay.check_name,
+            passed=delay.passed, severity=delay.severity, metadata=delay.metadata,
+            description=delay.description), time.monotonic())
+        # Only this one: another's apply of this round may be in flight.
+        yield from self.checks.due(time.monotonic(), only=name)
+
+    def interrupt(self) -> None:
         # Terminated: the applies in progress have their Spark jobs cancelled; each is one
         # Delta commit, so a replica is applied or as it was.
-        followed.close()
-        for builder in builders.all:
+        for builder in self.builders.all:
             builder.spark.interruptAll()
+
+    def finish(self) -> Iterator:
+        self.log_applied()
+        # Whatever is still due: every changed replica's last apply is checked.
+        yield from self.delays.due(None)
+        yield from self.checks.due(None)
+        if self.failed:
+            raise replicas_failed(list(self.failed.items()), len(self.names))
+
+
+@dg.op(name="follow_replicas", pool=SPARK_POOL, out={},
+       description="Apply each new changelog version to the replicas as it lands.")
+def follow_replicas(context: dg.OpExecutionContext, config: FollowConfig,
+                    binlake: BinlakeResource) -> Iterator:
+    follower = ReplicaFollower(context, config, binlake)
+    followed = follower.follow()
+    try:
+        for name, outcome in followed:
+            yield from follower.take(name, outcome)
+    except BaseException:
+        followed.close()
+        follower.interrupt()
         raise
-    log_applied()
-    # Whatever is still due: every changed replica's last apply is checked.
-    yield from delays.due(None)
-    yield from checks.due(None)
-    if failed:
-        raise replicas_failed(list(failed.items()), len(names))
+    yield from follower.finish()
 
 
 class _Delays:

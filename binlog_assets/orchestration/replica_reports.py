@@ -85,8 +85,8 @@ def counted_rows(builder: "ReplicaBuilder", name: str, key_rule: str | None) -> 
     from deltalake.exceptions import DeltaProtocolError
 
     from binlog_assets.formats.event import OP_DELETE, OP_TRUNCATE
+    from binlog_assets.identifiers import qualified
     from binlog_assets.lakehouse.delta_log import open_log, table_location
-    from binlog_assets.lakehouse.identifiers import qualified
     from binlog_assets.lakehouse.replica.plan import APPEND_ONLY
 
     if key_rule is None:

@@ -14,6 +14,11 @@ ASSET_GROUP = "binlake"
 CONSUME_JOB_NAME = "consume_changelog_job"
 CHANGELOG_FOLLOW_JOB_NAME = "follow_changelog_job"
 DBT_JOB_NAME = "dbt_build_job"
+BUILD_JOB_NAME = "build_replicas_job"
+# A follower run launched while its `dagster.*_follow_seconds` is 0 (followers off) lasts
+# this long; a replica or partition that failed in a follower is retried after RETRY.
+FOLLOW_RUN_SECONDS = 300.0
+FOLLOW_RETRY_SECONDS = 30.0
 DBT_FOLLOW_INTERVAL_SECONDS = 300
 # The tags by which Dagster runs a partitioned asset over a range of its partitions.
 RANGE_START_TAG = "dagster/asset_partition_range_start"

@@ -40,7 +40,7 @@ if TYPE_CHECKING:
     from binlog_assets.parity.chunks import Key, KeyRange
 
 
-class NotCheckable(Exception):  # noqa: N818 - a reason, not a failure of the check
+class NotCheckable(Exception):
     """The replica cannot be checked as configured; says why."""
 
 

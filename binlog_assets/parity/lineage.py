@@ -28,7 +28,7 @@ if TYPE_CHECKING:
     from binlog_assets.parity.source import BinlogPosition
 
 
-class WouldRaise(Exception):  # noqa: N818 - an answer, not a failure
+class WouldRaise(Exception):
     """The position starts a lineage the source has not raised."""
 
 

@@ -29,8 +29,8 @@ from binlog_assets.parity.chunks import (
 if TYPE_CHECKING:
     import pymysql
 
+    from binlog_assets.config.parity import SourceConnection
     from binlog_assets.lakehouse.replica.routes import ReplicaRoute
-    from binlog_assets.parity.settings import SourceConnection
 
 _BINLOG_INDEX = re.compile(r"\.(\d+)$")
 _SYSTEM_DATABASES = ("mysql", "information_schema", "performance_schema", "sys")

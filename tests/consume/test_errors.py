@@ -285,5 +285,5 @@ def test_close_interrupts_a_retry_backoff() -> None:
     time.sleep(0.05)
     began = time.monotonic()
     dispatcher.close()
-    assert time.monotonic() - began < 2
+    assert time.monotonic() - began < 5  # the backoff it interrupts is 10 s
     assert not dispatcher._threads[0].is_alive()

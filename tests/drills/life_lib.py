@@ -22,8 +22,9 @@ from binlog_assets.dev import shop
 from binlog_assets.dev.connect import DebeziumConnector, DebeziumFence, KafkaConnect
 from binlog_assets.dev.mariadb import FENCE_DATABASE, HEARTBEAT_DATABASE, MariaDBServer
 from binlog_assets.lakehouse.replica.builder import ReplicaBuilder
-from binlog_assets.orchestration.consume_runs import ChangelogRunConfig, consume_partition
+from binlog_assets.orchestration.changelog_run_config import ChangelogRunConfig
 from binlog_assets.orchestration.partitions import partition_key
+from binlog_assets.rounds.plan import consume_partition
 
 # A read-only account for the parity check, made on a primary before its replicas copy it.
 PARITY_USER, PARITY_PASSWORD = "binlake_parity", "parity-pw"

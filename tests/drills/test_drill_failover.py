@@ -100,7 +100,8 @@ def test_the_old_primary_still_writing_after_a_failover_stops_its_partition(
 ) -> None:
     from binlog_assets.consume.errors import PartitionStopped
     from binlog_assets.dev.connect import DebeziumConnector
-    from binlog_assets.orchestration.consume_runs import ChangelogRunConfig, consume_partition
+    from binlog_assets.orchestration.changelog_run_config import ChangelogRunConfig
+    from binlog_assets.rounds.plan import consume_partition
 
     primary, replica = servers
     life = ShopLife(pipeline_config, debezium_connect, primary, spark)
@@ -208,7 +209,7 @@ def _parity_and_resync(life: ShopLife) -> dict:
     try:
         partitions = list(high_watermarks(life.kafka_conf, group, source))
 
-        def lineage(position) -> int:  # noqa: ANN001
+        def lineage(position) -> int:
             return place_position(life.pipeline, source, db, position, partitions,
                                   group).lineage
 

@@ -33,7 +33,8 @@ from binlog_assets.dev.kafka import create_topics
 from binlog_assets.formats.debezium import DebeziumDecoder
 from binlog_assets.formats.event import DecodeError
 from binlog_assets.lakehouse.changelog_reader import changelog_frame
-from binlog_assets.orchestration.consume_runs import ChangelogRunConfig, consume_partition
+from binlog_assets.orchestration.changelog_run_config import ChangelogRunConfig
+from binlog_assets.rounds.plan import consume_partition
 
 TABLE = "poison.items"
 

@@ -40,8 +40,9 @@ from binlog_assets.formats.debezium import DebeziumDecoder
 from binlog_assets.formats.debezium_avro import DebeziumAvroDecoder
 from binlog_assets.formats.event import OP_DDL, ChangeEvent
 from binlog_assets.lakehouse.replica.builder import ReplicaBuilder
-from binlog_assets.orchestration.consume_runs import ChangelogRunConfig, consume_partition
+from binlog_assets.orchestration.changelog_run_config import ChangelogRunConfig
 from binlog_assets.orchestration.partitions import partition_key
+from binlog_assets.rounds.plan import consume_partition
 
 SEED = 20261124
 STATEMENTS = 300

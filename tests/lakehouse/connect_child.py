@@ -12,12 +12,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from lake_events import config_for  # noqa: E402
-from test_spark_connect import TABLES, scenario  # noqa: E402
+from lake_events import config_for
+from test_spark_connect import TABLES, scenario
 
-from binlog_assets.config import load_config  # noqa: E402
-from binlog_assets.lakehouse.delta_log import is_remote  # noqa: E402
-from binlog_assets.lakehouse.spark import get_spark  # noqa: E402
+from binlog_assets.config import load_config
+from binlog_assets.lakehouse.delta_log import is_remote
+from binlog_assets.lakehouse.spark import get_spark
 
 
 def main() -> None:

@@ -19,14 +19,14 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-import dagster as dg  # noqa: E402
-from lake_events import Partition, Source, follower_beside, row  # noqa: E402
+import dagster as dg
+from lake_events import Partition, Source, follower_beside, row
 
-from binlog_assets.config import load_config  # noqa: E402
-from binlog_assets.lakehouse.changelog import ChangelogWriter  # noqa: E402
-from binlog_assets.lakehouse.spark import get_spark  # noqa: E402
-from binlog_assets.orchestration.replica_reports import replica_key  # noqa: E402
-from binlog_assets.orchestration.shared import SPARK_POOL  # noqa: E402
+from binlog_assets.config import load_config
+from binlog_assets.lakehouse.changelog import ChangelogWriter
+from binlog_assets.lakehouse.spark import get_spark
+from binlog_assets.orchestration.replica_reports import replica_key
+from binlog_assets.orchestration.shared import SPARK_POOL
 
 DEADLINE_SECONDS = 300.0
 OUTAGE_SECONDS = 5.0

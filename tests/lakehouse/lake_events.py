@@ -177,7 +177,7 @@ def execute_job(job, pipeline: PipelineConfig, tmp_path: Path):
 LIVE_OPS = ("c", "u", "r")  # the README's filter for readers outside Spark
 
 
-def live_rows(spark, pipeline: PipelineConfig, replica: str) -> list[dict[str, Any]]:  # noqa: ANN001
+def live_rows(spark, pipeline: PipelineConfig, replica: str) -> list[dict[str, Any]]:
     """The replica's live rows as a reader outside Spark gets them: delta-rs and the
     README's `_op` filter (a second of Spark per read cheaper than `_current`, whose
     equality with this read tests/lakehouse/test_delta_readers.py proves)."""

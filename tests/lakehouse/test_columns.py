@@ -9,6 +9,7 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from binlog_assets.formats.event import Position
+from binlog_assets.identifiers import UnsafeIdentifierError, check_column
 from binlog_assets.lakehouse.changelog_rows import CHANGELOG_COLUMNS
 from binlog_assets.lakehouse.columns import (
     POSITION_FIELDS,
@@ -24,7 +25,6 @@ from binlog_assets.lakehouse.columns import (
     split_table,
     working_column,
 )
-from binlog_assets.lakehouse.identifiers import UnsafeIdentifierError, check_column
 
 _SPARK_TYPE = {"int": T.IntegerType(), "bigint": T.LongType()}
 

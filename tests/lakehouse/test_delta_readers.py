@@ -8,12 +8,12 @@ import pyarrow as pa
 import pytest
 from lake_events import MakeConfig, Partition, Source, row
 
+from binlog_assets.identifiers import UnsafeIdentifierError
 from binlog_assets.lakehouse.changelog import (
     ChangelogWriter,
     changelog_uri,
 )
 from binlog_assets.lakehouse.delta_log import delta_rs_uri, table_detail, table_location
-from binlog_assets.lakehouse.identifiers import UnsafeIdentifierError
 from binlog_assets.lakehouse.replica.builder import ReplicaBuilder
 from binlog_assets.lakehouse.replica.plan import FEATURE_PROPERTIES
 from binlog_assets.orchestration.replica_reports import counted_rows

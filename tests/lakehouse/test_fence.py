@@ -99,7 +99,7 @@ def test_a_commit_that_conflicts_is_tried_again_with_each_range_checked(
     real = writer.write_many
     calls = []
 
-    def racing(parts):  # noqa: ANN001, ANN202
+    def racing(parts):
         calls.append(len(parts))
         if len(calls) == 1:
             # Another run took partition 0's transaction while this commit was made.

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from binlog_assets.lakehouse.identifiers import (
+from binlog_assets.identifiers import (
     UnsafeIdentifierError,
     check_column,
     qualified,

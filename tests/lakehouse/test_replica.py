@@ -12,10 +12,10 @@ from lake_events import MakeConfig, Partition, Source, live_rows, row
 
 from binlog_assets.config import PipelineConfig
 from binlog_assets.formats.event import ChangeEvent, Position
+from binlog_assets.identifiers import UnsafeIdentifierError
 from binlog_assets.lakehouse.changelog import ChangelogWriter
 from binlog_assets.lakehouse.changelog_reader import changelog_version, register_changelog
 from binlog_assets.lakehouse.delta_log import known_views, open_log, table_location
-from binlog_assets.lakehouse.identifiers import UnsafeIdentifierError
 from binlog_assets.lakehouse.maintenance import PURGED_PROPERTY
 from binlog_assets.lakehouse.replica.builder import ReplicaBuilder
 

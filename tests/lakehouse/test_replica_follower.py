@@ -161,7 +161,7 @@ def test_a_follower_runs_check_is_seen_before_the_run_ends_and_catches_a_lost_ro
 def test_checks_wait_their_interval_and_take_a_bounded_share_of_the_time() -> None:
     clock = [0.0]
 
-    def evaluate(name: str, rule, version: int) -> tuple[str, int]:  # noqa: ANN001
+    def evaluate(name: str, rule, version: int) -> tuple[str, int]:
         clock[0] += 1.0  # each check takes a second
         return name, version
 
@@ -191,7 +191,7 @@ def test_a_delay_is_reported_when_its_outcome_changes_else_at_most_every_interva
             asset_key=dg.AssetKey(["replica", "a"]), check_name=SOURCE_DELAY_CHECK,
             passed=passed, metadata={"source_delay_seconds": seconds})
 
-    def seconds(evaluations) -> list[float]:  # noqa: ANN001
+    def seconds(evaluations) -> list[float]:
         return [e.metadata["source_delay_seconds"].value for e in evaluations]
 
     delays = _Delays(30)

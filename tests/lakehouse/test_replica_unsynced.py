@@ -37,7 +37,7 @@ from binlog_assets.orchestration.shared import IN_SYNC_TAG, SPARK_POOL
 NAMES = ("orders", "products")
 
 
-def _consumed(instance: dg.DagsterInstance, part: Partition, events) -> None:  # noqa: ANN001
+def _consumed(instance: dg.DagsterInstance, part: Partition, events) -> None:
     """A consumer run of `part`: its changelog commit, then its materialization."""
     version = part.write(events)
 
@@ -49,7 +49,7 @@ def _consumed(instance: dg.DagsterInstance, part: Partition, events) -> None:  #
                           ).success
 
 
-def _statuses(instance: dg.DagsterInstance, graph) -> dict[str, StaleStatus]:  # noqa: ANN001
+def _statuses(instance: dg.DagsterInstance, graph) -> dict[str, StaleStatus]:
     resolver = CachingStaleStatusResolver(instance, graph, LoadingContextForTest(instance))
     return {name: resolver.get_status(replica_key(name)) for name in NAMES}
 
@@ -89,7 +89,7 @@ def test_only_a_replica_behind_its_tables_shows_unsynced(spark, make_config, tmp
         # loaded 2-core host ran this test 3-4 times slower than an idle one.
         deadline = time.monotonic() + 600
 
-        def until(done) -> None:  # noqa: ANN001
+        def until(done) -> None:
             while not done() and time.monotonic() < deadline:
                 time.sleep(0.2)
 

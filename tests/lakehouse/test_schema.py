@@ -11,8 +11,8 @@ from lake_events import TYPES, MakeConfig, Partition, Source, row
 from pyspark.sql import types as T
 
 from binlog_assets.formats.mysql_types import infer_type
+from binlog_assets.identifiers import UnsafeIdentifierError
 from binlog_assets.lakehouse.changelog import ChangelogWriter
-from binlog_assets.lakehouse.identifiers import UnsafeIdentifierError
 from binlog_assets.lakehouse.replica.builder import ReplicaBuilder
 from binlog_assets.lakehouse.schema import (
     SchemaEvolutionError,

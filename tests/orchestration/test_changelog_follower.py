@@ -34,12 +34,7 @@ from binlog_assets.orchestration.changelog_follower import (
     follow_changelog_job,
     follow_partitions,
 )
-from binlog_assets.orchestration.consume_runs import (
-    ChangelogRunConfig,
-    PartitionOutcome,
-    RunPlan,
-)
-from binlog_assets.orchestration.consume_workers import SinkTotals
+from binlog_assets.orchestration.changelog_run_config import ChangelogRunConfig
 from binlog_assets.orchestration.partitions import (
     CHANGELOG_ASSET_KEY,
     KAFKA_PARTITIONS_NAME,
@@ -48,6 +43,8 @@ from binlog_assets.orchestration.partitions import (
 from binlog_assets.orchestration.resources import BinlakeResource
 from binlog_assets.orchestration.sensors import kafka_lag_sensor
 from binlog_assets.orchestration.shared import CONSUME_JOB_NAME, PARTITION_TAG
+from binlog_assets.rounds.partition import PartitionOutcome, SinkTotals
+from binlog_assets.rounds.plan import RunPlan
 
 
 class Clock:
@@ -265,7 +262,7 @@ def test_a_round_s_events_are_not_kept_by_the_run(monkeypatch, tmp_path: Path) -
     def report_outcomes(context: dg.OpExecutionContext, *args: object, **kwargs: object
                         ) -> bool:
         consumed = real_report(context, *args, **kwargs)
-        kept.append(len(context._events))  # noqa: SLF001 - what Dagster holds
+        kept.append(len(context._events))
         return consumed
 
     monkeypatch.setattr(changelog_follower, "report_outcomes", report_outcomes)
@@ -283,7 +280,7 @@ def test_lags_measured_after_the_round_are_split_by_source() -> None:
     observation gets the partitions a measurement of its own topics would."""
     from binlog_assets.config import parse_config
     from binlog_assets.consume.lag import PartitionLag, lags_of
-    from binlog_assets.orchestration.consume_runs import plan_run
+    from binlog_assets.rounds.plan import plan_run
 
     pipeline = parse_config({"sources": [{"name": "a", "topics": ["^a-.*"]},
                                          {"name": "b", "topics": ["b", "a-1"]},

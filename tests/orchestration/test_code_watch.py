@@ -40,12 +40,12 @@ def _grpc_children(pid: int) -> list[int]:
 def _answers(endpoint: Endpoint) -> bool:
     try:
         endpoint.client().ping("test")
-    except Exception:  # noqa: BLE001 - not answering, whatever the cause
+    except Exception:
         return False
     return True
 
 
-def _wait(condition, what: str) -> None:  # noqa: ANN001 - a predicate
+def _wait(condition, what: str) -> None:
     deadline = time.monotonic() + DEADLINE
     while not condition():
         assert time.monotonic() < deadline, f"{what} not within {DEADLINE:.0f}s"

@@ -21,9 +21,11 @@ from binlog_assets.config import PipelineConfig, load_config, parse_config
 from binlog_assets.consume import backlog
 from binlog_assets.consume.lag import PartitionLag
 from binlog_assets.lakehouse.changelog import ChangelogWriter
-from binlog_assets.orchestration import consume_workers
-from binlog_assets.orchestration.consume_runs import ChangelogRunConfig, consume_partitions
-from binlog_assets.orchestration.consume_workers import SinkTotals, worker_processes
+from binlog_assets.orchestration.changelog_run_config import ChangelogRunConfig
+from binlog_assets.rounds import workers as consume_workers
+from binlog_assets.rounds.partition import SinkTotals
+from binlog_assets.rounds.plan import consume_partitions
+from binlog_assets.rounds.workers import worker_processes
 
 CHILD = Path(__file__).with_name("workers_child.py")
 PER_PARTITION = {0: 400, 1: 300, 2: 350, 3: 250}

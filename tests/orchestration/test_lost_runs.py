@@ -46,7 +46,7 @@ def gone_pid() -> int:
 
 
 @pytest.fixture
-def instance(tmp_path: Path):  # noqa: ANN201 - the shipped instance (DefaultRunLauncher)
+def instance(tmp_path: Path):
     home = tmp_path / "dagster"
     home.mkdir()
     shutil.copy(REPO_ROOT / "setup" / "dagster.yaml", home / "dagster.yaml")

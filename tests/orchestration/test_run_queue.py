@@ -57,9 +57,9 @@ def test_a_launch_that_cannot_reach_the_location_is_retried(tmp_path: Path) -> N
         now = time.time()
         with mock.patch.object(instance.run_launcher, "launch_run", side_effect=unreachable):
             for attempt in range(retries):
-                daemon._dequeue_run(instance, None, run, config, now + attempt * (delay + 1))  # noqa: SLF001
+                daemon._dequeue_run(instance, None, run, config, now + attempt * (delay + 1))
                 assert instance.get_run_by_id(run.run_id).status == \
                     dg.DagsterRunStatus.QUEUED, attempt
             # The location stays unreachable: the queue gives up and says why.
-            daemon._dequeue_run(instance, None, run, config, now + retries * (delay + 1))  # noqa: SLF001
+            daemon._dequeue_run(instance, None, run, config, now + retries * (delay + 1))
         assert instance.get_run_by_id(run.run_id).status == dg.DagsterRunStatus.FAILURE

@@ -79,7 +79,7 @@ def test_a_failed_parity_check_holds_dbt_back_until_one_passes(tmp_path: Path) -
     blocking, not_blocking = (_block_dbt_resource(tmp_path / n, b) for n, b in
                               (("on", True), ("off", False)))
     with dg.instance_for_test() as instance:
-        def tick(binlake: BinlakeResource):  # noqa: ANN202
+        def tick(binlake: BinlakeResource):
             return dbt_follow_sensor(dg.build_sensor_context(
                 instance=instance, resources={"binlake": binlake}))
 
@@ -173,7 +173,7 @@ def test_a_check_still_running_when_the_sensor_ticks_is_resynced_once_it_fails(
     failed = {"mismatches": dg.MetadataValue.json(
         [{"table": "shop.a", "range": "(-inf, 28]", "lower": None, "upper": [28]}])}
 
-    def record(id_: int, status, metadata=None):  # noqa: ANN001, ANN202
+    def record(id_: int, status, metadata=None):
         evaluation = SimpleNamespace(metadata=metadata or {})
         return SimpleNamespace(id=id_, status=status, event=SimpleNamespace(
             dagster_event=SimpleNamespace(asset_check_evaluation_data=evaluation)))

@@ -28,12 +28,13 @@ from binlog_assets.dev.demo import wait_for_debezium
 from binlog_assets.dev.mariadb import MariaDBServer
 from binlog_assets.lakehouse.replica.builder import ReplicaBuilder
 from binlog_assets.lakehouse.replica.routes import replica_route
-from binlog_assets.orchestration.consume_runs import ChangelogRunConfig, consume_partition
+from binlog_assets.orchestration.changelog_run_config import ChangelogRunConfig
 from binlog_assets.orchestration.partitions import partition_key
 from binlog_assets.orchestration.replica_reports import counted_rows, row_count_check
 from binlog_assets.parity.check import check_replica
 from binlog_assets.parity.resync import resync_table
 from binlog_assets.parity.source import connect, source_tables
+from binlog_assets.rounds.plan import consume_partition
 
 pytestmark = [pytest.mark.integration, pytest.mark.long]
 
@@ -238,7 +239,7 @@ def test_no_false_alarm_under_a_running_workload(drill: PipelineConfig, mariadb,
                                       ChangelogRunConfig(), HandlerRegistry(),
                                       group=drill.kafka["group.id"])
                 _apply(drill, spark)
-        except BaseException as exc:  # noqa: BLE001 - reported by the test
+        except BaseException as exc:
             errors.append(exc)
 
     threads = [threading.Thread(target=write), threading.Thread(target=follow)]

@@ -23,10 +23,11 @@ from binlog_assets.dev.connect import DebeziumFence
 from binlog_assets.dev.demo import wait_for_debezium
 from binlog_assets.dev.mariadb import MariaDBServer
 from binlog_assets.lakehouse.replica.builder import ReplicaBuilder
-from binlog_assets.orchestration.consume_runs import ChangelogRunConfig, consume_partition
+from binlog_assets.orchestration.changelog_run_config import ChangelogRunConfig
 from binlog_assets.orchestration.partitions import partition_key
 from binlog_assets.parity.check import check_replica
 from binlog_assets.parity.lake import replica_uri
+from binlog_assets.rounds.plan import consume_partition
 
 pytestmark = pytest.mark.integration
 

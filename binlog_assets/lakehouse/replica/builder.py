@@ -20,6 +20,7 @@ from pyspark.sql import types as T
 from binlog_assets.config import PipelineConfig
 from binlog_assets.faults import fault_point
 from binlog_assets.formats.event import OP_DELETE, OP_TRUNCATE
+from binlog_assets.identifiers import check_unmapped_names, col, qualified
 from binlog_assets.lakehouse.changelog_reader import (
     LazyRange,
     changelog_version,
@@ -57,7 +58,6 @@ from binlog_assets.lakehouse.delta_log import (
     table_version,
     txn_version,
 )
-from binlog_assets.lakehouse.identifiers import check_unmapped_names, col, qualified
 from binlog_assets.lakehouse.maintenance import PURGED_PROPERTY, purge_tombstones
 from binlog_assets.lakehouse.replica.commit import (
     commit_appended,

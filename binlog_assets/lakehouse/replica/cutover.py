@@ -14,11 +14,11 @@ from typing import TYPE_CHECKING
 from pyspark.sql import functions as F
 
 from binlog_assets.formats.event import OP_DDL
+from binlog_assets.identifiers import col
 from binlog_assets.lakehouse.changelog_reader import read_changelog, survey_of_frame
 from binlog_assets.lakehouse.columns import changelog_position, first_per_group, position_literal
 from binlog_assets.lakehouse.ddl import starts_table
 from binlog_assets.lakehouse.delta_log import NewTable, set_properties
-from binlog_assets.lakehouse.identifiers import col
 from binlog_assets.lakehouse.replica.ddl_apply import truncate_markers
 from binlog_assets.lakehouse.replica.plan import ROW_OPS, Survey, add_groups
 from binlog_assets.lakehouse.replica.rows import keyed_rows

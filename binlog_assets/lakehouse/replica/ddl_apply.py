@@ -15,6 +15,7 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from binlog_assets.formats.event import DATABASE_WIDE, OP_DDL, OP_TRUNCATE
+from binlog_assets.identifiers import qualified, quote
 from binlog_assets.lakehouse.columns import (
     binlog_before_sql,
     changelog_position,
@@ -30,7 +31,6 @@ from binlog_assets.lakehouse.delta_log import (
     sql_string,
     table_detail,
 )
-from binlog_assets.lakehouse.identifiers import qualified, quote
 from binlog_assets.lakehouse.replica.plan import Survey
 from binlog_assets.lakehouse.replica.routes import SOURCE_KEY_COLUMNS, ReplicaRoute
 from binlog_assets.lakehouse.schema import SchemaEvolutionError

@@ -24,12 +24,12 @@ from binlog_assets.formats.event import (
     OP_TRUNCATE,
     OP_UPDATE,
 )
+from binlog_assets.identifiers import check_columns
 from binlog_assets.lakehouse.changelog_reader import (
     SurveyGroup,
     read_survey,
     survey_of_frame,
 )
-from binlog_assets.lakehouse.identifiers import check_columns
 from binlog_assets.lakehouse.replica.routes import SOURCE_KEY_COLUMNS, ReplicaRoute
 from binlog_assets.lakehouse.schema import spark_type, widen_all
 

@@ -14,9 +14,9 @@ from typing import TYPE_CHECKING
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
+from binlog_assets.identifiers import col
 from binlog_assets.lakehouse.columns import first_per_group, free_name
 from binlog_assets.lakehouse.delta_log import stored_rows, table_version
-from binlog_assets.lakehouse.identifiers import col
 from binlog_assets.lakehouse.replica.plan import Survey
 from binlog_assets.lakehouse.replica.rows import IMAGE, below_truncates, typed_columns
 from binlog_assets.lakehouse.transactions import APP_ID

@@ -12,6 +12,7 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from binlog_assets.formats.event import OP_DELETE, OP_TRUNCATE, OP_UPDATE
+from binlog_assets.identifiers import col
 from binlog_assets.lakehouse.changelog_rows import to_json
 from binlog_assets.lakehouse.columns import (
     binlog_before_sql,
@@ -20,7 +21,6 @@ from binlog_assets.lakehouse.columns import (
     position_literal,
     working_column,
 )
-from binlog_assets.lakehouse.identifiers import col
 from binlog_assets.lakehouse.replica.plan import MERGED_OPS, Survey
 from binlog_assets.lakehouse.replica.routes import SOURCE_KEY_COLUMNS, ReplicaRoute
 

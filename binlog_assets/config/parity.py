@@ -6,18 +6,14 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
 
-
-class _Settings(BaseModel):
-    # As every model of the pipeline config: unknown keys fail, values are frozen.
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
+from binlog_assets.config.base import ConfigModel
 
 TlsMode = Literal["disabled", "required", "verify_ca", "verify_identity"]
 
 
-class TlsConfig(_Settings):
+class TlsConfig(ConfigModel):
     """TLS to the source database; `required` encrypts without checking the server,
     `verify_ca` checks its certificate against `ca`, `verify_identity` its name too."""
 
@@ -44,7 +40,7 @@ class TlsConfig(_Settings):
         return self
 
 
-class SourceConnection(_Settings):
+class SourceConnection(ConfigModel):
     """A read-only connection to a source database, for the parity check (README:
     Parity check). Give the password as `${ENV}` so it stays out of the file."""
 
@@ -58,7 +54,7 @@ class SourceConnection(_Settings):
                                            description="a connection attempt fails after this")
 
 
-class ParityConfig(_Settings):
+class ParityConfig(ConfigModel):
     """How the parity check reads a source (README: Parity check): its load on the source
     is one aggregate query per chunk of `chunk_rows` keys, each in a short transaction."""
 

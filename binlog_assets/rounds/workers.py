@@ -24,37 +24,32 @@ import threading
 import time
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from multiprocessing import get_context
 from typing import TYPE_CHECKING
 
 from binlog_assets.config import PipelineConfig
 from binlog_assets.consume.backlog import WorkerRule
 from binlog_assets.consume.checkpoint import Checkpoint
-from binlog_assets.orchestration.partitions import parse_partition_key
+from binlog_assets.rounds.keys import parse_partition_key
+from binlog_assets.rounds.partition import (
+    PartitionOutcome,
+    PartitionPlan,
+    RunLimits,
+    SinkTotals,
+    run_partition,
+)
 
 if TYPE_CHECKING:
     from multiprocessing.synchronize import Event
     
     from binlog_assets.lakehouse.changelog import ChangelogWriter
-    from binlog_assets.orchestration.consume_runs import (
-        ChangelogRunConfig,
-        PartitionOutcome,
-        PartitionPlan,
-    )
+
 
 PARENT_CHECK_SECONDS = 0.5
 
 
-@dataclass(frozen=True)
-class SinkTotals:
-    """What a worker's changelog sink reports back: rows appended, the last version."""
-
-    rows: int
-    version: int | None
-
-
-def worker_rule(pipeline: PipelineConfig, run_config: ChangelogRunConfig) -> WorkerRule:
+def worker_rule(pipeline: PipelineConfig, run_config: RunLimits) -> WorkerRule:
     """The config's rule for the worker processes of a run with `run_config`'s limits."""
     return WorkerRule(pipeline.dagster.worker_processes,
                       run_config.max_records or pipeline.dagster.max_records_per_run,
@@ -62,7 +57,7 @@ def worker_rule(pipeline: PipelineConfig, run_config: ChangelogRunConfig) -> Wor
 
 
 def worker_processes(pipeline: PipelineConfig, kafka_conf: dict, keys: Sequence[str],
-                     run_config: ChangelogRunConfig, group: str,
+                     run_config: RunLimits, group: str,
                      lags: Mapping[str, int] | None = None) -> int:
     """`WorkerRule.processes` by the pipeline config, for the partitions `keys`."""
     partitions = {k: parse_partition_key(k) for k in keys}
@@ -103,7 +98,6 @@ def consume_in_worker(plan: PartitionPlan, checkpoint: Checkpoint | None
                       ) -> PartitionOutcome:
     """One partition's bounded run in a worker process (`run_partition` with the
     handlers its source names), as a picklable outcome."""
-    from binlog_assets.orchestration.consume_runs import PartitionOutcome, run_partition
 
     try:
         summary, sink = run_partition(replace(plan, writer=_writer(plan.writer)),

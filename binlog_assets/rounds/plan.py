@@ -1,7 +1,6 @@
-"""What the changelog asset runs for its partitions, without Dagster around it: one
-bounded consumer run per topic-partition (`consume_partition`), several at a time in one
-process (`consume_partitions`; a large backlog also in worker processes,
-`consume_workers.py`), each writing the changelog through its fence, with the handlers
+"""A consume round: one bounded consumer run per topic-partition, several at a time in
+one process (`consume_partitions`; a large backlog also in worker processes,
+`rounds/workers.py`), each writing the changelog through its fence, with the handlers
 its source's config names, opened once for the run (once per process).
 
 What a run takes from the pipeline config is resolved once, before it starts
@@ -15,184 +14,44 @@ import threading
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor, wait
 from contextlib import ExitStack
-from dataclasses import dataclass, replace
-
-import dagster as dg
-from pydantic import Field
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from binlog_assets.config import PipelineConfig, SourceConfig
 from binlog_assets.consume.backlog import WorkerRule
-from binlog_assets.consume.checkpoint import CHANGELOG, Checkpoint, offset_for_timestamp
+from binlog_assets.consume.checkpoint import Checkpoint
 from binlog_assets.consume.errors import ErrorPolicy
-from binlog_assets.consume.handlers import HandlerRegistry, load_registry
-from binlog_assets.consume.lag import high_watermark, topic_named
-from binlog_assets.consume.lineage import Placer
+from binlog_assets.consume.handlers import HandlerRegistry
 from binlog_assets.consume.preflight import check_cluster
-from binlog_assets.consume.run import BoundedRun, RunSettings, RunSummary, Stop
-from binlog_assets.formats.event import Position
+from binlog_assets.consume.run import RunSettings, RunSummary, Stop
 from binlog_assets.lakehouse.changelog import (
     ChangelogWriter,
     changelog_uri,
 )
 from binlog_assets.lakehouse.fence import FencedChangelogSink
-from binlog_assets.orchestration.consume_workers import (
-    SinkTotals,
+from binlog_assets.rounds.keys import parse_partition_key
+from binlog_assets.rounds.partition import (
+    PartitionOutcome,
+    PartitionPlan,
+    RunLimits,
+    run_partition,
+)
+from binlog_assets.rounds.round_commit import RoundCommit
+from binlog_assets.rounds.workers import (
     consume_in_worker,
     worker_pool,
     worker_rule,
     worker_stop,
 )
-from binlog_assets.orchestration.partitions import parse_partition_key
-from binlog_assets.orchestration.round_commit import RoundCommit
+
+if TYPE_CHECKING:
+    from multiprocessing.synchronize import Event
 
 # Partitions of one run consumed at the same time, each by its own consumer and lanes:
 # their fixed costs (round trips to the coordinator and the leader, the Delta commits)
 # overlap, while decoding shares the one interpreter anyway.
 PARTITIONS_IN_PARALLEL = 4
 
-
-class ChangelogRunConfig(dg.Config):
-    """Replay and limits of one bounded consumer run, set in the launchpad. A replay reads
-    the partition again from the given point: the handlers see those events again, and
-    the changelog stays exactly once (rows it already holds are not appended again)."""
-
-    start_offset: int | None = Field(
-        None, description="Replay from this Kafka offset. Overrides every checkpoint "
-                          "source, and wins over start_timestamp_ms when both are set.")
-    start_timestamp_ms: int | None = Field(
-        None, description="Replay from the first offset at or after this time (ms since "
-                          "the epoch, the broker's record timestamps). Ignored when "
-                          "start_offset is set.")
-    max_records: int | None = Field(
-        None, description="Stop after this many records (default: "
-                          "dagster.max_records_per_run; the next run goes on from there).")
-    max_seconds: float | None = Field(
-        None, description="Stop after this many seconds (default: "
-                          "dagster.max_seconds_per_run).")
-
-
-# What the launchpad opens on: the replay fields, in this order, and no infrastructure
-# settings (the binlake resource reads its config file from BINLAKE_CONFIG).
-CHANGELOG_RUN_CONFIG_SCAFFOLD = {
-    "ops": {"changelog": {"config": dict.fromkeys(ChangelogRunConfig.model_fields)}}}
-
-
-@dataclass(frozen=True)
-class PartitionPlan:
-    """What one partition's bounded run takes from the pipeline config, resolved before
-    it starts; it pickles, so a worker process is handed it as it is."""
-
-    key: str
-    topic: str
-    partition: int
-    settings: RunSettings  # its source's, with the run's limits; the start comes at run time
-    start_timestamp_ms: int | None
-    handlers: str | None  # the source's registry by name: imported where the run runs
-    writer: ChangelogWriter
-    lakehouse: str  # where the fence takes the partition's lock
-    source_topics: tuple[str, ...] = ()  # its source's topics (names, or `^` patterns)
-
-
-def consume_partition(
-    pipeline: PipelineConfig,
-    kafka_conf: dict,
-    key: str,
-    run_config: ChangelogRunConfig,
-    handlers: HandlerRegistry | None = None,
-    *,
-    group: str,
-    metadata_checkpoint: Callable[[], Checkpoint | None] = lambda: None,
-    writer: ChangelogWriter | None = None,
-    stop: Stop | None = None,
-) -> tuple[RunSummary, FencedChangelogSink]:
-    """One bounded consumer run of `key` into the changelog: what the asset does for each
-    of its partitions, without Dagster around it. `handlers` defaults to the registry
-    the partition's source names in the config."""
-    plan = plan_run(pipeline, kafka_conf, [key], run_config, group=group, writer=writer)
-    return run_partition(plan.partition(key), handlers,
-                         metadata_checkpoint=metadata_checkpoint, stop=stop)
-
-
-def run_partition(
-    plan: PartitionPlan,
-    handlers: HandlerRegistry | None = None,
-    *,
-    metadata_checkpoint: Callable[[], Checkpoint | None] = lambda: None,
-    stop: Stop | None = None,
-    together: RoundCommit | None = None,
-) -> tuple[RunSummary, FencedChangelogSink]:
-    """`consume_partition` by its plan. `handlers` defaults to the source's registry.
-    `together`: the round whose checkpoints it starts from and which makes its last
-    commit point with the other partitions' (`round_commit.py`)."""
-    topic, partition, group = plan.topic, plan.partition, plan.settings.group_id
-    initial = (together.changelog[(topic, partition)] if together is not None
-               else plan.writer.checkpoint(group, topic, partition))
-    sink = FencedChangelogSink(plan.writer, group=group,
-                               topic=topic, partition=partition, expected=initial,
-                               lakehouse=plan.lakehouse)
-    if handlers is None:
-        handlers = load_registry(plan.handlers)
-    start = plan.settings.start_offset
-    if start is None and plan.start_timestamp_ms is not None:
-        start = offset_for_timestamp(plan.settings.kafka_conf, topic, partition,
-                                     plan.start_timestamp_ms)
-    settings = replace(
-        plan.settings,
-        start_offset=start,
-        extra_checkpoint_sources=(
-            lambda: None if initial is None else Checkpoint(initial, CHANGELOG),
-            metadata_checkpoint,
-        ),
-        kafka_checkpoint=None if together is None else (
-            lambda: together.kafka_checkpoint(topic, partition)),
-    )
-    hold = None if together is None else together.hold(plan.key, plan.settings.source, sink)
-    with handlers.opened():
-        summary = BoundedRun(topic, partition, handlers, settings, sink=sink,
-                             stop=stop, hold=hold, placer=placer(plan, initial),
-                             covered=SnapshotSchema(plan)).run()
-    return summary, sink
-
-
-def placer(plan: PartitionPlan, checkpoint: int | None) -> Placer:
-    """The partition's lineage placer: its source's lineages and its tail, as the
-    changelog holds them (up to its `checkpoint`: a replay of offsets below it places
-    them anew, without moving the tail)."""
-    writer, topic, partition = plan.writer, plan.topic, plan.partition
-    tail = writer.tail(plan.settings.group_id, topic, partition)
-    return Placer(writer.book(plan.settings.source), f"{topic}[{partition}]", tail,
-                  lambda: None if tail is None else writer.tail_origin(topic, partition, tail),
-                  replayed_below=checkpoint)
-
-
-@dataclass(frozen=True)
-class SnapshotSchema:
-    """The tables a snapshot that ended in this partition read (`snapshot_end.py`): those
-    its schema-change topic replayed into the changelog; None while that topic, which the
-    partition's source consumes, has records the changelog does not hold yet."""
-
-    plan: PartitionPlan
-
-    def __call__(self, position: Position, schema_topic: str) -> list[str] | None:
-        plan = self.plan
-        if not schema_topic or not any(topic_named(schema_topic, t)
-                                       for t in plan.source_topics):
-            return []
-        tables = plan.writer.snapshot_tables(position)
-        if tables:
-            return tables
-        done = plan.writer.checkpoint(plan.settings.group_id, schema_topic, 0) or 0
-        return None if done < high_watermark(plan.settings.kafka_conf, schema_topic, 0) else []
-
-
-@dataclass
-class PartitionOutcome:
-    """One partition of a run: its summary and sink, or the error that stopped it."""
-
-    key: str
-    summary: RunSummary | None = None
-    sink: FencedChangelogSink | SinkTotals | None = None  # totals: from a worker process
-    error: BaseException | None = None
 
 
 @dataclass(frozen=True)
@@ -231,7 +90,7 @@ class RunPlan:
 
 
 def plan_run(pipeline: PipelineConfig, kafka_conf: dict, keys: Sequence[str],
-             run_config: ChangelogRunConfig, *, group: str,
+             run_config: RunLimits, *, group: str,
              writer: ChangelogWriter | None = None) -> RunPlan:
     """The plan of a run over `keys`, its partitions sharing one changelog writer."""
     workers = worker_rule(pipeline, run_config)
@@ -280,11 +139,32 @@ def plan_run(pipeline: PipelineConfig, kafka_conf: dict, keys: Sequence[str],
                    workers, report)
 
 
+def consume_partition(
+    pipeline: PipelineConfig,
+    kafka_conf: dict,
+    key: str,
+    run_config: RunLimits,
+    handlers: HandlerRegistry | None = None,
+    *,
+    group: str,
+    metadata_checkpoint: Callable[[], Checkpoint | None] = lambda: None,
+    writer: ChangelogWriter | None = None,
+    stop: Stop | None = None,
+) -> tuple[RunSummary, FencedChangelogSink]:
+    """One bounded consumer run of `key` into the changelog: what the asset does for each
+    of its partitions, without Dagster around it. `handlers` defaults to the registry
+    the partition's source names in the config."""
+    plan = plan_run(pipeline, kafka_conf, [key], run_config, group=group, writer=writer)
+    return run_partition(plan.partition(key), handlers,
+                         metadata_checkpoint=metadata_checkpoint, stop=stop)
+
+
+
 def consume_partitions(
     pipeline: PipelineConfig,
     kafka_conf: dict,
     keys: Sequence[str],
-    run_config: ChangelogRunConfig,
+    run_config: RunLimits,
     handlers: HandlerRegistry | None = None,
     *,
     group: str,
@@ -322,42 +202,7 @@ def run_partitions(
     running at their next batch (each commits what its handlers finished), hands their
     outcomes to `on_interrupt`, and raises the interrupt again."""
     keys = plan.keys
-    todo = iter(keys)
-    taking = threading.Lock()
-    done: dict[str, PartitionOutcome] = {}
-
-    def take() -> str | None:
-        with taking:
-            return None if stop.is_set() else next(todo, None)
-
-    def here() -> None:
-        while (key := take()) is not None:
-            partition = plan.partitions[key]
-            try:
-                if isinstance(partition, KeyError):
-                    raise partition
-                summary, sink = run_partition(
-                    partition, handlers,
-                    metadata_checkpoint=lambda key=key: metadata_checkpoint(key), stop=stop,
-                    together=round_)
-                done[key] = PartitionOutcome(key, summary, sink)
-            except Exception as exc:  # reported per partition by the caller
-                done[key] = PartitionOutcome(key, error=exc)
-
-    def there(processes: ProcessPoolExecutor) -> None:
-        while (key := take()) is not None:
-            partition = plan.partitions[key]
-            if isinstance(partition, KeyError):  # no source: fails here as it would there
-                done[key] = PartitionOutcome(key, error=partition)
-                continue
-            try:
-                done[key] = processes.submit(
-                    consume_in_worker, partition, metadata_checkpoint(key)).result()
-            except Exception as exc:  # a worker died (BrokenProcessPool) or the like
-                done[key] = PartitionOutcome(key, error=exc)
-                return  # the pool is broken: the run's threads take the rest
-
-    # The threads above start once the cluster is checked and the workers counted.
+    # The threads start once the cluster is checked and the workers counted.
     # Refused credentials fail the run at once, named, instead of empty polls until the end.
     check_cluster(plan.kafka_conf)
     threads = max(1, min(parallel, len(keys)))
@@ -373,14 +218,16 @@ def run_partitions(
             return [PartitionOutcome(key, error=round_) for key in keys]
         for registry in [handlers] if handlers is not None else plan.registries:
             opened.enter_context(registry.opened())
+        queue = _Partitions(plan, handlers, metadata_checkpoint, stop, round_)
+        done = queue.done
         # Partitions run in threads even when there is one: the interrupt is raised in
         # this thread, which then asks them to stop instead of abandoning a commit.
         pool = opened.enter_context(ThreadPoolExecutor(
             max_workers=threads + workers, thread_name_prefix="binlake-partition"))
-        futures = [pool.submit(here) for _ in range(threads)]
+        futures = [pool.submit(queue.run_here) for _ in range(threads)]
         if workers:
             processes = opened.enter_context(worker_pool(workers, stop))
-            futures += [pool.submit(there, processes) for _ in range(workers)]
+            futures += [pool.submit(queue.run_there, processes) for _ in range(workers)]
         try:
             for future in futures:
                 future.result()
@@ -392,6 +239,51 @@ def run_partitions(
             raise
         _commit_round(round_, done)
         return [done[key] for key in keys]
+
+
+class _Partitions:
+    """A run's partitions handed out one at a time, until `stop`, to the threads that run
+    them here (`run_here`) or in a worker process (`run_there`); `done` their outcomes."""
+
+    def __init__(self, plan: RunPlan, handlers: HandlerRegistry | None,
+                 metadata_checkpoint: Callable[[str], Checkpoint | None],
+                 stop: threading.Event | Event, round_: RoundCommit | None) -> None:
+        self.plan, self.handlers, self.stop, self.round = plan, handlers, stop, round_
+        self.metadata_checkpoint = metadata_checkpoint
+        self.todo = iter(plan.keys)
+        self.taking = threading.Lock()
+        self.done: dict[str, PartitionOutcome] = {}
+
+    def take(self) -> str | None:
+        with self.taking:
+            return None if self.stop.is_set() else next(self.todo, None)
+
+    def run_here(self) -> None:
+        while (key := self.take()) is not None:
+            partition = self.plan.partitions[key]
+            try:
+                if isinstance(partition, KeyError):
+                    raise partition
+                summary, sink = run_partition(
+                    partition, self.handlers,
+                    metadata_checkpoint=lambda key=key: self.metadata_checkpoint(key),
+                    stop=self.stop, together=self.round)
+                self.done[key] = PartitionOutcome(key, summary, sink)
+            except Exception as exc:  # reported per partition by the caller
+                self.done[key] = PartitionOutcome(key, error=exc)
+
+    def run_there(self, processes: ProcessPoolExecutor) -> None:
+        while (key := self.take()) is not None:
+            partition = self.plan.partitions[key]
+            if isinstance(partition, KeyError):  # no source: fails here as it would there
+                self.done[key] = PartitionOutcome(key, error=partition)
+                continue
+            try:
+                self.done[key] = processes.submit(
+                    consume_in_worker, partition, self.metadata_checkpoint(key)).result()
+            except Exception as exc:  # a worker died (BrokenProcessPool) or the like
+                self.done[key] = PartitionOutcome(key, error=exc)
+                return  # the pool is broken: the run's threads take the rest
 
 
 def _round(plan: RunPlan, opened: ExitStack) -> RoundCommit | Exception | None:
