@@ -190,6 +190,15 @@ class ChangelogWriter:
             self._table.update_incremental()
         return self._table
 
+    def _looked(self) -> DeltaTable:
+        """The table as this process last looked at it, opened when it has not yet. A run
+        reads its partition's lineage tail and its source's lineages right after its
+        checkpoint, which brought the table up to date: another update per partition
+        would list the log again (a follower round's hundred partitions, a hundred times).
+        Only the partition's own run moves its tail, and a raise by another process is
+        noticed after this one's next commit (`_notice_lineages`)."""
+        return self._table if self._table is not None else self._open()
+
     @staticmethod
     def _add_columns(table: DeltaTable) -> None:
         """Columns a changelog made by an earlier release lacks, added once (nullable:
@@ -214,7 +223,7 @@ class ChangelogWriter:
         with self._lock:
             if self._table is None and not DeltaTable.is_deltatable(self.uri):
                 return []
-            return read_records(self._open(), source)
+            return read_records(self._looked(), source)
 
     def raise_lineage(self, source: str, record: LineageRecord, expected: int
                       ) -> list[LineageRecord]:
@@ -246,7 +255,7 @@ class ChangelogWriter:
             known = self._tails.get(txn)
             if self._table is None and not DeltaTable.is_deltatable(self.uri):
                 return None
-            stored = stored_tail(self._open(), txn)
+            stored = stored_tail(self._looked(), txn)
         if known is not None and stored is not None and \
                 (known.lineage, *known.coordinates) == (stored.lineage, *stored.coordinates):
             return Mark(known.lineage, known.file, known.pos, known.server_id, known.gtid_text,
