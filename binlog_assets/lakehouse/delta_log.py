@@ -434,17 +434,42 @@ def stored_truncates(spark: SparkSession, table: tuple[str, str]
     (`_op` 't'): by delta-rs where it reads the table as Spark would, else a Spark job."""
     log = _log(spark, *table)
     if rs_writable(log):
-        import pyarrow as pa
-        from deltalake import QueryBuilder
-
-        found = pa.table(QueryBuilder().register("replica", log).execute(
-            "SELECT _source_db, _source_table, _position FROM replica "
-            f"WHERE _op = '{OP_TRUNCATE}'").read_all()).to_pylist()
-        return [(r["_source_db"], r["_source_table"], tuple(r["_position"].values()))
-                for r in found]
+        return file_truncates(log)
     rows = (spark.table(qualified(*table)).where(col("_op") == OP_TRUNCATE)
             .select("_source_db", "_source_table", "_position").collect())
     return [(r["_source_db"], r["_source_table"], tuple(r["_position"])) for r in rows]
+
+
+# A replica's marker rows per data file, by table: a data file never changes, so each is
+# read once per process, and an apply reads only the files added since the last one.
+_file_marks: dict[tuple[str, str], dict[str, list]] = {}
+_file_marks_lock = threading.Lock()
+
+
+def file_truncates(log: DeltaTable) -> list[tuple[str, str, tuple[int, ...]]]:
+    """`stored_truncates` of a table delta-rs reads: the marker rows of its current
+    files (no deletion vectors), each file read the first time it is seen."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    data = log.to_pyarrow_dataset()
+    ident = (log.table_uri, log.metadata().id)
+    with _file_marks_lock:
+        known = _file_marks.get(ident, {})
+    current: dict[str, list] = {}
+    for fragment in data.get_fragments():
+        marks = known.get(fragment.path)
+        if marks is None:
+            rows = fragment.to_table(columns=["_op", "_source_db", "_source_table",
+                                              "_position"], schema=data.schema)
+            found = rows.filter(pc.equal(rows["_op"].cast(pa.string()), OP_TRUNCATE))
+            marks = [(r["_source_db"], r["_source_table"], tuple(r["_position"].values()))
+                     for r in found.select(["_source_db", "_source_table", "_position"])
+                     .to_pylist()]
+        current[fragment.path] = marks
+    with _file_marks_lock:
+        _file_marks[ident] = current
+    return [mark for marks in current.values() for mark in marks]
 
 
 def rs_writable(log: DeltaTable) -> bool:

@@ -204,3 +204,50 @@ def test_a_changelog_range_is_read_once_and_extended_for_the_next_cycle(
     assert offsets(changes_of(pipeline, 3, 4, ["shop.orders"], ROW_OPS)) == [6]
     assert offsets(changes_of(pipeline, 2, 4, ["shop.orders", "shop.users"], ROW_OPS)) == [4, 5, 6]
     assert offsets(changes_of(pipeline, None, 4, ["shop.orders"], ROW_OPS)) == [0, 2, 4, 6]
+
+
+def test_a_replica_holding_a_truncate_applies_small_batches_in_the_driver(
+        spark, make_config: MakeConfig, monkeypatch: pytest.MonkeyPatch) -> None:
+    # A snapshot ends with a truncate, so every replica built from one holds a marker:
+    # its later small batches stay in the driver, and a change from below the marker
+    # that arrives late is dropped there as Spark's apply drops it.
+    types = {"id": "bigint", "s": "string"}
+
+    def batches(src: Source) -> tuple[list, list]:
+        early = [[src.insert({"id": i, "s": "early"})] for i in (1, 2, 3)]
+        late = src.insert({"id": 4, "s": "late"})  # before the truncate, delivered after
+        truncate = src.truncate()
+        after = src.insert({"id": 5, "s": "after"})
+        first = [early, [[truncate], [after]]]
+        rest = [[[late]], [src.update({"id": 5, "s": "after"}, {"id": 5, "s": "changed"})]]
+        return first, rest
+
+    spark_config = make_config(WIDE, driver_commit_rows=0)
+    first, rest = batches(Source("shop.wide", types))
+    _build(spark, spark_config, first + rest)
+
+    driver_config = make_config(WIDE)
+    first, rest = batches(Source("shop.wide", types))
+    part = Partition(ChangelogWriter(driver_config))
+    builder = ReplicaBuilder(spark, driver_config)
+    for batch in first:
+        part.write(part.records(batch))
+        builder.apply("wide")
+
+    def no_spark_read(*args: Any, **kwargs: Any) -> None:
+        raise AssertionError("an apply into a truncated replica planned a Spark read")
+
+    monkeypatch.setattr(replica_module, "read_changelog", no_spark_read)
+    written = []
+    for batch in rest:
+        part.write(part.records(batch))
+        written.append(builder.apply("wide").written)
+
+    assert written == [0, 1]
+
+    def rows(pipeline: PipelineConfig) -> list[tuple]:
+        return sorted((tuple(r) for r in spark.table(f"{pipeline.lakehouse.database}.wide")
+                       .select("_op", "id", "s", "_position").collect()), key=repr)
+
+    assert rows(driver_config) == rows(spark_config)
+    assert [r[:3] for r in rows(driver_config)] == [("t", None, None), ("u", 5, "changed")]

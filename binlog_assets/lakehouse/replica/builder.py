@@ -86,6 +86,7 @@ from binlog_assets.lakehouse.replica.ddl_apply import (
 )
 from binlog_assets.lakehouse.replica.driver import (
     NotInDriver,
+    above_marks,
     batch_changes,
     driver_rows,
     history_changes,
@@ -329,7 +330,11 @@ class ReplicaBuilder:
         schema = new.schema if new is not None else (
             pa.schema(open_log(location).schema().to_arrow()))
         batch = batch_changes(self.pipeline, start, up_to, survey, rule)
-        rows = driver_rows(batch, survey, rule, columns, schema, now)
+        # The history keeps every version, as Spark's way does; the replica drops changes
+        # below a truncate it holds.
+        marks = (stored_truncates(self.spark, table)
+                 if new is None and props.get(TRUNCATED_PROPERTY) == "true" else [])
+        rows = driver_rows(above_marks(batch, marks), survey, rule, columns, schema, now)
         history = self.history_name(route.replica)
         # Typed before any commit: a value only Spark types sends the whole batch there.
         versions = (history_changes(batch, survey, rule.key, columns, now)

@@ -27,7 +27,7 @@ from binlog_assets.formats.event import OP_DELETE
 from binlog_assets.lakehouse.changelog_arrow import changes_of
 from binlog_assets.lakehouse.columns import POSITION_FIELDS, split_table
 from binlog_assets.lakehouse.replica.commit import driver_commits
-from binlog_assets.lakehouse.replica.plan import MERGED_OPS, ROW_OPS, TRUNCATED_PROPERTY
+from binlog_assets.lakehouse.replica.plan import MERGED_OPS, ROW_OPS
 from binlog_assets.lakehouse.replica.routes import SOURCE_KEY_COLUMNS
 from binlog_assets.lakehouse.replica.rows import column_spellings
 
@@ -204,15 +204,38 @@ def _binary(value: Any) -> bytes:
 def in_driver(route: ReplicaRoute, survey: Survey, rule: Rule, props: dict[str, str],
               sources: Sources, new: NewTable | None, cutovers: list, limit: int) -> bool:
     """Whether the batch is small, without DDL, into a replica whose commit delta-rs
-    makes: row changes only into a keyed replica (`driver_rows`), or any changes into an
-    append-only one (`appended_rows`), computed as Spark's apply would."""
+    makes: row changes only into a keyed replica (`driver_rows`, after `above_marks` of
+    the truncates it holds), or any changes into an append-only one (`appended_rows`),
+    computed as Spark's apply would."""
     if (cutovers or survey.ddl or sources.dropped
             or not driver_commits(props if new is None else new.properties, survey.rows,
                                   limit, truncates=False)):
         return False
     # An append-only replica logs a truncate as a row of its own: no delete below it.
-    return rule.append or (not route.key_columns and not survey.truncates
-                           and props.get(TRUNCATED_PROPERTY) != "true")
+    return rule.append or (not route.key_columns and not survey.truncates)
+
+
+def above_marks(changes: pa.Table, marks: list[tuple[str, str, tuple]]) -> pa.Table:
+    """`changes` without those at or below their source table's latest truncate marker
+    (`marks`: `delta_log.stored_truncates`), as Spark's apply joins them: the source had
+    removed those rows already."""
+    if not marks or not changes.num_rows:
+        return changes
+    import pyarrow as pa
+
+    latest: dict[tuple[str, str], tuple] = {}
+    for db, table, position in marks:
+        latest[(db, table)] = max(latest.get((db, table), position), position)
+    data = changes.select(["table", *(source for _, _, source in POSITION_FIELDS)]).to_pydict()
+    tables = data["table"]
+    positions = zip(*(data[source] for _, _, source in POSITION_FIELDS), strict=True)
+    keep = []
+    for table, position in zip(tables, positions, strict=True):
+        mark = latest.get(split_table(table))
+        if mark is not None and None in position:
+            raise NotInDriver(f"a change of {table} without a position")
+        keep.append(mark is None or position > mark)
+    return changes if all(keep) else changes.filter(pa.array(keep))
 
 
 def batch_changes(pipeline: PipelineConfig, after_version: int | None, up_to: int,
