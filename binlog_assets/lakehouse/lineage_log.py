@@ -8,9 +8,10 @@ partitions that meet one failover at once raise it once, and the other reads it.
 commit adds no rows and carries an empty survey, so replica planning skips it.
 
 A partition's tail (the furthest position it placed) rides in every commit of its rows
-as three transactions beside its checkpoint (`transactions.tail_app_ids`): lineage,
-binlog file, position, read back in O(1) by the next run. The tail's server id, GTID and
-commit time are columns of its changelog row, looked up only when a rule needs them.
+as four transactions beside its checkpoint (`transactions.tail_app_ids`): lineage,
+binlog file, position and server id, read back in O(1) by the next run. The tail's GTID
+and commit time are columns of its changelog row, looked up only when a rule needs them
+(an event of another server).
 """
 
 from __future__ import annotations
@@ -69,11 +70,11 @@ def commit_record(table: DeltaTable, source: str, record: LineageRecord, expecte
 
 def stored_tail(table: DeltaTable, txn: str) -> Mark | None:
     """The partition's tail as its last commit recorded it (without its origin)."""
-    parts = [table.transaction_version(app_id) for app_id in tail_app_ids(txn)]
-    if any(p is None for p in parts):
+    lineage, file, pos, server = (table.transaction_version(app_id)
+                                  for app_id in tail_app_ids(txn))
+    if lineage is None or file is None or pos is None:
         return None
-    lineage, file, pos = parts
-    return Mark(lineage, file, pos)
+    return Mark(lineage, file, pos, server - 1 if server else None)
 
 
 def furthest(events: Sequence[ChangeEvent]) -> Mark | None:
@@ -101,7 +102,8 @@ def tail_transactions(txn: str, previous: Mark | None, events: Sequence[ChangeEv
                        <= (previous.lineage, *previous.coordinates)):
         return [], previous
     ids = tail_app_ids(txn)
-    return [Transaction(i, v) for i, v in zip(ids, (new.lineage, new.file, new.pos),
+    server = 0 if new.server_id is None else new.server_id + 1
+    return [Transaction(i, v) for i, v in zip(ids, (new.lineage, new.file, new.pos, server),
                                               strict=True)], new
 
 

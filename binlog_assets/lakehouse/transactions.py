@@ -31,8 +31,10 @@ def changelog_app_id(group_id: str, topic: str, partition: int) -> str:
 
 
 # A partition's tail (the furthest position it placed: `consume/lineage.py`) rides in the
-# same commits as its rows, as three more transactions: lineage, binlog file, position.
-TAIL_PARTS = ("lineage", "file", "pos")
+# same commits as its rows, as four more transactions: lineage, binlog file, position and
+# the server id plus one (0: none known), which lets a run's first event that the same
+# server wrote further on be placed without reading the tail's row.
+TAIL_PARTS = ("lineage", "file", "pos", "server")
 
 
 def tail_app_ids(txn: str) -> tuple[str, ...]:

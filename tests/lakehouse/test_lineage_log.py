@@ -77,7 +77,8 @@ def test_each_write_moves_the_partitions_tail_to_its_furthest_change(tmp_path: P
     # Another process reads the position from the log and the rest from the tail's row.
     fresh = ChangelogWriter(pipeline)
     stored = fresh.tail(GROUP, part.topic, part.partition)
-    assert (stored.coordinates, stored.server_id) == (tail.coordinates, None)
+    assert (stored.coordinates, stored.server_id, stored.gtid_text) == (
+        tail.coordinates, 7, None)
     origin = fresh.tail_origin(part.topic, part.partition, stored)
     assert (origin.server_id, origin.gtid_text, origin.ts) == (7, f"0-7-{last.pos}",
                                                                events[-1].source_ts)
@@ -129,3 +130,32 @@ def test_a_changelog_made_before_the_origin_columns_gets_them(tmp_path: Path) ->
     part.write(part.records([[src.insert(row(1))]]))
     names = DeltaTable(writer.uri).schema().to_arrow().names
     assert names[-2:] == ["server_id", "gtid"]
+
+
+def test_a_run_places_a_change_its_tails_server_wrote_further_on_without_its_row(
+        tmp_path: Path) -> None:
+    # The tail's server id rides in the log: the run's first change, of the same server
+    # further on, is placed at once; another server's looks the tail's row up.
+    pipeline = _pipeline(tmp_path)
+    writer = ChangelogWriter(pipeline)
+    part, src = Partition(writer), Source("shop.orders")
+    events = part.records([[src.insert(row(1))]])
+    events[0].server_id, events[0].gtid = 1, "0-1-7"
+    part.write(events)
+    other = ChangelogWriter(pipeline)
+    tail = other.tail(GROUP, part.topic, part.partition)
+    looked: list[int] = []
+
+    def origin():
+        looked.append(1)
+        return other.tail_origin(part.topic, part.partition, tail)
+
+    placer = Placer(other.book("shop"), "t[0]", tail, origin)
+    [same] = part.records([[src.insert(row(2))]])
+    same.server_id, same.gtid = 1, "0-1-8"
+    placer.place(same)
+    assert (same.position.lineage, looked) == (1, [])
+    [snapshot_read] = part.records([[src.insert(row(3))]])
+    snapshot_read.server_id = 0
+    placer.place(snapshot_read)
+    assert looked == [1]
