@@ -184,17 +184,7 @@ class BoundedRun:
             # The run's fixed start-up is three waits that do not depend on each other:
             # the checkpoint (a round trip to the group coordinator), the end offset (one
             # to the partition leader) and the lane workers' threads. They overlap.
-            starting = Started(lambda: LaneDispatcher(
-                self.registry,
-                lanes=s.lanes * s.key_slots_per_lane,
-                workers=s.workers or defaults.default_workers(s.lanes),
-                ordering=s.ordering,
-                table_ordering=s.table_ordering or None,
-                max_in_flight=s.max_in_flight,
-                policy=s.error_policy,
-                dead_letter=self._handler_dead_letter,
-                handler_timeout_seconds=s.handler_timeout_seconds,
-            ))
+            starting = Started(self._dispatcher)
             consumer = self._consumer()
             watermarks = Started(lambda: timed(
                 lambda: consumer.get_watermark_offsets(self.tp, timeout=30, cached=False)))
@@ -228,22 +218,7 @@ class BoundedRun:
                 dispatcher.close(timeout=s.handler_timeout_seconds or 10.0)
             self._commit(consumer, tracker, summary, final=poll.halt is None
                          and summary.stop_reason != STOP_INTERRUPTED)
-            if poll.halt is not None and isinstance(poll.halt[0], SnapshotPending):
-                log.info("%s[%d] ends before offset %d: %s", self.tp.topic, self.tp.partition,
-                         poll.halt[1], poll.halt[0])
-                summary.stop_reason = STOP_SNAPSHOT_PENDING
-            elif poll.halt is not None:
-                # What came before the record is committed; the record and all after it
-                # wait for the next run.
-                raise partition_stopped(poll.halt[0], self.tp.topic, self.tp.partition,
-                                        poll.halt[1], summary.committed_offset)
-            summary.lineage = self.placer.lineage
-            summary.lineages_raised = [r.describe() for r in self.placer.raised]
-            summary.dead_lettered = summary.decode_dead_lettered + dispatcher.dead_lettered
-            summary.handlers = dispatcher.handler_metrics()
-            summary.skipped = Counter(self.decoder.skipped)
-            summary.seconds = time.monotonic() - began
-            return summary
+            return self._ended(poll, dispatcher, summary, began)
         finally:
             if dispatcher is None and starting is not None:
                 dispatcher = starting.result(raise_error=False)
@@ -259,6 +234,41 @@ class BoundedRun:
             # must not wait for it, each holds one of the process's 1,024 thread-local keys.
             self._committer = self._dlq = None
             restore_gc_threshold()
+
+    def _dispatcher(self) -> LaneDispatcher:
+        s = self.settings
+        return LaneDispatcher(
+            self.registry,
+            lanes=s.lanes * s.key_slots_per_lane,
+            workers=s.workers or defaults.default_workers(s.lanes),
+            ordering=s.ordering,
+            table_ordering=s.table_ordering or None,
+            max_in_flight=s.max_in_flight,
+            policy=s.error_policy,
+            dead_letter=self._handler_dead_letter,
+            handler_timeout_seconds=s.handler_timeout_seconds,
+        )
+
+    def _ended(self, poll: _Poll, dispatcher: LaneDispatcher, summary: RunSummary,
+               began: float) -> RunSummary:
+        """The summary of a run whose last commit is made; raises where it stopped at a
+        record it could not decode."""
+        if poll.halt is not None and isinstance(poll.halt[0], SnapshotPending):
+            log.info("%s[%d] ends before offset %d: %s", self.tp.topic, self.tp.partition,
+                     poll.halt[1], poll.halt[0])
+            summary.stop_reason = STOP_SNAPSHOT_PENDING
+        elif poll.halt is not None:
+            # What came before the record is committed; the record and all after it
+            # wait for the next run.
+            raise partition_stopped(poll.halt[0], self.tp.topic, self.tp.partition,
+                                    poll.halt[1], summary.committed_offset)
+        summary.lineage = self.placer.lineage
+        summary.lineages_raised = [r.describe() for r in self.placer.raised]
+        summary.dead_lettered = summary.decode_dead_lettered + dispatcher.dead_lettered
+        summary.handlers = dispatcher.handler_metrics()
+        summary.skipped = Counter(self.decoder.skipped)
+        summary.seconds = time.monotonic() - began
+        return summary
 
     def _stopping(self, summary: RunSummary) -> bool:
         if self.stop is not None and self.stop.is_set():
