@@ -11,7 +11,7 @@ from __future__ import annotations
 import threading
 import uuid
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
@@ -256,6 +256,10 @@ class ChangelogWriter:
             if self._table is None and not DeltaTable.is_deltatable(self.uri):
                 return None
             stored = stored_tail(self._looked(), txn)
+            if known is None and stored is not None:
+                # The run's commit compares its tail with this one: read once. A copy: the
+                # run's placer moves the one it is given as it places.
+                self._tails[txn] = replace(stored)
         if known is not None and stored is not None and \
                 (known.lineage, *known.coordinates) == (stored.lineage, *stored.coordinates):
             return Mark(known.lineage, known.file, known.pos, known.server_id, known.gtid_text,

@@ -8,8 +8,8 @@ partitions that meet one failover at once raise it once, and the other reads it.
 commit adds no rows and carries an empty survey, so replica planning skips it.
 
 A partition's tail (the furthest position it placed) rides in every commit of its rows
-as four transactions beside its checkpoint (`transactions.tail_app_ids`): lineage,
-binlog file, position and server id, read back in O(1) by the next run. The tail's GTID
+as two transactions beside its checkpoint (`transactions.tail_app_ids`): lineage and
+server id, binlog file and position, read back in O(1) by the next run. The tail's GTID
 and commit time are columns of its changelog row, looked up only when a rule needs them
 (an event of another server).
 """
@@ -22,7 +22,12 @@ from typing import TYPE_CHECKING
 
 from binlog_assets.consume.lineage import LineageRaced, LineageRecord, Mark
 from binlog_assets.formats.event import SNAPSHOT_SCHEMA_ROW
-from binlog_assets.lakehouse.transactions import lineage_app_id, tail_app_ids
+from binlog_assets.lakehouse.transactions import (
+    lineage_app_id,
+    tail_app_ids,
+    tail_parts,
+    tail_versions,
+)
 
 if TYPE_CHECKING:
     from deltalake import DeltaTable, Transaction
@@ -70,11 +75,11 @@ def commit_record(table: DeltaTable, source: str, record: LineageRecord, expecte
 
 def stored_tail(table: DeltaTable, txn: str) -> Mark | None:
     """The partition's tail as its last commit recorded it (without its origin)."""
-    lineage, file, pos, server = (table.transaction_version(app_id)
-                                  for app_id in tail_app_ids(txn))
-    if lineage is None or file is None or pos is None:
+    found = [table.transaction_version(app_id) for app_id in tail_app_ids(txn)]
+    if None in found:
         return None
-    return Mark(lineage, file, pos, server - 1 if server else None)
+    lineage, file, pos, server_id = tail_parts(*found)
+    return Mark(lineage, file, pos, server_id)
 
 
 def furthest(events: Sequence[ChangeEvent]) -> Mark | None:
@@ -101,10 +106,8 @@ def tail_transactions(txn: str, previous: Mark | None, events: Sequence[ChangeEv
     if new is None or (previous is not None and (new.lineage, *new.coordinates)
                        <= (previous.lineage, *previous.coordinates)):
         return [], previous
-    ids = tail_app_ids(txn)
-    server = 0 if new.server_id is None else new.server_id + 1
-    return [Transaction(i, v) for i, v in zip(ids, (new.lineage, new.file, new.pos, server),
-                                              strict=True)], new
+    versions = tail_versions(new.lineage, new.file, new.pos, new.server_id)
+    return [Transaction(i, v) for i, v in zip(tail_app_ids(txn), versions, strict=True)], new
 
 
 def tail_origin(uri: str, topic: str, partition: int, tail: Mark) -> Mark | None:

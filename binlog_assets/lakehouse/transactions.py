@@ -31,15 +31,40 @@ def changelog_app_id(group_id: str, topic: str, partition: int) -> str:
 
 
 # A partition's tail (the furthest position it placed: `consume/lineage.py`) rides in the
-# same commits as its rows, as four more transactions: lineage, binlog file, position and
-# the server id plus one (0: none known), which lets a run's first event that the same
-# server wrote further on be placed without reading the tail's row.
-TAIL_PARTS = ("lineage", "file", "pos", "server")
+# same commits as its rows, as two more transactions of two numbers each: `#lineage` the
+# lineage and the server id plus one (0: none known, so a run's first event of the same
+# server further on is placed without reading the tail's row), `#binlog` the file and
+# position. Two, not four: delta-rs reads the log again for every transaction it answers.
+TAIL_PARTS = ("lineage", "binlog")
+_SERVER_BITS = 33  # a server id is 32 bits, plus one
+_POS_BITS = 32  # a binlog position is 32 bits (a MySQL event header's log_pos)
 
 
 def tail_app_ids(txn: str) -> tuple[str, ...]:
     """The transaction ids of the tail of the partition whose changelog id is `txn`."""
     return tuple(f"{txn}#{part}" for part in TAIL_PARTS)
+
+
+def tail_versions(lineage: int, file: int, pos: int, server_id: int | None
+                  ) -> tuple[int, int]:
+    """The versions of `tail_app_ids` for a tail; raises ValueError for a part that does
+    not fit its bits."""
+    server = 0 if server_id is None else server_id + 1
+    for name, value, bits in (("server id", server, _SERVER_BITS), ("binlog position", pos,
+                                                                    _POS_BITS),
+                              ("lineage", lineage, 63 - _SERVER_BITS),
+                              ("binlog file", file, 63 - _POS_BITS)):
+        if not 0 <= value < 1 << bits:
+            raise ValueError(f"a partition tail's {name} {value} is out of range")
+    return lineage << _SERVER_BITS | server, file << _POS_BITS | pos
+
+
+def tail_parts(lineage_version: int, binlog_version: int
+               ) -> tuple[int, int, int, int | None]:
+    """(lineage, file, position, server id or None) of `tail_versions`."""
+    server = lineage_version & ((1 << _SERVER_BITS) - 1)
+    return (lineage_version >> _SERVER_BITS, binlog_version >> _POS_BITS,
+            binlog_version & ((1 << _POS_BITS) - 1), server - 1 if server else None)
 
 
 def lineage_app_id(source: str) -> str:

@@ -159,3 +159,37 @@ def test_a_run_places_a_change_its_tails_server_wrote_further_on_without_its_row
     snapshot_read.server_id = 0
     placer.place(snapshot_read)
     assert looked == [1]
+
+
+def test_a_run_that_moved_the_tail_it_read_still_commits_it(tmp_path: Path) -> None:
+    # The placer moves the tail it was given in place: the commit compares against the
+    # tail as read, not that one.
+    pipeline = _pipeline(tmp_path)
+    writer = ChangelogWriter(pipeline)
+    part, src = Partition(writer), Source("shop.orders")
+    part.write(part.records([[src.insert(row(1))]]))
+    run = ChangelogWriter(pipeline)
+    tail = run.tail(GROUP, part.topic, part.partition)
+    events = part.records([[src.insert(row(2))]])
+    tail.file, tail.pos = events[0].position.file, events[0].position.pos
+    part.writer = run
+    part.write(events)
+    stored = ChangelogWriter(pipeline).tail(GROUP, part.topic, part.partition)
+    assert stored.coordinates == (events[0].position.file, events[0].position.pos)
+
+
+@pytest.mark.parametrize("parts", [(1, 1, 4, None), (2, 999_999, 2**32 - 1, 0),
+                                   (7, 2**31 - 1, 0, 2**32 - 1)])
+def test_a_tail_round_trips_through_its_two_transactions(parts: tuple) -> None:
+    from binlog_assets.lakehouse.transactions import tail_parts, tail_versions
+
+    versions = tail_versions(*parts)
+    assert all(0 <= v < 2**63 for v in versions)
+    assert tail_parts(*versions) == parts
+
+
+def test_a_tail_part_out_of_range_is_named() -> None:
+    from binlog_assets.lakehouse.transactions import tail_versions
+
+    with pytest.raises(ValueError, match="binlog position 4294967296"):
+        tail_versions(1, 1, 2**32, None)
