@@ -20,7 +20,7 @@ profiled (the op's thread, and every apply in its thread, merged): the top cumul
 costs follow the table.
 
     .venv/bin/python bench/bench_replica_round.py [--replicas 100] [--rows 3] [--top 40]
-        [--changelog-events 200] [--end-checks 10]
+        [--changelog-events 200] [--end-checks 10] [--snapshot]
 """
 
 from __future__ import annotations
@@ -279,6 +279,9 @@ def main() -> int:
                              "reports, which each apply's cursor looks back over)")
     parser.add_argument("--end-checks", type=int, default=10,
                         help="pending checks the measured run's end does (of --replicas)")
+    parser.add_argument("--snapshot", action="store_true",
+                        help="the first commit ends each table's rows with a truncate below "
+                             "them, as a snapshot's end does: every replica holds a marker")
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="binlake-replica-round-"))
     try:
@@ -297,6 +300,8 @@ def main() -> int:
             # One changelog commit touching every table: new keys, and an update of one.
             records = []
             for source in sources:
+                if args.snapshot and not ids[0]:
+                    records.append([source.truncate()])
                 for j in range(args.rows):
                     records.append([source.insert(row(ids[0] + j))])
                 if ids[0]:
