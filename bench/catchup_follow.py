@@ -27,7 +27,7 @@ from binlog_assets.lakehouse.replica.plan import replicas_touched
 from binlog_assets.lakehouse.replica.routes import replica_routes
 from binlog_assets.lakehouse.spark import get_spark
 from binlog_assets.orchestration.changelog_run_config import ChangelogRunConfig
-from binlog_assets.orchestration.replica_follower import follow
+from binlog_assets.orchestration.replica_follower import ChangelogView, FollowOptions, follow
 from binlog_assets.rounds.plan import consume_partitions
 
 FOLLOW_POLL = 0.5  # seconds between the follower's looks at the changelog's version
@@ -109,11 +109,12 @@ def binlake_following(pipeline: PipelineConfig, keys: list[str], expected: dict[
         return not thread.is_alive() and all(rows[n] == expected[n] for n in names)
 
     routes = replica_routes(pipeline)
-    for name, result in follow(apply, names, lambda: changelog_version(None, pipeline),
-                               poll=FOLLOW_POLL, stop=stop,
-                               touched=lambda after, up_to: replicas_touched(
-                                   pipeline, routes, after, up_to),
-                               workers=parallel, rounds=True):
+    changelog = ChangelogView(
+        lambda: changelog_version(None, pipeline),
+        lambda after, up_to: replicas_touched(pipeline, routes, after, up_to))
+    for name, result in follow(apply, names, changelog=changelog,
+                               options=FollowOptions(poll=FOLLOW_POLL, workers=parallel,
+                                                     rounds=True), stop=stop):
         if name is None:
             rounds += 1
             continue

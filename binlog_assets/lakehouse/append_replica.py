@@ -20,7 +20,6 @@ the driver (`replica/driver.py`, `replica/commit.py`), to the same rows.
 from __future__ import annotations
 
 from collections.abc import Callable
-from contextlib import AbstractContextManager
 from datetime import datetime
 from typing import TYPE_CHECKING
 
@@ -29,27 +28,27 @@ from pyspark.sql import functions as F
 from binlog_assets.identifiers import col, qualified
 from binlog_assets.lakehouse.columns import change_identity, first_per_group, free_name
 from binlog_assets.lakehouse.delta_log import (
-    NewTable,
     create_with_rows,
     last_commit_metrics,
     merge_aliases,
     metrics_since,
     table_version,
 )
-from binlog_assets.lakehouse.transactions import APP_ID
+from binlog_assets.lakehouse.transactions import APP_ID, SparkTxn
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
+    from binlog_assets.lakehouse.replica.plan import ReplicaTable
 
-def append_changes(spark: SparkSession, table: tuple[str, str], rows: DataFrame,
-                   typed: Callable[[DataFrame], DataFrame], version: int, now: datetime,
-                   txn: Callable[[], AbstractContextManager[None]], *, empty: bool,
-                   new: NewTable | None = None) -> int:
+
+def append_changes(spark: SparkSession, rows: DataFrame,
+                   typed: Callable[[DataFrame], DataFrame], *, table: ReplicaTable,
+                   version: int, now: datetime) -> int:
     """Append the batch's changes `rows` (`_source_db`, `_source_table`, `_position`,
-    `_op`, `_source_ts` and the image, as `ReplicaBuilder._keyed` frames them) to the
-    append-only replica `table` (created with them when `new` says how); `typed` turns
-    them into the table's columns, and `txn()` records changelog `version` on a MERGE.
+    `_op`, `_source_ts` and the image, as `rows.keyed_changes` frames them) to the
+    append-only replica `table` (created with them when `table.new` says how); `typed`
+    turns them into the table's columns. Every commit records changelog `version`.
     Returns the rows written."""
     change = free_name("_change", rows.columns)
     source = [F.col("_source_db"), F.col("_source_table")]
@@ -57,23 +56,23 @@ def append_changes(spark: SparkSession, table: tuple[str, str], rows: DataFrame,
     once = first_per_group(rows.withColumn(change, change_identity(F.col("_position"))),
                            [*source, col(change)], [F.col("_position").asc()]).drop(change)
     once = typed(once.withColumn("_applied_at", F.lit(now)))
-    if new is not None:
-        create_with_rows(spark, new, once, APP_ID, version)
-        return int(last_commit_metrics(spark, *table).get("numOutputRows", 0))
-    name = ".".join(table)
-    before = table_version(spark, *table)
-    if empty:
+    name = table.name
+    if table.new is not None:
+        create_with_rows(spark, table.new, once, APP_ID, version)
+        return int(last_commit_metrics(spark, *name).get("numOutputRows", 0))
+    before = table_version(spark, *name)
+    if table.empty:
         (once.write.format("delta").mode("append")
          .option("txnAppId", APP_ID).option("txnVersion", version)
-         .saveAsTable(name))
-        return int(metrics_since(spark, *table, before).get("numOutputRows", 0))
-    t, s = merge_aliases(table)
+         .saveAsTable(".".join(name)))
+        return int(metrics_since(spark, *name, before).get("numOutputRows", 0))
+    t, s = merge_aliases(name)
     same = ((col("_source_db", t) == col("_source_db", s))
             & (col("_source_table", t) == col("_source_table", s))
             & (change_identity(col("_position", t)) == change_identity(col("_position", s))))
-    merge = (once.alias(s).mergeInto(qualified(*table), same)
+    merge = (once.alias(s).mergeInto(qualified(*name), same)
              .whenNotMatched().insert({qualified(c): col(c, s) for c in once.columns}))
-    with txn():
+    with SparkTxn(spark, version):
         merge.merge()
-    return int(metrics_since(spark, *table, before).get("numTargetRowsInserted", 0))
+    return int(metrics_since(spark, *name, before).get("numTargetRowsInserted", 0))
 

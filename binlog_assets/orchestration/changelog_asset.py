@@ -14,6 +14,7 @@ partition's checkpoint, it writes nothing more and fails clearly.
 """
 
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 
 import dagster as dg
 
@@ -149,87 +150,124 @@ def changelog(
         yield dg.MaterializeResult()
 
 
+@dataclass(frozen=True)
+class Measured:
+    """What a caller that keeps a consumer open measures after the run: the lags (at
+    least the run's sources' topics), and the changelog's row count (`row_count()`,
+    called only when the run read a record)."""
+
+    lags: Sequence[PartitionLag]
+    row_count: Callable[[], int | None]
+
+
 def report_outcomes(context: dg.OpExecutionContext, run: RunReport,
                     outcomes: list[PartitionOutcome], *, final: bool,
-                    lags_at_end: Sequence[PartitionLag] | None = None,
-                    row_count: Callable[[], int | None] | None = None,
-                    one_line: bool = False) -> bool:
+                    measured: Measured | None = None, one_line: bool = False) -> bool:
     """Each partition's log line and metadata, and the sources' observations; whether
     any record was read. `final`: the run's output will carry the metadata (else it
     fails or was interrupted, and each materialization is recorded here).
 
-    A caller that keeps a consumer open passes the lags it measured after the run
-    (`lags_at_end`, at least the run's sources' topics) and the changelog's
-    `row_count`, else both are read here; `one_line` logs one line for all partitions,
-    not one each (every log line is a write to Dagster's event log)."""
+    Without `measured`, the lags and the changelog's row count are read here. `one_line`
+    logs one line for all partitions, not one each (every log line is a write to
+    Dagster's event log)."""
     consumed = any(o.summary.records for o in outcomes if o.summary is not None)
-    table_md = _table_metadata(run.changelog_uri, row_count) if consumed else {}
-    measured = lags_at_end
+    table_md = (_table_metadata(run.changelog_uri, None if measured is None
+                                else measured.row_count) if consumed else {})
     if measured is None:
         # Every source's topics in one request; the run checked the cluster when it
         # started: one round trip less.
-        measured = measure_lag(run.kafka_conf, run.group, run.topics, check=False)
-    lags = {partition_key(pl.topic, pl.partition): pl.lag for pl in measured}
+        lags_at_end = measure_lag(run.kafka_conf, run.group, run.topics, check=False)
+    else:
+        lags_at_end = measured.lags
+    lags = {partition_key(pl.topic, pl.partition): pl.lag for pl in lags_at_end}
     lines = []
     for outcome in outcomes:
         if outcome.error is not None:
             context.log.error(f"{outcome.key}: {type(outcome.error).__name__}: "
                               f"{outcome.error}")
             continue
-        summary, key = outcome.summary, outcome.key
-        where = " in a worker process" if isinstance(outcome.sink, SinkTotals) else ""
+        line = _log_partition(context, outcome, one_line=one_line)
+        if line is not None:
+            lines.append(line)
+        metadata = {**summary_metadata(outcome.summary, lags.get(outcome.key),
+                                       outcome.sink.version), **table_md}
+        _record(context, outcome.key, metadata, consumed=consumed, final=final)
+    if lines:
+        context.log.info(_one_line(outcomes, lines))
+    summaries = {o.key: o.summary for o in outcomes if o.summary is not None}
+    _warn_kafka_wait(context, run, summaries)
+    for source in run.sources:
+        found = lags_of(lags_at_end, source.topics)
+        context.log_event(source_observation(
+            context.instance, source, found, summaries, context.run.run_id))
+    return consumed
+
+
+def _log_partition(context: dg.OpExecutionContext, outcome: PartitionOutcome, *,
+                   one_line: bool) -> str | None:
+    """Log what a partition's run did and what it warns of; with `one_line`, its part
+    of the run's line is returned instead of logged."""
+    summary, key = outcome.summary, outcome.key
+    where = " in a worker process" if isinstance(outcome.sink, SinkTotals) else ""
+    line = None
+    if one_line:
+        line = (f"{key} {summary.records} ({summary.start_offset}-"
+                f"{summary.committed_offset}{where and ', worker'})")
+    else:
         stopped = ("; stopped: the run was interrupted"
                    if summary.stop_reason == STOP_INTERRUPTED else "")
-        if one_line:
-            lines.append(f"{key} {summary.records} ({summary.start_offset}-"
-                         f"{summary.committed_offset}{where and ', worker'})")
-        else:
-            context.log.info(
-                f"{key}: {summary.records} records from {summary.start_offset} "
-                f"({summary.checkpoint_source}) to {summary.committed_offset} in "
-                f"{summary.seconds:.1f}s{where}; {summary.dead_lettered} dead-lettered"
-                + stopped)
-        for raised in summary.lineages_raised:
-            context.log.warning(f"{key}: the source's binlog changed under the stream: "
-                                f"{raised}")
-        disagree = [f"{c.source}={c.offset}" for c in
-                    disagreements(summary.checkpoint_candidates, summary.start_offset)]
-        if disagree:
-            context.log.warning(f"{key}: checkpoint sources disagree with the chosen "
-                                f"{summary.checkpoint_source}={summary.start_offset}: "
-                                f"{disagree}")
-        metadata = {**summary_metadata(summary, lags.get(key), outcome.sink.version),
-                    **table_md}
-        if not consumed:
-            context.log_event(dg.AssetObservation(
-                asset_key=CHANGELOG_ASSET_KEY, partition=key, metadata=metadata))
-        elif not final:
-            # The run fails below, so its output records nothing: what did finish is
-            # recorded here, so its committed offsets still show (and still count).
-            context.log_event(dg.AssetMaterialization(
-                asset_key=CHANGELOG_ASSET_KEY, partition=key, metadata=metadata))
-        else:
-            context.add_asset_metadata(metadata, partition_key=key)
-    if lines:
-        read = [o.summary for o in outcomes if o.summary is not None]
         context.log.info(
-            f"{len(read)} partitions, {sum(r.records for r in read)} records, "
+            f"{key}: {summary.records} records from {summary.start_offset} "
+            f"({summary.checkpoint_source}) to {summary.committed_offset} in "
+            f"{summary.seconds:.1f}s{where}; {summary.dead_lettered} dead-lettered"
+            + stopped)
+    for raised in summary.lineages_raised:
+        context.log.warning(f"{key}: the source's binlog changed under the stream: "
+                            f"{raised}")
+    disagree = [f"{c.source}={c.offset}" for c in
+                disagreements(summary.checkpoint_candidates, summary.start_offset)]
+    if disagree:
+        context.log.warning(f"{key}: checkpoint sources disagree with the chosen "
+                            f"{summary.checkpoint_source}={summary.start_offset}: "
+                            f"{disagree}")
+    return line
+
+
+def _record(context: dg.OpExecutionContext, key: str, metadata: dict, *, consumed: bool,
+            final: bool) -> None:
+    """A partition's metadata: an observation when the run read no record, else its
+    materialization's (recorded here unless the run's output will carry it)."""
+    if not consumed:
+        context.log_event(dg.AssetObservation(
+            asset_key=CHANGELOG_ASSET_KEY, partition=key, metadata=metadata))
+    elif not final:
+        # The run fails below, so its output records nothing: what did finish is
+        # recorded here, so its committed offsets still show (and still count).
+        context.log_event(dg.AssetMaterialization(
+            asset_key=CHANGELOG_ASSET_KEY, partition=key, metadata=metadata))
+    else:
+        context.add_asset_metadata(metadata, partition_key=key)
+
+
+def _one_line(outcomes: list[PartitionOutcome], lines: list[str]) -> str:
+    """The run's partitions in one log line."""
+    read = [o.summary for o in outcomes if o.summary is not None]
+    return (f"{len(read)} partitions, {sum(r.records for r in read)} records, "
             f"{sum(r.dead_lettered for r in read)} dead-lettered"
             + ("; stopped: the run was interrupted"
                if any(r.stop_reason == STOP_INTERRUPTED for r in read) else "")
             + "; records (offsets) per partition: " + ", ".join(lines))
-    summaries = {o.key: o.summary for o in outcomes if o.summary is not None}
+
+
+def _warn_kafka_wait(context: dg.OpExecutionContext, run: RunReport,
+                     summaries: dict[str, RunSummary]) -> None:
+    """A warning when the partition that waited longest for Kafka waited long."""
     waited = max(summaries.items(), key=lambda ks: ks[1].kafka_wait_seconds, default=None)
     line = None if waited is None else waited_for_kafka(
         run.kafka_conf, "for records below its end offset, its end offset or a commit",
         waited[1].kafka_wait_seconds, waiter=waited[0])
     if line is not None:
         context.log.warning(line)
-    for source in run.sources:
-        found = lags_of(measured, source.topics)
-        context.log_event(source_observation(
-            context.instance, source, found, summaries, context.run.run_id))
-    return consumed
 
 
 def _table_metadata(uri: str, row_count: Callable[[], int | None] | None

@@ -23,7 +23,7 @@ from binlog_assets.lakehouse.changelog import (
     ChangelogWriter,
     changelog_uri,
 )
-from binlog_assets.orchestration.changelog_asset import report_outcomes
+from binlog_assets.orchestration.changelog_asset import Measured, report_outcomes
 from binlog_assets.orchestration.changelog_run_config import ChangelogRunConfig
 from binlog_assets.orchestration.lost_runs import unfinished_runs
 from binlog_assets.orchestration.metadata_checkpoint import latest_metadata_checkpoints
@@ -182,8 +182,10 @@ class ChangelogFollower:
     def report(self, run: RunReport, outcomes: list[PartitionOutcome]) -> None:
         # The lag at the end is measured once the round is over, for every source at
         # once, through the consumer kept open.
-        report_outcomes(self.context, run, outcomes, final=False, lags_at_end=self.measure(),
-                        row_count=lambda: self.row_count.after(outcomes), one_line=True)
+        report_outcomes(self.context, run, outcomes, final=False,
+                        measured=Measured(self.measure(),
+                                          lambda: self.row_count.after(outcomes)),
+                        one_line=True)
 
     def warn_unreachable(self, what: str, seconds: float) -> None:
         # The lag consumer's connection errors (a broker restarting closes its

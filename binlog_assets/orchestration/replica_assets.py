@@ -55,10 +55,11 @@ class ReplicaRunConfig(dg.Config):
                                              "whole changelog")
 
 
-def build_replica_assets(pipeline: PipelineConfig) -> dg.AssetsDefinition:
+def _replica_specs(pipeline: PipelineConfig) -> list[dg.AssetSpec]:
+    """An asset spec per replica, downstream of the changelog."""
     sources = {name: sorted(t.source for s in pipeline.sources for t in s.tables
                             if t.replica == name) for name in replica_names(pipeline)}
-    specs = [
+    return [
         dg.AssetSpec(
             replica_key(name),
             deps=[CHANGELOG_ASSET_KEY],
@@ -75,7 +76,10 @@ def build_replica_assets(pipeline: PipelineConfig) -> dg.AssetsDefinition:
         for name in replica_names(pipeline)
     ]
 
-    checks = [spec for name in replica_names(pipeline) for spec in (
+
+def _check_specs(pipeline: PipelineConfig) -> list[dg.AssetCheckSpec]:
+    """The asset checks each replica's build evaluates."""
+    return [spec for name in replica_names(pipeline) for spec in (
         dg.AssetCheckSpec(ROW_COUNT_CHECK, asset=replica_key(name),
                           description="rows in the replica's `_current` view equal the "
                                       "live keys counted from the changelog"),
@@ -84,8 +88,10 @@ def build_replica_assets(pipeline: PipelineConfig) -> dg.AssetsDefinition:
                                       "dagster.replica_delay_alert_seconds of its source "
                                       "commit"))]
 
-    @dg.multi_asset(specs=specs, check_specs=checks, can_subset=True, pool=SPARK_POOL,
-                    name="replicas")
+
+def build_replica_assets(pipeline: PipelineConfig) -> dg.AssetsDefinition:
+    @dg.multi_asset(specs=_replica_specs(pipeline), check_specs=_check_specs(pipeline),
+                    can_subset=True, pool=SPARK_POOL, name="replicas")
     def replicas(context: dg.AssetExecutionContext, config: ReplicaRunConfig,  # noqa: ANN202
                  binlake: BinlakeResource):  # Dagster would take a return annotation for outputs
         from concurrent.futures import ThreadPoolExecutor

@@ -23,6 +23,7 @@ import queue
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, TypeVar
 
 import dagster as dg
@@ -88,24 +89,46 @@ class FollowConfig(dg.Config):
                                 "at most this often (replica_versions.py)")
 
 
-def follow(apply: Callable[[str, int], object], names: list[str],
-           version: Callable[[], int], *, poll: float, stop: Callable[[], bool],
-           touched: Callable[[int, int], set[str] | None] = lambda after, up_to: None,
-           workers: int = 1, stale: int = STALE_VERSIONS, retry: float = FOLLOW_RETRY_SECONDS,
-           rounds: bool = False, waiting: Callable[[], None] | None = None
-           ) -> Iterator[tuple[str | None, object]]:
+@dataclass(frozen=True)
+class ChangelogView:
+    """What `follow` reads of the changelog: its current `version()`, and
+    `touched(after, up_to)`, the replicas that versions (after, up_to] hold rows of
+    (None: any may be)."""
+
+    version: Callable[[], int]
+    touched: Callable[[int, int], set[str] | None] = lambda after, up_to: None
+
+
+@dataclass(frozen=True)
+class FollowOptions:
+    """How `follow` paces its applies: a look at the changelog every `poll` seconds,
+    `workers` applies at once, a replica applied once `stale` versions passed since its
+    last apply, and again `retry` seconds after a failed one; with `rounds`, (None,
+    version) is yielded at every poll."""
+
+    poll: float
+    workers: int = 1
+    stale: int = STALE_VERSIONS
+    retry: float = FOLLOW_RETRY_SECONDS
+    rounds: bool = False
+
+
+def follow(apply: Callable[[str, int], object], names: list[str], *, changelog: ChangelogView,
+           options: FollowOptions, stop: Callable[[], bool],
+           waiting: Callable[[], None] | None = None) -> Iterator[tuple[str | None, object]]:
     """Apply each new changelog version to the replicas it touches until `stop()` says
     so; yields (replica, result) for every apply, as each ends, and with `rounds`
     (None, version) at every poll, so the caller can report between applies.
 
     The first round applies every replica (whatever is pending); later rounds apply those
-    that `touched(seen, current)` names (None: all), and any not applied for `stale`
-    versions, `workers` at a time. A replica whose apply fails is yielded with its error
-    and rests `retry` seconds, then is applied again (at the version then current, new
-    or not): the others go on following meanwhile. While a round's applies run,
-    `waiting()` is called every `poll` seconds none of them ends (the caller reports on
-    the calls they wait for).
+    that `changelog.touched(seen, current)` names (None: all), and any not applied for
+    `stale` versions, `workers` at a time (`options`). A replica whose apply fails is
+    yielded with its error and rests `retry` seconds, then is applied again (at the
+    version then current, new or not): the others go on following meanwhile. While a
+    round's applies run, `waiting()` is called every `poll` seconds none of them ends (the
+    caller reports on the calls they wait for).
     """
+    poll, workers, stale = options.poll, options.workers, options.stale
     seen = None
     brought: dict[str, int] = {}  # replica -> the version its last apply went up to
     resting: dict[str, float] = {}  # replica whose last apply failed -> when to try again
@@ -113,22 +136,22 @@ def follow(apply: Callable[[str, int], object], names: list[str],
             if workers > 1 or waiting is not None else None)
     try:
         while True:
-            current = version()
+            current = changelog.version()
             now = time.monotonic()
             due = [n for n, at in resting.items() if at <= now]
             if current != seen:
-                hit = None if seen is None else touched(seen, current)
+                hit = None if seen is None else changelog.touched(seen, current)
                 due += [n for n in names if n not in resting
                         and (hit is None or n in hit or current - brought.get(n, -1) >= stale)]
             for name, result in _applied(apply, due, current, pool, poll, waiting):
                 if isinstance(result, Exception):
-                    resting[name] = time.monotonic() + retry
+                    resting[name] = time.monotonic() + options.retry
                 else:
                     resting.pop(name, None)
                     brought[name] = current
                 yield name, result
             seen = current
-            if rounds:
+            if options.rounds:
                 yield None, current
             if stop():
                 break
@@ -226,11 +249,13 @@ class ReplicaFollower:
         from binlog_assets.lakehouse.replica.plan import replicas_touched
 
         pipeline = self.pipeline
-        return follow(self.apply, self.names, lambda: changelog_version(None, pipeline),
-                      poll=pipeline.dagster.replica_poll_seconds, stop=self.stop,
-                      touched=lambda after, up_to: replicas_touched(pipeline, self.routes,
-                                                                    after, up_to),
-                      workers=len(self.builders.all), rounds=True, waiting=self.log_waits)
+        changelog = ChangelogView(
+            lambda: changelog_version(None, pipeline),
+            lambda after, up_to: replicas_touched(pipeline, self.routes, after, up_to))
+        return follow(self.apply, self.names, changelog=changelog,
+                      options=FollowOptions(poll=pipeline.dagster.replica_poll_seconds,
+                                            workers=len(self.builders.all), rounds=True),
+                      stop=self.stop, waiting=self.log_waits)
 
     def stop(self) -> bool:
         if time.monotonic() >= self.deadline:

@@ -20,7 +20,7 @@ from binlog_assets.formats.event import FIRST_LINEAGE
 from binlog_assets.lakehouse.replica.routes import ReplicaRoute, replica_route
 from binlog_assets.parity.canonical import Fingerprint
 from binlog_assets.parity.lake import replica_rows, row_positions
-from binlog_assets.parity.progress import Progress, progress, wait_past
+from binlog_assets.parity.progress import CheckedSource, Progress, progress, wait_past
 from binlog_assets.parity.source import (
     ChunkChecksum,
     SourceTable,
@@ -34,10 +34,9 @@ from binlog_assets.parity.source import (
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-    import pymysql
-
     from binlog_assets.config import PipelineConfig, SourceConfig
     from binlog_assets.parity.chunks import Key, KeyRange
+    from binlog_assets.parity.source import BinlogPosition
 
 
 class NotCheckable(Exception):
@@ -103,7 +102,9 @@ def check_replica(pipeline: PipelineConfig, replica: str, kafka_conf: dict, grou
             raise NotCheckable(f"source {source.name!r} has no `connection`")
         db = connect(source.connection)
         try:
-            _check_source(pipeline, route, source, db, kafka_conf, group, report, log)
+            checked = CheckedSource(pipeline, own_route(route, source), source, db, kafka_conf,
+                                    group)
+            _check_source(route, report, log, checked=checked)
         finally:
             db.close()
     report.seconds = time.monotonic() - began
@@ -121,15 +122,15 @@ def own_route(route: ReplicaRoute, source: SourceConfig) -> ReplicaRoute:
     return _route(route.replica, [t for t in source.tables if t.replica == route.replica])
 
 
-def _check_source(pipeline: PipelineConfig, route: ReplicaRoute, source: SourceConfig,
-                  db: pymysql.Connection, kafka_conf: dict, group: str,
-                  report: ParityReport, log: Callable[[str], None]) -> None:
+def _check_source(route: ReplicaRoute, report: ParityReport, log: Callable[[str], None], *,
+                  checked: CheckedSource) -> None:
+    """The source's tables of the replica (`route`) checked, chunk by chunk."""
+    pipeline, db = checked.pipeline, checked.db
     settings = pipeline.parity
-    own = own_route(route, source)
-    tables = source_tables(db, own)
+    tables = source_tables(db, checked.route)
     if not tables:
-        raise NotCheckable(f"no source table of {source.name!r} matches the replica's "
-                           f"table configs")
+        raise NotCheckable(f"no source table of {checked.source.name!r} matches the "
+                           f"replica's table configs")
     began = time.monotonic()
     taken: dict[str, list[ChunkChecksum]] = {}
     for table in tables:
@@ -146,13 +147,13 @@ def _check_source(pipeline: PipelineConfig, route: ReplicaRoute, source: SourceC
     log(f"{route.replica}: {sum(map(len, taken.values()))} source chunks in "
         f"{report.source_seconds:.1f}s, snapshot up to {report.snapshot}")
 
-    seen = _wait(pipeline, own, source, db, last, kafka_conf, group, report)
+    seen = _wait(last, report, checked=checked)
     if not seen.past:
         return
     for table in tables:
         chunks = taken[table.name]
         if _is_log(route, table):
-            _check_log(pipeline, own, source, db, kafka_conf, group, table, chunks[0], report)
+            _check_log(table, chunks[0], report, checked=checked)
             continue
         began = time.monotonic()
         rows = replica_rows(pipeline, route.replica, table)
@@ -166,8 +167,7 @@ def _check_source(pipeline: PipelineConfig, route: ReplicaRoute, source: SourceC
                      if not _equal(c, f)]
         for i in differing:
             report.rechecked += 1
-            mismatch = _recheck(pipeline, own, source, db, kafka_conf, group, table, chunks,
-                                i, report)
+            mismatch = _recheck(table, chunks, i, report, checked=checked)
             if mismatch is not None:
                 report.mismatches.append(mismatch)
                 log(f"{route.replica}: {table.name} chunk {mismatch.key_range} differs: "
@@ -180,18 +180,19 @@ def _is_log(route: ReplicaRoute, table: SourceTable) -> bool:
     return route.replica_mode == "append" or not table.key
 
 
-def _check_log(pipeline: PipelineConfig, route: ReplicaRoute, source: SourceConfig,
-               db: pymysql.Connection, kafka_conf: dict, group: str, table: SourceTable,
-               chunk: ChunkChecksum, report: ParityReport) -> None:
+def _check_log(table: SourceTable, chunk: ChunkChecksum, report: ParityReport, *,
+               checked: CheckedSource) -> None:
     """A keyless table, one chunk: its rows against the replica's log replayed as a
     multiset; taken again when they differ, as a keyed chunk is."""
     from binlog_assets.lakehouse.replica.driver import NotInDriver
     from binlog_assets.parity.replay import replayed
 
+    db = checked.db
+
     def replay():  # noqa: ANN202
         began = time.monotonic()
         try:
-            out = replayed(pipeline, route.replica, table)
+            out = replayed(checked.pipeline, checked.route.replica, table)
         except NotInDriver as exc:
             raise NotCheckable(f"{table.name}: an update's before-image in the changelog "
                                f"cannot be typed as the replica's: {exc}") from exc
@@ -206,7 +207,7 @@ def _check_log(pipeline: PipelineConfig, route: ReplicaRoute, source: SourceConf
         return
     report.rechecked += 1
     again = chunk_again(db, table, chunk.key_range)
-    if not _wait(pipeline, route, source, db, again.position, kafka_conf, group, report).past:
+    if not _wait(again.position, report, checked=checked).past:
         return
     log = replay()
     if _equal(again, log.fingerprint()) and not log.unmatched:
@@ -219,15 +220,13 @@ def _check_log(pipeline: PipelineConfig, route: ReplicaRoute, source: SourceConf
             *(f"{extra} replayed row(s) not in the source",) * bool(extra), *log.unmatched]
     report.mismatches.append(Mismatch(table.name, "all rows (a log of changes, replayed)",
                                       again.rows, log.fingerprint().rows,
-                                      keys[:pipeline.parity.sample_keys]))
+                                      keys[:checked.pipeline.parity.sample_keys]))
 
 
-def _wait(pipeline: PipelineConfig, route: ReplicaRoute, source: SourceConfig,
-          db: pymysql.Connection, position, kafka_conf: dict, group: str,  # noqa: ANN001
-          report: ParityReport) -> Progress:
+def _wait(position: BinlogPosition, report: ParityReport, *, checked: CheckedSource
+          ) -> Progress:
     began = time.monotonic()
-    seen = wait_past(progress(pipeline, route, source, db, position, kafka_conf, group),
-                     pipeline.parity.wait_seconds)
+    seen = wait_past(progress(position, checked=checked), checked.pipeline.parity.wait_seconds)
     report.wait_seconds += time.monotonic() - began
     report.progress = seen.reason
     report.applied_past = report.applied_past and seen.past
@@ -238,17 +237,16 @@ def _equal(chunk: ChunkChecksum, replica: Fingerprint) -> bool:
     return (chunk.rows, chunk.total, chunk.xor) == (replica.rows, replica.total, replica.xor)
 
 
-def _recheck(pipeline: PipelineConfig, route: ReplicaRoute, source: SourceConfig,
-             db: pymysql.Connection, kafka_conf: dict, group: str, table: SourceTable,
-             chunks: list[ChunkChecksum], index: int, report: ParityReport
-             ) -> Mismatch | None:
+def _recheck(table: SourceTable, chunks: list[ChunkChecksum], index: int,
+             report: ParityReport, *, checked: CheckedSource) -> Mismatch | None:
     """The chunk taken again: None when it now agrees, else what differs (keys named)."""
+    pipeline, route = checked.pipeline, checked.route
     key_range = chunks[index].key_range
     # The row CRCs and their fingerprint from one snapshot: an aggregate and row CRCs
     # taken apart would see different rows under a running workload.
-    source_crcs, position = row_crcs(db, table, key_range)
+    source_crcs, position = row_crcs(checked.db, table, key_range)
     again = Fingerprint.of(list(source_crcs.values()))
-    seen = _wait(pipeline, route, source, db, position, kafka_conf, group, report)
+    seen = _wait(position, report, checked=checked)
     if not seen.past:
         return None
     uppers = [c.key_range.upper for c in chunks]

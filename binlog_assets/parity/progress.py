@@ -60,6 +60,20 @@ class Progress:
     lineage: int | None = None  # the lineage P was placed in, once known
 
 
+@dataclass(frozen=True)
+class CheckedSource:
+    """One source of a replica under a parity check: the pipeline, the replica's route
+    over this source's tables, the source and a connection to it, and the Kafka client
+    config and consumer group its changelog partitions are read with."""
+
+    pipeline: PipelineConfig
+    route: ReplicaRoute
+    source: SourceConfig
+    db: pymysql.Connection
+    kafka_conf: dict
+    group: str
+
+
 @dataclass
 class PastWaiter:
     """Looks whether the replica is past P, against fixed targets: the high watermarks
@@ -67,50 +81,46 @@ class PastWaiter:
     Read anew at every look, a busy partition's high watermark would always be ahead,
     and the wait would never end under a running workload."""
 
-    pipeline: PipelineConfig
-    route: ReplicaRoute
-    source: SourceConfig
-    db: pymysql.Connection
+    checked: CheckedSource
     position: BinlogPosition
-    kafka_conf: dict
-    group: str
     _targets: dict | None = None
     _version: int | None = None
     _lineage: int | None = None
 
     def look(self) -> Progress:
+        pipeline, route, source = self.checked.pipeline, self.checked.route, self.checked.source
+        db, group = self.checked.db, self.checked.group
         if self._targets is None:
-            self._targets = high_watermarks(self.kafka_conf, self.group, self.source)
-        behind = partitions_behind(self.pipeline, self.group, self._targets)
+            self._targets = high_watermarks(self.checked.kafka_conf, group, source)
+        behind = partitions_behind(pipeline, group, self._targets)
         if behind:
             return Progress(False, f"the changelog lags Kafka: {behind}")
         if self._version is None:
-            self._version = changelog_version(self.pipeline)
+            self._version = changelog_version(pipeline)
         if self._version is None:
             return Progress(False, "no changelog yet")
-        applied = applied_version(self.pipeline, self.route.replica)
-        pending = unapplied_commits(self.pipeline, self.route, applied, self._version)
+        applied = applied_version(pipeline, route.replica)
+        pending = unapplied_commits(pipeline, route, applied, self._version)
         if pending:
             return Progress(False, f"the replica has not applied changelog versions "
                                    f"{pending[:10]}")
         if self._lineage is None:
-            placed = place_position(self.pipeline, self.source, self.db, self.position,
-                                    list(self._targets), self.group)
+            placed = place_position(pipeline, source, db, self.position, list(self._targets),
+                                    group)
             if placed.lineage is None:
                 self._targets = self._version = None
                 return Progress(False, placed.reason)
             self._lineage = placed.lineage
-        reached = reached_position(self.pipeline, self.source, self._version)
+        reached = reached_position(pipeline, source, self._version)
         target = (self._lineage, self.position.file, self.position.pos)
         if reached is not None and reached >= target:
             return Progress(True, f"the changelog reached binlog {_label(reached)}, past "
                                   f"the snapshot's {_label(target)}", self._lineage)
         # The binlog between can be read only when both ends are of the server's binlog.
-        between = (binlog_tables_between(self.db, None if reached is None else reached[1:],
+        between = (binlog_tables_between(db, None if reached is None else reached[1:],
                                          self.position)
                    if reached is None or reached[0] == self._lineage else None)
-        ours = None if between is None else sorted(t for t in between
-                                                   if self.route.matches(t))
+        ours = None if between is None else sorted(t for t in between if route.matches(t))
         if between is None or ours:
             # Debezium had not published them when the targets were read: read anew.
             self._targets = self._version = None
@@ -123,11 +133,9 @@ class PastWaiter:
                               f"change of the replica's tables", self._lineage)
 
 
-def progress(pipeline: PipelineConfig, route: ReplicaRoute, source: SourceConfig,
-             db: pymysql.Connection, position: BinlogPosition, kafka_conf: dict,
-             group: str) -> Callable[[], Progress]:
+def progress(position: BinlogPosition, *, checked: CheckedSource) -> Callable[[], Progress]:
     """A look at the three conditions above, for `wait_past`."""
-    return PastWaiter(pipeline, route, source, db, position, kafka_conf, group).look
+    return PastWaiter(checked=checked, position=position).look
 
 
 def wait_past(look: Callable[[], Progress], timeout: float, poll: float = 0.5) -> Progress:

@@ -43,6 +43,16 @@ if TYPE_CHECKING:
 _META = ("_source_db", "_source_table", "_op", "_position", "_source_ts", "_applied_at")
 
 
+@dataclass(frozen=True)
+class ReplicaSide:
+    """The replica a re-sync reads its live rows from: its location, its Arrow schema,
+    and the source table's key as the replica names its columns."""
+
+    uri: str
+    schema: pa.Schema
+    key_names: list[str]
+
+
 @dataclass
 class ChunkResync:
     key_range: KeyRange
@@ -71,7 +81,7 @@ def resync_table(pipeline: PipelineConfig, replica: str, db: pymysql.Connection,
 
     uri = replica_uri(pipeline, replica)
     schema = pa.schema(DeltaTable(uri).schema().to_arrow())
-    key_names = _replica_names(schema, table.key)
+    side = ReplicaSide(uri, schema, _replica_names(schema, table.key))
     writer = ChangelogWriter(pipeline)
     done = []
     lower = None if key_range is None else key_range.lower
@@ -90,8 +100,8 @@ def resync_table(pipeline: PipelineConfig, replica: str, db: pymysql.Connection,
                 chunk = KeyRange(lower, None if found is None else
                                  tuple(key_value(v) for v in found))
             rows = _source_rows(db, table, chunk)
-        events, deleted = _events(uri, schema, table, key_names, chunk, rows, position,
-                                  lineage(position))
+        events, deleted = _events(table, chunk, rows, position, lineage(position),
+                                  replica=side)
         version = writer.append(events, f"resync/{replica}/{table.name}@{position.name}:"
                                         f"{position.pos}")
         done.append(ChunkResync(chunk, position, len(rows), deleted, version))
@@ -117,12 +127,13 @@ def _replica_names(schema: pa.Schema, columns: tuple[str, ...]) -> list[str]:
     return [present[c.lower()] for c in columns]
 
 
-def _events(uri: str, schema: pa.Schema, table: SourceTable, key_names: list[str],
-            chunk: KeyRange, rows: list[dict[str, Any]], position: BinlogPosition,
-            lineage: int = FIRST_LINEAGE) -> tuple[list[ChangeEvent], int]:
+def _events(table: SourceTable, chunk: KeyRange, rows: list[dict[str, Any]],
+            position: BinlogPosition, lineage: int = FIRST_LINEAGE, *,
+            replica: ReplicaSide) -> tuple[list[ChangeEvent], int]:
     """The chunk's change events at `position` of `lineage`, and how many of them are
     deletes."""
     at = Position(lineage, position.file, position.pos)
+    schema = replica.schema
     types = {n.lower(): schema.field(n).type for n in schema.names if n not in _META}
     # The replica's types, declared per image's spelling of its columns (one map for a
     # chunk's reads, one for its deletes), so nothing is typed by inference.
@@ -149,8 +160,8 @@ def _events(uri: str, schema: pa.Schema, table: SourceTable, key_names: list[str
         source_keys.add(tuple(key_value(row[k]) for k in table.key))
         events.append(event(OP_READ, image))
     deleted = 0
-    for old in _live_rows(uri, table, key_names, chunk):
-        if tuple(key_value(old[k]) for k in key_names) in source_keys:
+    for old in _live_rows(table, chunk, replica=replica):
+        if tuple(key_value(old[k]) for k in replica.key_names) in source_keys:
             continue
         deleted += 1
         spelled = {n.lower(): n for n in old}
@@ -162,13 +173,14 @@ def _events(uri: str, schema: pa.Schema, table: SourceTable, key_names: list[str
     return events, deleted
 
 
-def _live_rows(uri: str, table: SourceTable, key_names: list[str], chunk: KeyRange
+def _live_rows(table: SourceTable, chunk: KeyRange, *, replica: ReplicaSide
                ) -> list[dict[str, Any]]:
     """The replica's live rows of `table` in `chunk`, as Python dicts."""
     import pyarrow as pa
     from deltalake import DeltaTable, QueryBuilder
 
-    reader = QueryBuilder().register("replica", DeltaTable(uri)).execute(
+    key_names = replica.key_names
+    reader = QueryBuilder().register("replica", DeltaTable(replica.uri)).execute(
         f"SELECT * FROM replica WHERE _op IN ({', '.join(repr(o) for o in LIVE_OPS)}) "
         f"AND _source_db = '{_escaped(table.database)}' "
         f"AND _source_table = '{_escaped(table.table)}'")

@@ -25,6 +25,8 @@ from binlog_assets.lakehouse.replica.routes import replica_routes
 from binlog_assets.orchestration.replica_follower import (
     FOLLOW_JOB_NAME,
     Builders,
+    ChangelogView,
+    FollowOptions,
     _Checks,
     _Delays,
     follow,
@@ -215,8 +217,9 @@ def test_a_delay_is_reported_when_its_outcome_changes_else_at_most_every_interva
 def test_the_loop_applies_every_replica_once_per_new_version() -> None:
     versions = iter([3, 3, 5, 5, 5, 8])
     stops = iter([False] * 5 + [True])
-    applied = list(follow(lambda name, v: (name, v), ["a", "b"], lambda: next(versions),
-                          poll=0, stop=lambda: next(stops)))
+    applied = list(follow(lambda name, v: (name, v), ["a", "b"],
+                          changelog=ChangelogView(lambda: next(versions)),
+                          options=FollowOptions(poll=0), stop=lambda: next(stops)))
     assert applied == [("a", ("a", 3)), ("b", ("b", 3)), ("a", ("a", 5)), ("b", ("b", 5)),
                        ("a", ("a", 8)), ("b", ("b", 8))]
 
@@ -230,8 +233,9 @@ def test_later_rounds_apply_only_the_touched_replicas_and_the_stale_ones() -> No
         asked.append((after, up_to))
         return {5: {"b"}, 8: set(), 9: None}[up_to]
 
-    applied = list(follow(lambda name, v: v, ["a", "b", "c"], lambda: next(versions),
-                          poll=0, stop=lambda: next(stops), touched=touched, stale=5))
+    applied = list(follow(lambda name, v: v, ["a", "b", "c"],
+                          changelog=ChangelogView(lambda: next(versions), touched),
+                          options=FollowOptions(poll=0, stale=5), stop=lambda: next(stops)))
     assert asked == [(3, 5), (5, 8), (8, 9)]
     # 3: the first round, all; 5: b; 8: nothing touched, but a and c were last applied at
     # 3 (stale at 5 versions); 9: the surveys could not say, so all.
@@ -249,8 +253,8 @@ def test_the_loop_applies_workers_replicas_at_once() -> None:
         together.wait()
         return name, version
 
-    applied = list(follow(apply, ["a", "b", "c", "d"], lambda: 1, poll=0,
-                          stop=lambda: next(stops), workers=2))
+    applied = list(follow(apply, ["a", "b", "c", "d"], changelog=ChangelogView(lambda: 1),
+                          options=FollowOptions(poll=0, workers=2), stop=lambda: next(stops)))
     assert sorted(applied) == [(n, (n, 1)) for n in "abcd"]
 
 
@@ -285,8 +289,8 @@ def test_a_replica_whose_apply_fails_is_left_and_the_others_go_on() -> None:
             raise ValueError("a is broken")
         return name, version
 
-    applied = list(follow(apply, ["a", "b"], lambda: next(versions), poll=0,
-                          stop=lambda: next(stops)))
+    applied = list(follow(apply, ["a", "b"], changelog=ChangelogView(lambda: next(versions)),
+                          options=FollowOptions(poll=0), stop=lambda: next(stops)))
     assert [name for name, _ in applied] == ["a", "b", "b", "b"]
     assert isinstance(applied[0][1], ValueError)
     assert [result for _, result in applied[1:]] == [("b", 3), ("b", 5), ("b", 8)]
@@ -305,8 +309,9 @@ def test_a_replica_whose_apply_failed_is_applied_again_after_its_rest() -> None:
             raise RuntimeError("Cannot call methods on a stopped SparkContext.")
         return name, version
 
-    applied = list(follow(apply, ["a", "b"], lambda: next(versions), poll=0.02,
-                          stop=lambda: next(stops), retry=0.03))
+    applied = list(follow(apply, ["a", "b"], changelog=ChangelogView(lambda: next(versions)),
+                          options=FollowOptions(poll=0.02, retry=0.03),
+                          stop=lambda: next(stops)))
     assert isinstance(applied[0][1], RuntimeError)
     # b at 3; a again at 3 (no new version); then both at 5.
     assert [(n, r) for n, r in applied[1:]] == [("b", ("b", 3)), ("a", ("a", 3)),
@@ -330,7 +335,8 @@ def test_a_round_whose_applies_wait_calls_waiting_until_one_ends() -> None:
         if len(calls) == 3:
             release.set()
 
-    applied = list(follow(apply, ["slow"], lambda: 1, poll=0.02, stop=lambda: True,
+    applied = list(follow(apply, ["slow"], changelog=ChangelogView(lambda: 1),
+                          options=FollowOptions(poll=0.02), stop=lambda: True,
                           waiting=waiting))
     assert applied == [("slow", "slow")]
     assert len(calls) == 3, calls

@@ -96,12 +96,12 @@ def test_a_round_measures_the_lags_twice_through_the_kept_consumer(
     from binlog_assets.consume.lag import PartitionLag
     from binlog_assets.orchestration import changelog_asset, changelog_follower
 
-    measured: list[object] = []
+    consumers: list[object] = []
     ends = iter(range(10, 1000, 10))
 
     def measure_lag(kafka_conf: dict, group: str, topics: list[str], *, check: bool = True,
                     consumer: object = None) -> list[PartitionLag]:
-        measured.append(consumer)
+        consumers.append(consumer)
         return [PartitionLag(t, 0, 0, next(ends), 0) for t in topics]
 
     def elsewhere(*args: object, **kwargs: object) -> list[PartitionLag]:
@@ -120,9 +120,9 @@ def test_a_round_measures_the_lags_twice_through_the_kept_consumer(
         rounds.append((plan.keys, lags))
         return [PartitionOutcome(k) for k in plan.keys]
 
-    def report_outcomes(*args: object, lags_at_end: list[PartitionLag], **kwargs: object
-                        ) -> bool:
-        reports.append({(pl.topic, pl.partition): pl.high for pl in lags_at_end})
+    def report_outcomes(*args: object, measured: changelog_asset.Measured,
+                        **kwargs: object) -> bool:
+        reports.append({(pl.topic, pl.partition): pl.high for pl in measured.lags})
         return True
 
     monkeypatch.setattr(changelog_follower, "run_partitions", run_partitions)
@@ -140,8 +140,8 @@ def test_a_round_measures_the_lags_twice_through_the_kept_consumer(
             run_config={"ops": {"follow_changelog": {"config": {"seconds": 60}}}})
     assert result.success
     assert len(rounds) == len(reports) == 3
-    assert len(measured) == 6 and all(isinstance(c, Kept) for c in measured)
-    assert len({id(c) for c in measured}) == 1
+    assert len(consumers) == 6 and all(isinstance(c, Kept) for c in consumers)
+    assert len({id(c) for c in consumers}) == 1
     # Each round's worker rule gets the lags due() measured; its report those measured
     # after it (the ends grow by 10 at each measurement here).
     assert rounds[0] == (["a:0", "b:0"], {"a:0": 10, "b:0": 20})

@@ -10,7 +10,7 @@ import pyarrow as pa
 import pytest
 
 from binlog_assets.parity.chunks import KeyRange
-from binlog_assets.parity.resync import _events, canonical_type, event_value
+from binlog_assets.parity.resync import ReplicaSide, _events, canonical_type, event_value
 from binlog_assets.parity.source import BinlogPosition, SourceTable
 
 
@@ -69,8 +69,9 @@ def test_a_chunk_becomes_reads_at_its_position_and_deletes_of_rows_the_source_la
                         True, (), ("ID",))
     source = [{"ID": 1, "price": Decimal("1.50"), "seen": datetime(2026, 11, 2, 8)},
               {"ID": 5, "price": Decimal("5"), "seen": None}]
-    events, deleted = _events(uri, schema, table, ["id"], KeyRange(None, (8,)), source,
-                              BinlogPosition(4, 1234, "mysql-bin.000004"))
+    events, deleted = _events(table, KeyRange(None, (8,)), source,
+                              BinlogPosition(4, 1234, "mysql-bin.000004"),
+                              replica=ReplicaSide(uri, schema, ["id"]))
 
     assert deleted == 2  # 2 and 4: live, in the range, not at the source; 3 is a tombstone
     assert [(e.op, e.key) for e in events] == [("r", (1,)), ("r", (5,)), ("d", (2,)),

@@ -68,6 +68,7 @@ from binlog_assets.lakehouse.replica.commit import (
 )
 from binlog_assets.lakehouse.replica.cutover import (
     CUTOVERS_PROPERTY,
+    Cutover,
     cutover_rows,
     plan_cutovers,
     record_cutovers,
@@ -102,8 +103,11 @@ from binlog_assets.lakehouse.replica.plan import (
     TRUNCATED_PROPERTY,
     ReplicaError,
     ReplicaResult,
+    ReplicaTable,
+    RowShape,
     Rule,
     Survey,
+    Versions,
     fallback_warning,
     feature_properties,
     key_rule,
@@ -201,28 +205,75 @@ class ReplicaBuilder:
     def _apply(self, route: ReplicaRoute, up_to_version: int | None) -> ReplicaResult:
         spark = self.spark
         up_to = changelog_version(spark, self.pipeline) if up_to_version is None else up_to_version
-        replica_table = self.table_name(route.replica)
-        exists = table_exists(spark, *replica_table)
-        props, files, location = self._detail(replica_table) if exists else ({}, 0, "")
-        stored_rule = recorded_rule(route, props)
-        targets = [replica_table]
-        if route.history and stored_rule != APPEND_ONLY:
-            targets.append(self.history_name(route.replica))
-        applied = {t: txn_version(spark, *t, APP_ID) if exists or t != replica_table else None
-                   for t in targets}
-        behind = [t for t in targets if applied[t] is None or applied[t] < up_to]
-        if props and stored_rule != APPEND_ONLY:
+        table = self._found(route.replica)
+        stored_rule = recorded_rule(route, table.props)
+        applied = self._applied(route, stored_rule, table=table)
+        behind = [t for t, version in applied.items() if version is None or version < up_to]
+        if table.props and stored_rule != APPEND_ONLY:
             self._ensure_view(route.replica)
         if up_to < 0 or not behind:
-            done = applied[targets[0]]
+            done = applied[table.name]
             return ReplicaResult(route.replica, applied_version=-1 if done is None else done,
                                  skipped=True, key_rule=stored_rule,
                                  warning=fallback_warning(route, stored_rule))
         starts = [applied[t] for t in behind]
-        start = None if None in starts else min(starts)
+        versions = Versions(None if None in starts else min(starts), up_to, behind)
 
         # Read by Spark only when the batch needs it: a driver apply reads it as Arrow.
-        batch = LazyRange(lambda: read_changelog(spark, self.pipeline, start, up_to))
+        batch = LazyRange(lambda: read_changelog(spark, self.pipeline, versions.start, up_to))
+        survey, ddl, cutovers = self._plan_batch(route, batch, stored_rule, table=table,
+                                                 versions=versions)
+        # A dropped database or a table renamed away names no table routed here.
+        rule = key_rule(route, survey, table.props) if survey.tables or ddl else None
+        if rule is None or (not survey.rows and not table.props):
+            return self._nothing_to_apply(route, stored_rule, versions=versions)
+
+        now = datetime.now(UTC)
+        changes, sources, new = self._prepare_tables(route, survey, rule, ddl, table=table)
+        new = record_cutovers(spark, table.name, table.props, cutovers, new)
+        table = replace(table, new=new)
+        columns = (self._source_columns(table.name) if table.new is None else
+                   {f.name: f.dataType for f in table.new.schema
+                    if f.name not in METADATA_COLUMNS})
+        shape = RowShape(route, survey, rule.key, columns)
+        if in_driver(rule, shape=shape, table=table, sources=sources, cutovers=cutovers,
+                     limit=self.pipeline.lakehouse.driver_commit_rows):
+            with suppress(NotInDriver):  # else Spark's way below, for the whole batch
+                counts = self._driver_apply(rule, shape=shape, table=table, versions=versions)
+                return self._result(route, survey, up_to, rule, changes, **counts)
+        if rule.append:
+            written = self._append_rows(batch.frame(), up_to, now, shape=shape, table=table)
+            return self._result(route, survey, up_to, rule, changes, written=written)
+        # A new replica too: its rows are built under the names they have now.
+        rows = self._keyed_rows(batch.frame(), ddl, sources, cutovers, shape=shape)
+        changes += [c.describe() for c in cutovers]
+        counts = self._write_rows(rows, now, shape=shape, table=table, versions=versions)
+        return self._result(route, survey, up_to, rule, changes, **counts)
+
+    def _found(self, replica: str) -> ReplicaTable:
+        """The replica's table as the apply finds it."""
+        name = self.table_name(replica)
+        if not table_exists(self.spark, *name):
+            return ReplicaTable(name, exists=False)
+        props, files, location = self._detail(name)
+        return ReplicaTable(name, True, props, files, location)
+
+    def _applied(self, route: ReplicaRoute, stored_rule: str | None, *, table: ReplicaTable
+                 ) -> dict[tuple[str, str], int | None]:
+        """The changelog version each table the apply writes (the replica, its history)
+        reflects; None before its first apply."""
+        targets = [table.name]
+        if route.history and stored_rule != APPEND_ONLY:
+            targets.append(self.history_name(route.replica))
+        return {t: txn_version(self.spark, *t, APP_ID) if table.exists or t != table.name
+                else None for t in targets}
+
+    def _plan_batch(self, route: ReplicaRoute, batch: LazyRange, stored_rule: str | None, *,
+                    table: ReplicaTable, versions: Versions
+                    ) -> tuple[Survey, DdlPlan, list[Cutover]]:
+        """What the batch holds for the replica: its survey, its DDL, and the cut-overs of
+        tables renamed into the replica."""
+        spark, start, up_to = self.spark, versions.start, versions.up_to
         survey = survey_batch(spark, self.pipeline, batch.frame, route, start, up_to)
         # A small batch in one partition: its reduce then needs no shuffle (a stage and
         # a job of its own, most of a small apply's Spark time).
@@ -233,132 +284,131 @@ class ReplicaBuilder:
         ddl = read_ddl(batch.frame(), route) if survey.ddl else DdlPlan()
         note_adds(survey, ddl)
         # An append-only replica is the log of its tables' changes: a swap adds none.
-        cutovers = (plan_cutovers(spark, self.pipeline, ddl, route, survey, batch.frame(), props,
-                                  up_to)
-                    if (ddl.table_renames or CUTOVERS_PROPERTY in props)
-                    and stored_rule != APPEND_ONLY else [])
-        # A dropped database or a table renamed away names no table routed here.
-        rule = key_rule(route, survey, props) if survey.tables or ddl else None
-        if rule is None or (not survey.rows and not props):
-            # Nothing for this replica (or truncates of a table whose key is not known
-            # yet). While the commits the next apply surveys again are few, their metadata
-            # answers at once and the commit moving its applied version can wait.
-            existing = [t for t in behind if table_exists(spark, *t)]
-            done = ReplicaResult(route.replica, applied_version=up_to if existing else -1,
-                                 key_rule=stored_rule,
-                                 warning=fallback_warning(route, stored_rule))
-            if start is not None and up_to - start < SURVEY_MAX_COMMITS // 2:
-                return done
-            for target in existing:
-                self._commit_empty(target, up_to)
+        if not ((ddl.table_renames or CUTOVERS_PROPERTY in table.props)
+                and stored_rule != APPEND_ONLY):
+            return survey, ddl, []
+        cutovers = plan_cutovers(
+            ddl, route, survey, batch=batch.frame(), props=table.props,
+            changelog=lambda: read_changelog(spark, self.pipeline, None, up_to))
+        return survey, ddl, cutovers
+
+    def _nothing_to_apply(self, route: ReplicaRoute, stored_rule: str | None, *,
+                          versions: Versions) -> ReplicaResult:
+        """Nothing for this replica (or truncates of a table whose key is not known yet).
+        While the commits the next apply surveys again are few, their metadata answers at
+        once and the commit moving its applied version can wait."""
+        start, up_to = versions.start, versions.up_to
+        existing = [t for t in versions.behind if table_exists(self.spark, *t)]
+        done = ReplicaResult(route.replica, applied_version=up_to if existing else -1,
+                             key_rule=stored_rule, warning=fallback_warning(route, stored_rule))
+        if start is not None and up_to - start < SURVEY_MAX_COMMITS // 2:
             return done
+        for target in existing:
+            self._commit_empty(target, up_to)
+        return done
+
+    def _driver_apply(self, rule: Rule, *, shape: RowShape, table: ReplicaTable,
+                      versions: Versions) -> dict[str, int]:
+        """The batch reduced and typed in the driver (`driver.py`), committed by
+        delta-rs; into a new replica after Spark's CREATE TABLE; its versions merged into
+        the history table (`history_driver.py`) when it has one behind. Returns the
+        counts of the apply's result."""
+        import pyarrow as pa
 
         now = datetime.now(UTC)
-        key = rule.key
-        changes, sources, new = self._prepare_tables(route, survey, rule, ddl, props, exists)
-        new = record_cutovers(spark, replica_table, props, cutovers, new)
-        columns = (self._source_columns(replica_table) if new is None else
-                   {f.name: f.dataType for f in new.schema if f.name not in METADATA_COLUMNS})
-        if in_driver(route, survey, rule, props, sources, new, cutovers,
-                     self.pipeline.lakehouse.driver_commit_rows):
-            with suppress(NotInDriver):  # else Spark's way below, for the whole batch
-                return self._driver_apply(route, survey, rule, changes, columns, start, up_to,
-                                          props, location, files, new, behind)
-        if rule.append:
-            from binlog_assets.lakehouse.append_replica import append_changes
+        route, survey, columns = shape.route, shape.survey, shape.columns
+        new, location, up_to = table.new, table.location, versions.up_to
+        schema = new.schema if new is not None else (
+            pa.schema(open_log(location).schema().to_arrow()))
+        batch = batch_changes(self.pipeline, versions.start, up_to, survey, rule)
+        # The history keeps every version, as Spark's way does; the replica drops changes
+        # below a truncate it holds.
+        marks = (stored_truncates(self.spark, table.name)
+                 if new is None and table.props.get(TRUNCATED_PROPERTY) == "true" else [])
+        rows = driver_rows(above_marks(batch, marks), survey, rule, columns, schema, now)
+        history = self.history_name(route.replica)
+        # Typed before any commit: a value only Spark types sends the whole batch there.
+        history_rows = (history_changes(batch, survey, rule.key, columns, now)
+                        if route.history and history in versions.behind else None)
+        fault_point("during_replica_merge")
+        if new is not None:
+            create_table(self.spark, new.name, new.schema, new.properties, exists_ok=False)
+            location = table_location(self.spark, *new.name)
+        merge = new is None and not table.empty
+        if rule.append:  # a log of changes: no live rows, no view, no tombstones
+            return {"written": commit_appended(location, rows, APP_ID, up_to, merge=merge)}
+        # Behind alone when a crash came between the replica's commit and its history's.
+        written = (commit_arrow(location, rows, rule.key, APP_ID, up_to, merge=merge)
+                   if table.name in versions.behind else 0)
+        if new is not None:
+            self._ensure_view(route.replica, create=True)
+        if history_rows is not None:
+            merge_history_versions(table_location(self.spark, *history), history_rows,
+                                   rule.key, APP_ID, up_to)
+        return {"written": written,
+                "tombstones": purge_tombstones(
+                    self.spark, table.name, now, table.props,
+                    self.pipeline.lakehouse.tombstone_retention_hours)}
 
-            rows = keyed_changes(batch.frame().where(F.col("table").isin(survey.tables)
-                                                     & F.col("op").isin(*MERGED_OPS)),
-                                 route, survey, [], columns, row_image(), F.col("op"),
-                                 image_first=False)
-            stored_columns = (table_schema(spark, *replica_table).names
-                              if new is None else new.columns)
-            fault_point("during_replica_merge")
-            written = append_changes(
-                spark, replica_table, rows,
-                lambda frame: typed_columns(frame, survey, [], columns, stored_columns),
-                up_to, now, lambda: self._txn(up_to), empty=files == 0, new=new)
-            return self._result(route, survey, up_to, rule, changes, written=written)
+    def _append_rows(self, batch: DataFrame, up_to: int, now: datetime, *, shape: RowShape,
+                     table: ReplicaTable) -> int:
+        """The batch's changes appended to an append-only replica by Spark
+        (`append_replica.py`); the rows written."""
+        from binlog_assets.lakehouse.append_replica import append_changes
 
-        # A new replica too: its rows are built under the names they have now.
-        rows = keyed_rows(move_batch_rows(batch.frame(), ddl, route, survey), route, survey,
-                          key, columns)
-        if route.on_drop == "truncate":
-            rows = drop_markers(spark, rows, sources, survey)
+        survey = shape.survey
+        rows = keyed_changes(batch.where(F.col("table").isin(survey.tables)
+                                         & F.col("op").isin(*MERGED_OPS)),
+                             row_image(), F.col("op"), shape=shape, image_first=False)
+        stored_columns = (table_schema(self.spark, *table.name).names
+                          if table.new is None else table.new.columns)
+        fault_point("during_replica_merge")
+        return append_changes(self.spark, rows,
+                              lambda frame: typed_columns(frame, stored_columns, shape=shape),
+                              table=table, version=up_to, now=now)
+
+    def _keyed_rows(self, batch: DataFrame, ddl: DdlPlan, sources: Sources,
+                    cutovers: list[Cutover], *, shape: RowShape) -> DataFrame:
+        """The batch's rows for a keyed replica (`rows.keyed_rows`), with a truncate
+        marker for each dropped table (`on_drop: truncate`) and the rows of each
+        cut-over."""
+        rows = keyed_rows(move_batch_rows(batch, ddl, shape.route, shape.survey), shape=shape)
+        if shape.route.on_drop == "truncate":
+            rows = drop_markers(self.spark, rows, sources, shape.survey)
         if cutovers:
-            rows = cutover_rows(spark, rows, cutovers, route, survey, key, columns)
-            changes += [c.describe() for c in cutovers]
+            rows = cutover_rows(self.spark, rows, cutovers, shape=shape)
+        return rows
+
+    def _write_rows(self, rows: DataFrame, now: datetime, *, shape: RowShape,
+                    table: ReplicaTable, versions: Versions) -> dict[str, int]:
+        """The keyed rows merged into the replica and its history table, where behind.
+        Returns the counts of the apply's result."""
+        route, up_to = shape.route, versions.up_to
         if route.history:
             from binlog_assets.lakehouse.history import merge_history
 
             rows = rows.persist()
         try:
             written = truncated = 0
-            if replica_table in behind:
-                written, truncated = self._merge_replica(route, rows, survey, key, columns,
-                                                         up_to, now, props, location,
-                                                         empty=files == 0, new=new)
-            if new is not None:
+            if table.name in versions.behind:
+                written, truncated = self._merge_replica(rows, up_to, now, shape=shape,
+                                                         table=table)
+            if table.new is not None:
                 self._ensure_view(route.replica, create=True)
             history_table = self.history_name(route.replica)
-            if route.history and history_table in behind:
-                typed = typed_columns(rows, survey, key, columns,
-                                    [*SOURCE_KEY_COLUMNS, *columns, "_position", "_op",
-                                     "_source_ts"])
+            if route.history and history_table in versions.behind:
+                typed = typed_columns(rows, [*SOURCE_KEY_COLUMNS, *shape.columns, "_position",
+                                             "_op", "_source_ts"], shape=shape)
                 with self._txn(up_to):
-                    merge_history(spark, history_table, typed, key, survey.truncates, now)
+                    merge_history(self.spark, history_table, typed, shape.key,
+                                  shape.survey.truncates, now)
         finally:
             if route.history:
                 rows.unpersist()
-        return self._result(route, survey, up_to, rule, changes, written=written,
-                            truncated=truncated,
-                            tombstones=purge_tombstones(
-                                spark, replica_table, now, props,
-                                self.pipeline.lakehouse.tombstone_retention_hours))
-
-    def _driver_apply(self, route: ReplicaRoute, survey: Survey, rule: Rule, changes: list[str],
-                      columns: dict[str, T.DataType], start: int | None, up_to: int,
-                      props: dict[str, str], location: str, files: int,
-                      new: NewTable | None, behind: list[tuple[str, str]]) -> ReplicaResult:
-        """The batch reduced and typed in the driver (`driver.py`), committed by
-        delta-rs; into a new replica after Spark's CREATE TABLE; its versions merged into
-        the history table (`history_driver.py`) when it has one behind."""
-        import pyarrow as pa
-
-        now = datetime.now(UTC)
-        table = self.table_name(route.replica)
-        schema = new.schema if new is not None else (
-            pa.schema(open_log(location).schema().to_arrow()))
-        batch = batch_changes(self.pipeline, start, up_to, survey, rule)
-        # The history keeps every version, as Spark's way does; the replica drops changes
-        # below a truncate it holds.
-        marks = (stored_truncates(self.spark, table)
-                 if new is None and props.get(TRUNCATED_PROPERTY) == "true" else [])
-        rows = driver_rows(above_marks(batch, marks), survey, rule, columns, schema, now)
-        history = self.history_name(route.replica)
-        # Typed before any commit: a value only Spark types sends the whole batch there.
-        versions = (history_changes(batch, survey, rule.key, columns, now)
-                    if route.history and history in behind else None)
-        fault_point("during_replica_merge")
-        if new is not None:
-            create_table(self.spark, new.name, new.schema, new.properties, exists_ok=False)
-            location = table_location(self.spark, *new.name)
-        merge = new is None and files != 0
-        if rule.append:  # a log of changes: no live rows, no view, no tombstones
-            written = commit_appended(location, rows, APP_ID, up_to, merge=merge)
-            return self._result(route, survey, up_to, rule, changes, written=written)
-        # Behind alone when a crash came between the replica's commit and its history's.
-        written = (commit_arrow(location, rows, rule.key, APP_ID, up_to, merge=merge)
-                   if table in behind else 0)
-        if new is not None:
-            self._ensure_view(route.replica, create=True)
-        if versions is not None:
-            merge_history_versions(table_location(self.spark, *history), versions, rule.key,
-                                   APP_ID, up_to)
-        return self._result(route, survey, up_to, rule, changes, written=written,
-                            tombstones=purge_tombstones(
-                                self.spark, table, now, props,
-                                self.pipeline.lakehouse.tombstone_retention_hours))
+        return {"written": written, "truncated": truncated,
+                "tombstones": purge_tombstones(
+                    self.spark, table.name, now, table.props,
+                    self.pipeline.lakehouse.tombstone_retention_hours)}
 
     def _result(self, route: ReplicaRoute, survey: Survey, up_to: int, rule: Rule,
                 changes: list[str], **counts: int) -> ReplicaResult:
@@ -385,7 +435,7 @@ class ReplicaBuilder:
                 str(detail["location"]))
 
     def _prepare_tables(self, route: ReplicaRoute, survey: Survey, rule: Rule,
-                        ddl: DdlPlan, props: dict[str, str], exists: bool
+                        ddl: DdlPlan, *, table: ReplicaTable
                         ) -> tuple[list[str], Sources, NewTable | None]:
         """Create or evolve the replica (and history) for the batch's columns, and do
         what its DDL asks of the replica's columns and rows (`ddl_apply.py`).
@@ -398,12 +448,12 @@ class ReplicaBuilder:
         source_key = [k for k in rule.key if k not in SOURCE_KEY_COLUMNS]
         missing = [k for k in source_key if k not in survey.declared
                    and k not in survey.inferred]
-        table = self.table_name(route.replica)
+        name, exists = table.name, table.exists
         if not exists and missing:
             raise ReplicaError(f"replica {route.replica!r}: no type known for key column(s) "
                                f"{missing} in {survey.tables[:5]}")
-        current = self._source_columns(table) if exists else {}
-        sources = replica_sources(self.spark, table, props, survey, ddl, route, exists=exists)
+        current = self._source_columns(name) if exists else {}
+        sources = replica_sources(self.spark, survey, ddl, route, table=table)
         shaped = (shape_new_table(ddl, sources, survey, rule.key, route)
                   if ddl and not exists and not rule.append else [])
         # A new table takes every column the batch leaves it, whatever the mode: there is
@@ -413,22 +463,22 @@ class ReplicaBuilder:
         described = shaped + [f"add {f.name} {f.dataType.simpleString()}" for f in change.add]
         described += [f"widen {n} {o.simpleString()} -> {t.simpleString()}"
                       for n, o, t in change.retype]
-        targets = [table]
+        targets = [name]
         if route.history and not rule.append:
             targets.append(self.history_name(route.replica))
         new = None
         for target in targets:
-            if target == table and not exists:
-                new = self._new_table(target, route, source_key, change, rule.name,
-                                      history=False, sources=sources)
+            if target == name and not exists:
+                new = self._new_table(target, route, rule, change, history=False,
+                                      sources=sources)
                 if survey.truncates or (sources.dropped and route.on_drop == "truncate"):
                     # Set with the first rows, as on an existing replica before its first
-                    # marker lands (`_merge_replica`).
+                    # marker lands (`_above_truncates`).
                     new = replace(new, properties={**new.properties,
                                                    TRUNCATED_PROPERTY: "true"})
             elif not table_exists(self.spark, *target):
-                spec = self._new_table(target, route, source_key, change, rule.name,
-                                       history=target != table, sources=sources)
+                spec = self._new_table(target, route, rule, change, history=target != name,
+                                       sources=sources)
                 create_table(self.spark, target, spec.schema, spec.properties)
             elif change:
                 mapped = "delta.columnMapping.mode" in table_detail(
@@ -438,21 +488,21 @@ class ReplicaBuilder:
                 apply_changes(self.spark, target, change)
         structural = False
         if exists and ddl and not rule.append:
-            described_ddl, structural = apply_ddl(self.spark, table, self._source_columns(table),
-                                                  route, rule.key, ddl, sources, survey)
+            stored = RowShape(route, survey, rule.key, self._source_columns(name))
+            described_ddl, structural = apply_ddl(self.spark, name, ddl, sources, shape=stored)
             described += described_ddl
         if exists:
-            record_sources(self.spark, table, props, sources)
+            record_sources(self.spark, name, table.props, sources)
         if (change or structural) and exists and not rule.append:
             self._ensure_view(route.replica, create=True)
         return described, sources, new
 
-    def _new_table(self, target: tuple[str, str], route: ReplicaRoute, source_key: list[str],
-                   change: SchemaChange, rule: str, *, history: bool, sources: Sources
-                   ) -> NewTable:
+    def _new_table(self, target: tuple[str, str], route: ReplicaRoute, rule: Rule,
+                   change: SchemaChange, *, history: bool, sources: Sources) -> NewTable:
         """The schema and properties of a new replica (or history) table."""
         from binlog_assets.lakehouse.history import HISTORY_METADATA
 
+        source_key = [k for k in rule.key if k not in SOURCE_KEY_COLUMNS]
         columns = change.columns
         ordered = [*source_key, *(c for c in columns if c not in source_key)]
         schema = T.StructType(
@@ -460,7 +510,7 @@ class ReplicaBuilder:
             + [T.StructField(c, columns[c]) for c in ordered]
             + [T.StructField(n, t) for n, t in (HISTORY_METADATA if history
                                                  else REPLICA_METADATA)])
-        properties = {KEY_PROPERTY: json.dumps(source_key), RULE_PROPERTY: rule,
+        properties = {KEY_PROPERTY: json.dumps(source_key), RULE_PROPERTY: rule.name,
                       SHARDED_PROPERTY: str(route.sharded).lower()}
         if not history:
             properties[SOURCES_PROPERTY] = sources.property_value()
@@ -504,47 +554,30 @@ class ReplicaBuilder:
             marks[k] = max(marks.get(k, position), position)
         return [(db, t, p) for (db, t), p in marks.items()]
 
-    def _merge_replica(self, route: ReplicaRoute, rows: DataFrame, survey: Survey,
-                       key: list[str], columns: dict[str, T.DataType], up_to: int,
-                       now: datetime, props: dict[str, str], location: str, *, empty: bool,
-                       new: NewTable | None) -> tuple[int, int]:
+    def _merge_replica(self, rows: DataFrame, up_to: int, now: datetime, *, shape: RowShape,
+                       table: ReplicaTable) -> tuple[int, int]:
         """Reduce per key, MERGE with the position guard; (rows written, rows truncated).
 
-        `rows` are `_keyed_rows`: the images are parsed after the reduce, for the changes
-        that won it only. `new`: the replica does not exist yet and is created with them.
+        `rows` are `keyed_rows`: the images are parsed after the reduce, for the changes
+        that won it only. `table.new`: the replica does not exist yet and is created with
+        them.
         """
-        table = self.table_name(route.replica)
-        if survey.truncates and new is None and props.get(TRUNCATED_PROPERTY) != "true":
-            # Set once, before the first marker lands, so that applies of replicas that
-            # were never truncated skip looking for markers.
-            set_properties(self.spark, table, {TRUNCATED_PROPERTY: "true"})
-        marks = self._watermarks(table, survey, props)
-        if marks:
-            # Changes below their table's latest truncate are gone at the source already.
-            wm = self.spark.createDataFrame(
-                marks, T.StructType([T.StructField(_WM_DB, T.StringType()),
-                                     T.StructField(_WM_TABLE, T.StringType()),
-                                     T.StructField(_WM, POSITION_TYPE)]))
-            rows = (rows.join(F.broadcast(wm), (F.col("_source_db") == col(_WM_DB))
-                              & (F.col("_source_table") == col(_WM_TABLE)), "left")
-                    .where((F.col("_op") == OP_TRUNCATE) | col(_WM).isNull()
-                           | (F.col("_position") > col(_WM)))
-                    .drop(_WM_DB, _WM_TABLE, _WM))
-        name = ".".join(table)
+        survey, key, new, name = shape.survey, shape.key, table.new, table.name
+        rows = self._above_truncates(rows, survey, table=table)
         fault_point("during_replica_merge")
         # A small batch into an existing table: delta-rs commits it (`commit.py`),
         # whatever its size against the table's.
         limit = self.pipeline.lakehouse.driver_commit_rows
-        driver = new is None and driver_commits(props, survey.rows, limit,
+        driver = new is None and driver_commits(table.props, survey.rows, limit,
                                                 truncates=bool(survey.truncates))
-        if not driver and not empty and rewrites(self.spark, table, survey,
-                                                 self.pipeline.lakehouse.rewrite_ratio):
-            return rewrite_replica(self.spark, table, location, rows, survey, key, columns,
-                                   up_to, now)
-        stored_columns = table_schema(self.spark, *table).names if new is None else new.columns
+        if not driver and not table.empty and rewrites(self.spark, name, survey,
+                                                       self.pipeline.lakehouse.rewrite_ratio):
+            return rewrite_replica(self.spark, rows, table=table, shape=shape, version=up_to,
+                                   now=now)
+        stored_columns = table_schema(self.spark, *name).names if new is None else new.columns
         reduced = (first_per_group(rows, [col(k) for k in key], [col("_position").desc()])
                    .withColumn("_applied_at", F.lit(now)))
-        reduced = typed_columns(reduced, survey, key, columns, stored_columns, live=True)
+        reduced = typed_columns(reduced, stored_columns, shape=shape, live=True)
         if new is not None and driver_commits(new.properties, survey.rows, limit,
                                               truncates=False):
             # The table by Spark (its catalog entry, schema and properties), its first rows
@@ -555,21 +588,23 @@ class ReplicaBuilder:
             return commit_rows(location, reduced, key, APP_ID, up_to, merge=False), 0
         if new is not None:
             create_with_rows(self.spark, new, reduced, APP_ID, up_to)
-            metrics = last_commit_metrics(self.spark, *table)
+            metrics = last_commit_metrics(self.spark, *name)
             return int(metrics.get("numOutputRows", 0)), 0
         if driver:
-            return commit_rows(location, reduced, key, APP_ID, up_to, merge=not empty), 0
-        before = table_version(self.spark, *table)
-        if empty:
+            return commit_rows(table.location, reduced, key, APP_ID, up_to,
+                               merge=not table.empty), 0
+        before = table_version(self.spark, *name)
+        if table.empty:
             # Nothing to match: the reduced batch is the table's content, appended with the
             # same transaction id (an initial build or a rebuild, without MERGE's joins).
             (reduced.write.format("delta").mode("append")
-             .option("txnAppId", APP_ID).option("txnVersion", up_to).saveAsTable(name))
-            metrics = metrics_since(self.spark, *table, before)
+             .option("txnAppId", APP_ID).option("txnVersion", up_to)
+             .saveAsTable(".".join(name)))
+            metrics = metrics_since(self.spark, *name, before)
             return int(metrics.get("numOutputRows", 0)), 0
-        t, s = merge_aliases(table)
+        t, s = merge_aliases(name)
         assignments = {qualified(c): col(c, s) for c in reduced.columns}
-        merge = (reduced.alias(s).mergeInto(qualified(*table), key_match(key, t, s))
+        merge = (reduced.alias(s).mergeInto(qualified(*name), key_match(key, t, s))
                  .whenMatched(col("_position", s) > col("_position", t)).update(assignments)
                  .whenNotMatched().insert(assignments))
         if survey.truncates:
@@ -577,10 +612,32 @@ class ReplicaBuilder:
                      .delete())
         with self._txn(up_to):
             merge.merge()
-        metrics = metrics_since(self.spark, *table, before)
+        metrics = metrics_since(self.spark, *name, before)
         written = (int(metrics.get("numTargetRowsInserted", 0))
                    + int(metrics.get("numTargetRowsMatchedUpdated", 0)))
         return written, int(metrics.get("numTargetRowsNotMatchedBySourceDeleted", 0))
+
+    def _above_truncates(self, rows: DataFrame, survey: Survey, *, table: ReplicaTable
+                         ) -> DataFrame:
+        """`rows` without the changes below their table's latest truncate: they are gone
+        at the source already."""
+        if (survey.truncates and table.new is None
+                and table.props.get(TRUNCATED_PROPERTY) != "true"):
+            # Set once, before the first marker lands, so that applies of replicas that
+            # were never truncated skip looking for markers.
+            set_properties(self.spark, table.name, {TRUNCATED_PROPERTY: "true"})
+        marks = self._watermarks(table.name, survey, table.props)
+        if not marks:
+            return rows
+        wm = self.spark.createDataFrame(
+            marks, T.StructType([T.StructField(_WM_DB, T.StringType()),
+                                 T.StructField(_WM_TABLE, T.StringType()),
+                                 T.StructField(_WM, POSITION_TYPE)]))
+        return (rows.join(F.broadcast(wm), (F.col("_source_db") == col(_WM_DB))
+                          & (F.col("_source_table") == col(_WM_TABLE)), "left")
+                .where((F.col("_op") == OP_TRUNCATE) | col(_WM).isNull()
+                       | (F.col("_position") > col(_WM)))
+                .drop(_WM_DB, _WM_TABLE, _WM))
 
     def _commit_empty(self, target: tuple[str, str], up_to: int) -> None:
         detail = table_detail(self.spark, *target)

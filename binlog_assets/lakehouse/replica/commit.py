@@ -18,6 +18,7 @@ vectors, column mapping, type widening), and a rewrite.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from binlog_assets.lakehouse.delta_log import SPARK_ONLY_PROPERTIES, open_log
@@ -49,16 +50,25 @@ def commit_arrow(location: str, batch: pa.Table, key: list[str], app_id: str, ve
     # Every column the batch has, as Spark's MERGE assigns them; the key match is plain
     # equality: batches with truncate markers (null keys) stay with Spark.
     assign = {_quoted(n): f"s.{_quoted(n)}" for n in batch.schema.names}
-    return _commit(location, batch, app_id, version, merge=merge,
-                   match=" AND ".join(f"t.{_quoted(k)} = s.{_quoted(k)}" for k in key),
-                   assign=assign)
+    match = " AND ".join(f"t.{_quoted(k)} = s.{_quoted(k)}" for k in key)
+    return _commit(location, batch, app_id, version,
+                   merge=_Merge(match, assign) if merge else None)
 
 
-def _commit(location: str, batch: pa.Table, app_id: str, version: int, *, merge: bool,
-            match: str, assign: dict[str, str] | None) -> int:
-    """Append `batch` with the transaction (`app_id`, `version`), or MERGE it on `match`:
-    a matched row updated by `assign` when the change is newer, an unmatched one inserted
-    (every column when `assign` is None, which updates nothing). Returns the rows written."""
+@dataclass(frozen=True)
+class _Merge:
+    """A MERGE's match of a batch row (`s`) to a table row (`t`), and the assignments of
+    a matched row updated when the change is newer and of an unmatched one inserted;
+    None: every column inserted, nothing updated."""
+
+    match: str
+    assign: dict[str, str] | None
+
+
+def _commit(location: str, batch: pa.Table, app_id: str, version: int, *,
+            merge: _Merge | None) -> int:
+    """Append `batch` with the transaction (`app_id`, `version`), or MERGE it as `merge`
+    says. Returns the rows written."""
     import pyarrow as pa
     from deltalake import CommitProperties, Transaction, write_deltalake
 
@@ -66,10 +76,11 @@ def _commit(location: str, batch: pa.Table, app_id: str, version: int, *, merge:
     target = pa.schema(log.schema().to_arrow())
     batch = batch.cast(pa.schema([target.field(n) for n in batch.schema.names]))
     commit = CommitProperties(app_transactions=[Transaction(app_id, version)])
-    if not merge:
+    if merge is None:
         write_deltalake(log, batch, mode="append", commit_properties=commit)
         return batch.num_rows
-    merger = log.merge(batch, match, source_alias="s", target_alias="t",
+    assign = merge.assign
+    merger = log.merge(batch, merge.match, source_alias="s", target_alias="t",
                        commit_properties=commit)
     merger = (merger.when_not_matched_insert_all() if assign is None else
               merger.when_matched_update(assign, predicate="s._position > t._position")
@@ -108,8 +119,8 @@ def commit_appended(location: str, batch: pa.Table, app_id: str, version: int, *
     those whose change the replica does not hold yet (a copy delivered again at another
     Kafka offset, or by a second consumer group), as Spark's MERGE on the change's
     identity does. Returns the rows written."""
-    return _commit(location, batch, app_id, version, merge=merge, match=_SAME_CHANGE,
-                   assign=None)
+    return _commit(location, batch, app_id, version,
+                   merge=_Merge(_SAME_CHANGE, None) if merge else None)
 
 
 def commit_version(location: str, app_id: str, version: int) -> None:

@@ -15,7 +15,7 @@ from pyspark.sql import functions as F
 
 from binlog_assets.formats.event import OP_DDL
 from binlog_assets.identifiers import col
-from binlog_assets.lakehouse.changelog_reader import read_changelog, survey_of_frame
+from binlog_assets.lakehouse.changelog_reader import survey_of_frame
 from binlog_assets.lakehouse.columns import changelog_position, first_per_group, position_literal
 from binlog_assets.lakehouse.ddl import starts_table
 from binlog_assets.lakehouse.delta_log import NewTable, set_properties
@@ -25,11 +25,12 @@ from binlog_assets.lakehouse.replica.rows import keyed_rows
 from binlog_assets.lakehouse.schema import widen_all
 
 if TYPE_CHECKING:
-    from pyspark.sql import DataFrame, SparkSession
-    from pyspark.sql import types as T
+    from collections.abc import Callable
 
-    from binlog_assets.config import PipelineConfig
+    from pyspark.sql import DataFrame, SparkSession
+
     from binlog_assets.lakehouse.ddl import DdlPlan
+    from binlog_assets.lakehouse.replica.plan import RowShape
     from binlog_assets.lakehouse.replica.routes import ReplicaRoute
 
 # The brought rows' `row_index`: above every event of the rename's own record, and the
@@ -90,15 +91,14 @@ def record_cutovers(spark: SparkSession, table: tuple[str, str], props: dict[str
     return None
 
 
-def plan_cutovers(spark: SparkSession, pipeline: PipelineConfig, plan: DdlPlan,
-                  route: ReplicaRoute, survey: Survey, batch: DataFrame,
-                  props: dict[str, str], up_to: int) -> list[Cutover]:
+def plan_cutovers(plan: DdlPlan, route: ReplicaRoute, survey: Survey, *, batch: DataFrame,
+                  props: dict[str, str], changelog: Callable[[], DataFrame]) -> list[Cutover]:
     """The swaps this apply does: the batch's renames into the replica from tables it
-    does not take, whose changes the changelog (as of `up_to`) holds, and recorded ones
-    whose helper has changes from before its rename in the batch. Their tables, types
-    and keys join `survey`; their renames, and renames of the target away at or before
-    them, leave `plan` (they are the swap, done here), and the helper's definition
-    becomes the target's."""
+    does not take, whose changes `changelog()` (up to the batch's end, read only for a
+    swap) holds, and recorded ones whose helper has changes from before its rename in
+    the batch. Their tables, types and keys join `survey`; their renames, and renames of
+    the target away at or before them, leave `plan` (they are the swap, done here), and
+    the helper's definition becomes the target's."""
     renames: dict[tuple[str, str], tuple[int, ...]] = {}
     for old, new, position in plan.table_renames:
         if not route.matches(old) and route.matches(new):
@@ -113,7 +113,7 @@ def plan_cutovers(spark: SparkSession, pipeline: PipelineConfig, plan: DdlPlan,
             generations[(old, new)] = generation + 1
     if not renames:
         return []
-    changelog = read_changelog(spark, pipeline, None, up_to)
+    frame = changelog()
     cutovers = []
     # Only the last swap of a helper counts: it replaces every row of the target below it.
     for (old, new), position in sorted(renames.items(), key=lambda r: r[1]):
@@ -126,8 +126,8 @@ def plan_cutovers(spark: SparkSession, pipeline: PipelineConfig, plan: DdlPlan,
                  if o == old and p[:4] < position[:4]]  # another statement's
         if old in recorded and recorded[old][1] < position:
             aways.append(recorded[old][1])
-        cutover = _cutover(changelog, old, new, position, generation, max(aways, default=None),
-                           survey, plan)
+        cutover = _cutover(frame, (old, new, position), survey, plan, generation=generation,
+                           floor=max(aways, default=None))
         if cutover is not None:
             cutovers.append(cutover)
     # Renames of a target away at or before its swap are the swap's other half: without
@@ -142,11 +142,13 @@ def plan_cutovers(spark: SparkSession, pipeline: PipelineConfig, plan: DdlPlan,
     return cutovers
 
 
-def _cutover(changelog: DataFrame, old: str, new: str, position: tuple[int, ...],
-             generation: int, floor: tuple[int, ...] | None, survey: Survey, plan: DdlPlan
+def _cutover(changelog: DataFrame, rename: tuple[str, str, tuple[int, ...]], survey: Survey,
+             plan: DdlPlan, *, generation: int, floor: tuple[int, ...] | None
              ) -> Cutover | None:
-    """The swap of `old` into `new` at `position`, from the helper's changes between its
-    latest CREATE or DROP (or `floor`, its latest rename away) and the rename."""
+    """The swap of `rename` (`old` into `new` at `position`, as `DdlPlan.table_renames`
+    holds it), from the helper's changes between its latest CREATE or DROP (or `floor`,
+    its latest rename away) and the rename."""
+    old, new, position = rename
     before = changelog.where((F.col("table") == old)
                              & (changelog_position() < position_literal(position)))
     starts = [tuple(r["_p"]) for r in before.where(F.col("op") == OP_DDL)
@@ -195,15 +197,14 @@ def _join_survey(survey: Survey, part: Survey, cutover: Cutover) -> None:
         survey.table_columns[new] = (cutover.placed, part.table_columns[new][1])
 
 
-def cutover_rows(spark: SparkSession, rows: DataFrame, cutovers: list[Cutover],
-                 route: ReplicaRoute, survey: Survey, key: list[str],
-                 columns: dict[str, T.DataType]) -> DataFrame:
+def cutover_rows(spark: SparkSession, rows: DataFrame, cutovers: list[Cutover], *,
+                 shape: RowShape) -> DataFrame:
     """`rows` (the batch's keyed rows) with each cut-over's truncate marker at the
     rename and the helper's last change per key placed just above it."""
     for cutover in cutovers:
-        keyed = keyed_rows(cutover.changes, route, survey, key, columns)
-        last = (first_per_group(keyed, [col(k) for k in key], [col("_position").desc()])
+        keyed = keyed_rows(cutover.changes, shape=shape)
+        last = (first_per_group(keyed, [col(k) for k in shape.key], [col("_position").desc()])
                 .withColumn("_position", position_literal(cutover.placed)))
-        rows = truncate_markers(spark, rows, [(cutover.new, cutover.position)], survey)
+        rows = truncate_markers(spark, rows, [(cutover.new, cutover.position)], shape.survey)
         rows = rows.unionByName(last)
     return rows

@@ -31,7 +31,7 @@ from binlog_assets.lakehouse.delta_log import (
     sql_string,
     table_detail,
 )
-from binlog_assets.lakehouse.replica.plan import Survey
+from binlog_assets.lakehouse.replica.plan import ReplicaTable, RowShape, Survey
 from binlog_assets.lakehouse.replica.routes import SOURCE_KEY_COLUMNS, ReplicaRoute
 from binlog_assets.lakehouse.schema import SchemaEvolutionError
 
@@ -153,15 +153,16 @@ def drop_stale(survey: Survey, sources: Sources) -> None:
             del types[column]
 
 
-def replica_sources(spark: SparkSession, table: tuple[str, str], props: dict[str, str],
-                    survey: Survey, plan: DdlPlan, route: ReplicaRoute, *, exists: bool
-                    ) -> Sources:
+def replica_sources(spark: SparkSession, survey: Survey, plan: DdlPlan, route: ReplicaRoute,
+                    *, table: ReplicaTable) -> Sources:
     """The record as the batch leaves it (`track_sources`). An existing replica without
     one is seeded with the tables it holds rows of, and the batch's declared types lose
     the columns no source table has now (`drop_stale`)."""
-    seed = held_tables(spark, table) if exists and not props.get(SOURCES_PROPERTY) else []
+    props = table.props
+    seed = (held_tables(spark, table.name) if table.exists and not props.get(SOURCES_PROPERTY)
+            else [])
     sources = track_sources(props, survey, plan, route, seed)
-    if exists:
+    if table.exists:
         drop_stale(survey, sources)
     return sources
 
@@ -278,12 +279,12 @@ def set_added_defaults(spark: SparkSession, table: tuple[str, str],
     return described
 
 
-def apply_ddl(spark: SparkSession, table: tuple[str, str], current: dict[str, T.DataType],
-              route: ReplicaRoute, key: list[str], plan: DdlPlan, sources: Sources,
-              survey: Survey) -> tuple[list[str], bool]:
+def apply_ddl(spark: SparkSession, table: tuple[str, str], plan: DdlPlan, sources: Sources,
+              *, shape: RowShape) -> tuple[list[str], bool]:
     """The batch's renames and drops in the replica `table`, whose key and source columns
-    are `current`; (descriptions, whether columns changed)."""
-    columns = plan_columns(current, plan, sources, survey, key, route)
+    are `shape.columns`; (descriptions, whether columns changed)."""
+    current, route, key = shape.columns, shape.route, shape.key
+    columns = plan_columns(current, plan, sources, shape.survey, key, route)
     described = columns.describe()
     if columns.renames:
         move_renamed_values(spark, table, columns.renames, current)

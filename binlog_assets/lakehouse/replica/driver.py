@@ -37,10 +37,8 @@ if TYPE_CHECKING:
     import pyarrow as pa
 
     from binlog_assets.config import PipelineConfig
-    from binlog_assets.lakehouse.delta_log import NewTable
     from binlog_assets.lakehouse.replica.ddl_apply import Sources
-    from binlog_assets.lakehouse.replica.plan import Rule, Survey
-    from binlog_assets.lakehouse.replica.routes import ReplicaRoute
+    from binlog_assets.lakehouse.replica.plan import ReplicaTable, RowShape, Rule, Survey
 
 
 class NotInDriver(Exception):  # a decision, not an error
@@ -201,18 +199,19 @@ def _binary(value: Any) -> bytes:
     raise _refuse(value, "base64")
 
 
-def in_driver(route: ReplicaRoute, survey: Survey, rule: Rule, props: dict[str, str],
-              sources: Sources, new: NewTable | None, cutovers: list, limit: int) -> bool:
+def in_driver(rule: Rule, *, shape: RowShape, table: ReplicaTable, sources: Sources,
+              cutovers: list, limit: int) -> bool:
     """Whether the batch is small, without DDL, into a replica whose commit delta-rs
     makes: row changes only into a keyed replica (`driver_rows`, after `above_marks` of
     the truncates it holds), or any changes into an append-only one (`appended_rows`),
     computed as Spark's apply would."""
+    survey, props, new = shape.survey, table.props, table.new
     if (cutovers or survey.ddl or sources.dropped
             or not driver_commits(props if new is None else new.properties, survey.rows,
                                   limit, truncates=False)):
         return False
     # An append-only replica logs a truncate as a row of its own: no delete below it.
-    return rule.append or (not route.key_columns and not survey.truncates)
+    return rule.append or (not shape.route.key_columns and not survey.truncates)
 
 
 def above_marks(changes: pa.Table, marks: list[tuple[str, str, tuple]]) -> pa.Table:

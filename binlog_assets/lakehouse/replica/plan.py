@@ -39,6 +39,7 @@ if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
     from binlog_assets.config import PipelineConfig
+    from binlog_assets.lakehouse.delta_log import NewTable
 
 ROW_OPS = (OP_CREATE, OP_UPDATE, OP_READ, OP_DELETE)
 LIVE_OPS = (OP_CREATE, OP_UPDATE, OP_READ)
@@ -148,6 +149,46 @@ class Survey:
     # [position, server id, GTID] of the furthest change of the batch's tables, where
     # the producer said (`changelog_rows.source_origins`).
     last_origin: list | None = None
+
+
+@dataclass(frozen=True)
+class ReplicaTable:
+    """The replica's table as an apply finds it: its name, whether it exists, its table
+    properties, number of data files and location; `new`, when it does not exist yet,
+    is the table to create with the batch's rows."""
+
+    name: tuple[str, str]
+    exists: bool
+    props: dict[str, str] = field(default_factory=dict)
+    files: int = 0
+    location: str = ""
+    new: NewTable | None = None
+
+    @property
+    def empty(self) -> bool:
+        return self.files == 0
+
+
+@dataclass(frozen=True)
+class Versions:
+    """The changelog versions an apply reads, after `start` (None: from the first) up to
+    `up_to`, and the tables (the replica, its history) not at `up_to` yet."""
+
+    start: int | None
+    up_to: int
+    behind: list[tuple[str, str]]
+
+
+@dataclass(frozen=True)
+class RowShape:
+    """How an apply shapes the replica's rows: its route, what the batch holds (the
+    spellings, truncates and ADDs of `Survey`), the key, and the replica's key and
+    source columns with their types."""
+
+    route: ReplicaRoute
+    survey: Survey
+    key: list[str]
+    columns: dict[str, T.DataType]
 
 
 def survey_batch(spark: SparkSession, pipeline: PipelineConfig, batch: Callable[[], DataFrame],

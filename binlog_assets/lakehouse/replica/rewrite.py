@@ -24,6 +24,8 @@ from binlog_assets.lakehouse.transactions import APP_ID
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
+    from binlog_assets.lakehouse.replica.plan import ReplicaTable, RowShape
+
 
 def rewrites(spark: SparkSession, table: tuple[str, str], survey: Survey, ratio: float
              ) -> bool:
@@ -39,10 +41,8 @@ def rewrites(spark: SparkSession, table: tuple[str, str], survey: Survey, ratio:
     return survey.rows >= ratio * stored
 
 
-def rewrite_replica(spark: SparkSession, table: tuple[str, str], location: str,
-                    rows: DataFrame, survey: Survey, key: list[str],
-                    columns: dict[str, T.DataType], up_to: int, now: datetime
-                    ) -> tuple[int, int]:
+def rewrite_replica(spark: SparkSession, rows: DataFrame, *, table: ReplicaTable,
+                    shape: RowShape, version: int, now: datetime) -> tuple[int, int]:
     """The replica's rows and the batch's changes in one ranking per key, written
     back over the table in one commit; (rows written, rows truncated).
 
@@ -50,9 +50,9 @@ def rewrite_replica(spark: SparkSession, table: tuple[str, str], location: str,
     the row already stored (so a re-applied range leaves every byte, `_applied_at`
     included, as it was: the guard's `>`); rows of a truncated table below its truncate
     are left out. Only the changes that win are parsed from their JSON image. The
-    overwrite carries the same transaction id as a MERGE would.
+    overwrite carries the same transaction id (changelog `version`) as a MERGE would.
     """
-    stored = spark.table(".".join(table))
+    stored = spark.table(".".join(table.name))
     names = stored.columns
     types = {f.name: f.dataType for f in stored.schema}
     # The working column takes a name no replica column has (a source column may be
@@ -66,11 +66,11 @@ def rewrite_replica(spark: SparkSession, table: tuple[str, str], location: str,
                 *[col(c) if c in changes.columns
                   else F.lit(None).cast(types[c]).alias(c) for c in names],
                 col(image), F.lit(0).alias(from_table))))
-    winners = first_per_group(both, [col(k) for k in key],
+    winners = first_per_group(both, [col(k) for k in shape.key],
                               [col("_position").desc(), col(from_table).desc()])
-    winners = typed_columns(winners, survey, key, columns, [*names, from_table],
+    winners = typed_columns(winners, [*names, from_table], shape=shape,
                             stored=col(from_table) == 1, image=image, live=True)
-    cleared = below_truncates(survey.truncates)
+    cleared = below_truncates(shape.survey.truncates)
     from pyspark.sql import Observation
 
     counts = Observation("binlake_rewrite")
@@ -78,11 +78,11 @@ def rewrite_replica(spark: SparkSession, table: tuple[str, str], location: str,
         counts,
         F.sum(F.when(~cleared & (col(from_table) == 0), 1).otherwise(0)).alias("written"),
         F.sum(F.when(cleared, 1).otherwise(0)).alias("truncated"))
-    before = table_version(spark, *table)
+    before = table_version(spark, *table.name)
     (winners.where(~cleared).select(*[col(c) for c in names])
      .write.format("delta").mode("overwrite")
-     .option("txnAppId", APP_ID).option("txnVersion", up_to).save(location))
-    if table_version(spark, *table) == before:
+     .option("txnAppId", APP_ID).option("txnVersion", version).save(table.location))
+    if table_version(spark, *table.name) == before:
         return 0, 0  # this changelog version was recorded first: Delta skipped ours
     got = counts.get
     return int(got.get("written") or 0), int(got.get("truncated") or 0)

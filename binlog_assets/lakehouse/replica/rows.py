@@ -21,8 +21,8 @@ from binlog_assets.lakehouse.columns import (
     position_literal,
     working_column,
 )
-from binlog_assets.lakehouse.replica.plan import MERGED_OPS, Survey
-from binlog_assets.lakehouse.replica.routes import SOURCE_KEY_COLUMNS, ReplicaRoute
+from binlog_assets.lakehouse.replica.plan import MERGED_OPS, RowShape, Survey
+from binlog_assets.lakehouse.replica.routes import SOURCE_KEY_COLUMNS
 
 if TYPE_CHECKING:
     from collections.abc import Iterable
@@ -32,8 +32,7 @@ if TYPE_CHECKING:
 IMAGE = working_column("image")
 
 
-def keyed_rows(batch: DataFrame, route: ReplicaRoute, survey: Survey,
-               key: list[str], columns: dict[str, T.DataType]) -> DataFrame:
+def keyed_rows(batch: DataFrame, *, shape: RowShape) -> DataFrame:
     """The batch's row changes and truncates with their key typed and their image
     still JSON text, so that only the changes that survive the reduce get parsed.
 
@@ -45,19 +44,20 @@ def keyed_rows(batch: DataFrame, route: ReplicaRoute, survey: Survey,
     key is the decoder's), and updates that moved a row to another key add a delete of
     the old one (`key_change_deletes`).
     """
-    b = batch.where(F.col("table").isin(survey.tables) & F.col("op").isin(*MERGED_OPS))
-    keyed = keyed_changes(b, route, survey, key, columns, row_image(), F.col("op"),
-                          image_first=bool(route.key_columns))
-    if route.key_columns:
-        keyed = keyed.unionByName(key_change_deletes(b, route, survey, key, columns))
+    b = batch.where(F.col("table").isin(shape.survey.tables) & F.col("op").isin(*MERGED_OPS))
+    key_columns = shape.route.key_columns
+    keyed = keyed_changes(b, row_image(), F.col("op"), shape=shape,
+                          image_first=bool(key_columns))
+    if key_columns:
+        keyed = keyed.unionByName(key_change_deletes(b, shape=shape))
     return keyed
 
 
-def keyed_changes(b: DataFrame, route: ReplicaRoute, survey: Survey, key: list[str],
-                  columns: dict[str, T.DataType], image: Column, op: Column, *,
+def keyed_changes(b: DataFrame, image: Column, op: Column, *, shape: RowShape,
                   image_first: bool) -> DataFrame:
-    source_key = [k for k in key if k not in SOURCE_KEY_COLUMNS]
-    spellings = column_spellings({k: columns[k] for k in source_key}, survey)
+    columns = shape.columns
+    source_key = [k for k in shape.key if k not in SOURCE_KEY_COLUMNS]
+    spellings = column_spellings({k: columns[k] for k in source_key}, shape.survey)
     in_record = F.from_json(F.col("key"), text_schema({k: [k] for k in source_key}))
     in_image = F.from_json(col(IMAGE), text_schema(spellings))
     framed = b.select(
@@ -74,7 +74,7 @@ def keyed_changes(b: DataFrame, route: ReplicaRoute, survey: Survey, key: list[s
         # only for rows whose first lacks the value.
         text = F.coalesce(*(from_image + from_record if image_first
                             else from_record + from_image))
-        value = cast_text(require_key(text, column, route.replica), columns[column])
+        value = cast_text(require_key(text, column, shape.route.replica), columns[column])
         fast = None if image_first or len(source_key) != 1 else integer_key(
             column, columns[column])
         # Coalesce evaluates `value` (the JSON parse) only where `fast` is null.
@@ -82,15 +82,14 @@ def keyed_changes(b: DataFrame, route: ReplicaRoute, survey: Survey, key: list[s
     return framed.select(*out, "_position", "_op", "_source_ts", col(IMAGE))
 
 
-def key_change_deletes(b: DataFrame, route: ReplicaRoute, survey: Survey,
-                       key: list[str], columns: dict[str, T.DataType]) -> DataFrame:
+def key_change_deletes(b: DataFrame, *, shape: RowShape) -> DataFrame:
     """Deletes of the old key of updates that moved a row to another key.
 
     Only needed with a key_columns override: decoders split such updates themselves
     when they know the key, but an override of a sharded (regex) source reaches no
     decoder.
     """
-    source_key = [k for k in key if k not in SOURCE_KEY_COLUMNS]
+    source_key = [k for k in shape.key if k not in SOURCE_KEY_COLUMNS]
     key_schema = text_schema({k: [k] for k in source_key})
     before = F.from_json(F.col("before"), key_schema)
     after = F.from_json(F.col("after"), key_schema)
@@ -98,19 +97,19 @@ def key_change_deletes(b: DataFrame, route: ReplicaRoute, survey: Survey,
     for k in source_key:
         moved = moved | ~before.getField(k).eqNullSafe(after.getField(k))
     updates = b.where((F.col("op") == OP_UPDATE) & F.col("before").isNotNull() & moved)
-    return keyed_changes(updates, route, survey, key, columns, F.col("before"),
-                         F.lit(OP_DELETE), image_first=True)
+    return keyed_changes(updates, F.col("before"), F.lit(OP_DELETE), shape=shape,
+                         image_first=True)
 
 
-def typed_columns(frame: DataFrame, survey: Survey, key: list[str],
-                  columns: dict[str, T.DataType], out: list[str],
-                  stored: Column | None = None, image: str = IMAGE, *,
+def typed_columns(frame: DataFrame, out: list[str], *, shape: RowShape,
+                  stored: Column | None = None, image: str = IMAGE,
                   live: bool = False) -> DataFrame:
     """`frame`'s columns `out`, the replica's source columns among them parsed from
     the JSON column `image` and typed (those of rows where `stored` holds are kept as
     they are). `live`: rows of the replica's current state, where a column the batch
     ADDs holds its default in rows older than the ADD (`Survey.added`); a history or a
     log of changes keeps what each image held."""
+    survey, key, columns = shape.survey, shape.key, shape.columns
     spellings = column_spellings(columns, survey)
     parsed = frame.withColumn(image, F.from_json(col(image), text_schema(spellings)))
     # Parsed once into a struct column and only then taken apart: a field read
