@@ -94,17 +94,22 @@ def test_each_write_moves_the_partitions_tail_to_its_furthest_change(tmp_path: P
     assert ChangelogWriter(pipeline).tail(GROUP, part.topic, part.partition).lineage == 2
 
 
-def test_a_run_places_its_partition_from_the_stored_tail(tmp_path: Path) -> None:
+def _one_change_of_server_1(tmp_path: Path):
+    """A partition whose one change server 1 wrote, and a later run's writer (another
+    process) with the tail it reads."""
     pipeline = _pipeline(tmp_path)
-    writer = ChangelogWriter(pipeline)
-    part, src = Partition(writer), Source("shop.orders")
+    part, src = Partition(ChangelogWriter(pipeline)), Source("shop.orders")
     events = part.records([[src.insert(row(1))]])
     events[0].server_id, events[0].gtid = 1, "0-1-7"
     part.write(events)
-    # A later run (another process) meets a change of another server at lower
-    # coordinates with a newer GTID: a failover, raised in the changelog.
     other = ChangelogWriter(pipeline)
-    tail = other.tail(GROUP, part.topic, part.partition)
+    return pipeline, part, src, other, other.tail(GROUP, part.topic, part.partition)
+
+
+def test_a_run_places_its_partition_from_the_stored_tail(tmp_path: Path) -> None:
+    # A later run meets a change of another server at lower coordinates with a newer
+    # GTID: a failover, raised in the changelog.
+    pipeline, part, src, other, tail = _one_change_of_server_1(tmp_path)
     placer = Placer(other.book("shop"), "t[0]", tail,
                     lambda: other.tail_origin(part.topic, part.partition, tail))
     [after] = part.records([[src.insert(row(2))]])
@@ -136,14 +141,7 @@ def test_a_run_places_a_change_its_tails_server_wrote_further_on_without_its_row
         tmp_path: Path) -> None:
     # The tail's server id rides in the log: the run's first change, of the same server
     # further on, is placed at once; another server's looks the tail's row up.
-    pipeline = _pipeline(tmp_path)
-    writer = ChangelogWriter(pipeline)
-    part, src = Partition(writer), Source("shop.orders")
-    events = part.records([[src.insert(row(1))]])
-    events[0].server_id, events[0].gtid = 1, "0-1-7"
-    part.write(events)
-    other = ChangelogWriter(pipeline)
-    tail = other.tail(GROUP, part.topic, part.partition)
+    _, part, src, other, tail = _one_change_of_server_1(tmp_path)
     looked: list[int] = []
 
     def origin():

@@ -30,39 +30,30 @@ from binlog_assets.lakehouse.changelog_reader import (
 from binlog_assets.lakehouse.changelog_rows import SURVEY_MAX_COMMITS
 from binlog_assets.lakehouse.columns import (
     POSITION_TYPE,
-    first_per_group,
-    key_match,
-    split_table,
-    working_column,
 )
 from binlog_assets.lakehouse.ddl import DdlPlan
 from binlog_assets.lakehouse.delta_log import (
     NewTable,
     TableCreatedMeanwhile,
     create_table,
-    create_with_rows,
     forget,
     known_views,
-    last_commit_metrics,
     log_scope,
     merge_aliases,
-    metrics_since,
     open_log,
-    set_properties,
     share_lookups,
     stored_truncates,
     table_detail,
     table_exists,
     table_location,
     table_schema,
-    table_version,
     txn_version,
 )
 from binlog_assets.lakehouse.maintenance import PURGED_PROPERTY, purge_tombstones
+from binlog_assets.lakehouse.replica import merge as replica_merge
 from binlog_assets.lakehouse.replica.commit import (
     commit_appended,
     commit_arrow,
-    commit_rows,
     commit_version,
     driver_commits,
 )
@@ -114,10 +105,8 @@ from binlog_assets.lakehouse.replica.plan import (
     recorded_rule,
     survey_batch,
 )
-from binlog_assets.lakehouse.replica.rewrite import rewrite_replica, rewrites
 from binlog_assets.lakehouse.replica.routes import SOURCE_KEY_COLUMNS, ReplicaRoute, replica_route
 from binlog_assets.lakehouse.replica.rows import (
-    below_truncates,
     keyed_changes,
     keyed_rows,
     row_image,
@@ -144,8 +133,6 @@ REPLICA_METADATA = (
 METADATA_COLUMNS = frozenset({*SOURCE_KEY_COLUMNS, *(n for n, _ in REPLICA_METADATA),
                               "_valid_from", "_valid_to", "_is_current"})
 
-# A truncate's watermark columns (source table and position) during an apply.
-_WM_DB, _WM_TABLE, _WM = (working_column(n) for n in ("wm_db", "wm_table", "wm"))
 
 class ReplicaBuilder:
     """Builds the replicas of one pipeline config from its changelog."""
@@ -391,7 +378,8 @@ class ReplicaBuilder:
         try:
             written = truncated = 0
             if table.name in versions.behind:
-                written, truncated = self._merge_replica(rows, up_to, now, shape=shape,
+                written, truncated = replica_merge.merge_replica(
+                    self.spark, self.pipeline, rows, up_to, now, shape=shape,
                                                          table=table)
             if table.new is not None:
                 self._ensure_view(route.replica, create=True)
@@ -473,7 +461,7 @@ class ReplicaBuilder:
                                       sources=sources)
                 if survey.truncates or (sources.dropped and route.on_drop == "truncate"):
                     # Set with the first rows, as on an existing replica before its first
-                    # marker lands (`_above_truncates`).
+                    # marker lands (`merge.above_truncates`).
                     new = replace(new, properties={**new.properties,
                                                    TRUNCATED_PROPERTY: "true"})
             elif not table_exists(self.spark, *target):
@@ -541,103 +529,6 @@ class ReplicaBuilder:
         """The replica's key and source columns with their types, in table order."""
         schema = table_schema(self.spark, *table)
         return {f.name: f.dataType for f in schema if f.name not in METADATA_COLUMNS}
-
-    def _watermarks(self, table: tuple[str, str], survey: Survey, props: dict[str, str]
-                    ) -> list[tuple]:
-        """(db, table, position) of every truncate: stored markers and the batch's."""
-        marks: dict[tuple[str, str], tuple[int, ...]] = {}
-        if props.get(TRUNCATED_PROPERTY) == "true":
-            for db, name, position in stored_truncates(self.spark, table):
-                marks[(db, name)] = position
-        for name, position in survey.truncates.items():
-            k = split_table(name)
-            marks[k] = max(marks.get(k, position), position)
-        return [(db, t, p) for (db, t), p in marks.items()]
-
-    def _merge_replica(self, rows: DataFrame, up_to: int, now: datetime, *, shape: RowShape,
-                       table: ReplicaTable) -> tuple[int, int]:
-        """Reduce per key, MERGE with the position guard; (rows written, rows truncated).
-
-        `rows` are `keyed_rows`: the images are parsed after the reduce, for the changes
-        that won it only. `table.new`: the replica does not exist yet and is created with
-        them.
-        """
-        survey, key, new, name = shape.survey, shape.key, table.new, table.name
-        rows = self._above_truncates(rows, survey, table=table)
-        fault_point("during_replica_merge")
-        # A small batch into an existing table: delta-rs commits it (`commit.py`),
-        # whatever its size against the table's.
-        limit = self.pipeline.lakehouse.driver_commit_rows
-        driver = new is None and driver_commits(table.props, survey.rows, limit,
-                                                truncates=bool(survey.truncates))
-        if not driver and not table.empty and rewrites(self.spark, name, survey,
-                                                       self.pipeline.lakehouse.rewrite_ratio):
-            return rewrite_replica(self.spark, rows, table=table, shape=shape, version=up_to,
-                                   now=now)
-        stored_columns = table_schema(self.spark, *name).names if new is None else new.columns
-        reduced = (first_per_group(rows, [col(k) for k in key], [col("_position").desc()])
-                   .withColumn("_applied_at", F.lit(now)))
-        reduced = typed_columns(reduced, stored_columns, shape=shape, live=True)
-        if new is not None and driver_commits(new.properties, survey.rows, limit,
-                                              truncates=False):
-            # The table by Spark (its catalog entry, schema and properties), its first rows
-            # by delta-rs: a CTAS plans and writes them in Spark jobs of its own. A crash
-            # in between leaves an empty replica, which the next apply appends to.
-            create_table(self.spark, new.name, new.schema, new.properties, exists_ok=False)
-            location = table_location(self.spark, *new.name)
-            return commit_rows(location, reduced, key, APP_ID, up_to, merge=False), 0
-        if new is not None:
-            create_with_rows(self.spark, new, reduced, APP_ID, up_to)
-            metrics = last_commit_metrics(self.spark, *name)
-            return int(metrics.get("numOutputRows", 0)), 0
-        if driver:
-            return commit_rows(table.location, reduced, key, APP_ID, up_to,
-                               merge=not table.empty), 0
-        before = table_version(self.spark, *name)
-        if table.empty:
-            # Nothing to match: the reduced batch is the table's content, appended with the
-            # same transaction id (an initial build or a rebuild, without MERGE's joins).
-            (reduced.write.format("delta").mode("append")
-             .option("txnAppId", APP_ID).option("txnVersion", up_to)
-             .saveAsTable(".".join(name)))
-            metrics = metrics_since(self.spark, *name, before)
-            return int(metrics.get("numOutputRows", 0)), 0
-        t, s = merge_aliases(name)
-        assignments = {qualified(c): col(c, s) for c in reduced.columns}
-        merge = (reduced.alias(s).mergeInto(qualified(*name), key_match(key, t, s))
-                 .whenMatched(col("_position", s) > col("_position", t)).update(assignments)
-                 .whenNotMatched().insert(assignments))
-        if survey.truncates:
-            merge = (merge.whenNotMatchedBySource(below_truncates(survey.truncates, t))
-                     .delete())
-        with self._txn(up_to):
-            merge.merge()
-        metrics = metrics_since(self.spark, *name, before)
-        written = (int(metrics.get("numTargetRowsInserted", 0))
-                   + int(metrics.get("numTargetRowsMatchedUpdated", 0)))
-        return written, int(metrics.get("numTargetRowsNotMatchedBySourceDeleted", 0))
-
-    def _above_truncates(self, rows: DataFrame, survey: Survey, *, table: ReplicaTable
-                         ) -> DataFrame:
-        """`rows` without the changes below their table's latest truncate: they are gone
-        at the source already."""
-        if (survey.truncates and table.new is None
-                and table.props.get(TRUNCATED_PROPERTY) != "true"):
-            # Set once, before the first marker lands, so that applies of replicas that
-            # were never truncated skip looking for markers.
-            set_properties(self.spark, table.name, {TRUNCATED_PROPERTY: "true"})
-        marks = self._watermarks(table.name, survey, table.props)
-        if not marks:
-            return rows
-        wm = self.spark.createDataFrame(
-            marks, T.StructType([T.StructField(_WM_DB, T.StringType()),
-                                 T.StructField(_WM_TABLE, T.StringType()),
-                                 T.StructField(_WM, POSITION_TYPE)]))
-        return (rows.join(F.broadcast(wm), (F.col("_source_db") == col(_WM_DB))
-                          & (F.col("_source_table") == col(_WM_TABLE)), "left")
-                .where((F.col("_op") == OP_TRUNCATE) | col(_WM).isNull()
-                       | (F.col("_position") > col(_WM)))
-                .drop(_WM_DB, _WM_TABLE, _WM))
 
     def _commit_empty(self, target: tuple[str, str], up_to: int) -> None:
         detail = table_detail(self.spark, *target)
