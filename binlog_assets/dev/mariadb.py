@@ -75,13 +75,19 @@ class MariaDBServer(LocalDaemon):
         """mariadbd's error log (`--log-error`)."""
         return self.data_dir / "mariadbd.err"
 
+    @property
+    def tmpdir(self) -> Path:
+        """The server's own temporary files: a shared /tmp let another process's cleanup
+        remove a bootstrap's temporary tables mid-install."""
+        return self.data_dir / "tmp"
+
     def _marker(self) -> Path:
         return self.datadir
 
     def start(self, timeout: float = 60.0) -> float:
         """Start (or reuse) the server; returns the seconds until it accepted clients."""
         began = time.monotonic()
-        self.data_dir.mkdir(parents=True, exist_ok=True)
+        self.tmpdir.mkdir(parents=True, exist_ok=True)
         if len(str(self.socket)) > _MAX_SOCKET_PATH:
             raise ValueError(
                 f"{self.socket} is too long for a unix socket path: use a shorter data_dir"
@@ -220,7 +226,7 @@ class MariaDBServer(LocalDaemon):
         cmd = [
             _program("mariadb-install-db"), "--no-defaults", f"--datadir={self.datadir}",
             "--auth-root-authentication-method=normal", "--skip-test-db",
-            "--skip-name-resolve", *self._user_args(),
+            "--skip-name-resolve", f"--tmpdir={self.tmpdir}", *self._user_args(),
         ]
         done = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
         if done.returncode != 0:
@@ -234,7 +240,7 @@ class MariaDBServer(LocalDaemon):
             _program("mariadbd"), "--no-defaults", f"--datadir={self.datadir}", *self._user_args(),
             "--bind-address=127.0.0.1", f"--port={self.port}", f"--socket={self.socket}",
             f"--pid-file={self.data_dir / 'mariadbd.server.pid'}",
-            f"--log-error={self.log_file}",
+            f"--log-error={self.log_file}", f"--tmpdir={self.tmpdir}",
             "--skip-name-resolve",
             # Debian's packaged config sets utf8mb4; --no-defaults would fall back to latin1.
             "--character-set-server=utf8mb4", "--collation-server=utf8mb4_general_ci",

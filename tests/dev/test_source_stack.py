@@ -84,13 +84,16 @@ def test_mariadb_writes_a_row_binlog_on_loopback(mariadb: MariaDBServer) -> None
     with mariadb.connect() as conn, conn.cursor() as cur:
         cur.execute(
             "SHOW VARIABLES WHERE Variable_name IN "
-            "('log_bin', 'binlog_format', 'binlog_row_image', 'server_id', 'bind_address')"
+            "('log_bin', 'binlog_format', 'binlog_row_image', 'server_id', 'bind_address', 'tmpdir')"
         )
         variables = dict(cur.fetchall())
         cur.execute("SHOW GRANTS FOR %s@'%%'", (mariadb.debezium_user,))
         grants = cur.fetchone()[0]
     assert variables == {"log_bin": "ON", "binlog_format": "ROW", "binlog_row_image": "FULL",
-                         "server_id": "1", "bind_address": "127.0.0.1"}
+                         "server_id": "1", "bind_address": "127.0.0.1",
+                         # Its own temporary files: another process's /tmp cleanup once
+                         # removed a bootstrap's temporary tables mid-install.
+                         "tmpdir": str(mariadb.tmpdir)}
     for privilege in ("SELECT", "RELOAD", "SHOW DATABASES", "LOCK TABLES",
                       "REPLICATION SLAVE", "BINLOG MONITOR"):
         assert privilege in grants
