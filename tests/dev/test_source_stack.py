@@ -84,7 +84,8 @@ def test_mariadb_writes_a_row_binlog_on_loopback(mariadb: MariaDBServer) -> None
     with mariadb.connect() as conn, conn.cursor() as cur:
         cur.execute(
             "SHOW VARIABLES WHERE Variable_name IN "
-            "('log_bin', 'binlog_format', 'binlog_row_image', 'server_id', 'bind_address', 'tmpdir')"
+            "('log_bin', 'binlog_format', 'binlog_row_image', 'server_id', 'bind_address', "
+            "'tmpdir')"
         )
         variables = dict(cur.fetchall())
         cur.execute("SHOW GRANTS FOR %s@'%%'", (mariadb.debezium_user,))

@@ -392,6 +392,7 @@ def test_a_new_small_replica_is_created_by_spark_and_filled_by_delta_rs(
     replica that the next apply fills, exactly once."""
     from binlog_assets.lakehouse import delta_log
     from binlog_assets.lakehouse.delta_log import open_log, table_location
+    from binlog_assets.lakehouse.replica import builder as builder_module
     from binlog_assets.lakehouse.replica import merge as merge_module
     from binlog_assets.lakehouse.replica.plan import KEY_PROPERTY, TRUNCATED_PROPERTY
     from binlog_assets.lakehouse.transactions import APP_ID
@@ -406,7 +407,9 @@ def test_a_new_small_replica_is_created_by_spark_and_filled_by_delta_rs(
     def crash(*args, **kwargs) -> int:
         raise RuntimeError("killed between the create and the rows")
 
+    # The driver's way or Spark's: either commits the rows by delta-rs after the CREATE.
     monkeypatch.setattr(merge_module, "commit_rows", crash)
+    monkeypatch.setattr(builder_module, "commit_arrow", crash)
     with pytest.raises(RuntimeError, match="killed"):
         builder.apply("orders")
     # Remembered at its creation, where the catalog says it is: its commits ask no one.

@@ -17,6 +17,7 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from binlog_assets.config import PipelineConfig
+from binlog_assets.formats.base import snapshot_end
 from binlog_assets.lakehouse.changelog import ChangelogWriter
 from binlog_assets.lakehouse.changelog_arrow import changes_of
 from binlog_assets.lakehouse.replica import builder as replica_module
@@ -204,6 +205,44 @@ def test_a_changelog_range_is_read_once_and_extended_for_the_next_cycle(
     assert offsets(changes_of(pipeline, 3, 4, ["shop.orders"], ROW_OPS)) == [6]
     assert offsets(changes_of(pipeline, 2, 4, ["shop.orders", "shop.users"], ROW_OPS)) == [4, 5, 6]
     assert offsets(changes_of(pipeline, None, 4, ["shop.orders"], ROW_OPS)) == [0, 2, 4, 6]
+
+
+def test_a_new_replica_built_from_a_snapshot_is_built_in_the_driver(
+        spark, make_config: MakeConfig, monkeypatch: pytest.MonkeyPatch) -> None:
+    # A snapshot ends with a truncate just below its rows, so a replica's first batch
+    # holds one: the driver drops what lies below it and writes its marker, as Spark
+    # does, and a change from below the marker that arrives later is dropped too.
+    types = {"id": "bigint", "s": "string"}
+
+    def batches(src: Source) -> list[list]:
+        gone = src.insert({"id": 9, "s": "gone"})  # deleted before the snapshot read
+        late = src.insert({"id": 8, "s": "late"})  # the same, delivered after the build
+        src.pos += 10
+        read = [src.snapshot({"id": i, "s": "read"}) for i in (1, 2, 3)]
+        after = src.insert({"id": 5, "s": "after"})
+        return [[[gone], read, [snapshot_end(read[-1])], [after]], [[late]],
+                [src.update({"id": 2, "s": "read"}, {"id": 2, "s": "changed"})]]
+
+    spark_config = make_config(WIDE, driver_commit_rows=0)
+    _build(spark, spark_config, batches(Source("shop.wide", types)))
+
+    def no_spark_read(*args: Any, **kwargs: Any) -> None:
+        raise AssertionError("the build of a new replica planned a Spark read")
+
+    monkeypatch.setattr(replica_module, "read_changelog", no_spark_read)
+    driver_config = make_config(WIDE)
+    results = _build(spark, driver_config, batches(Source("shop.wide", types)))
+
+    def rows(pipeline: PipelineConfig) -> list[tuple]:
+        return sorted((tuple(r) for r in spark.table(f"{pipeline.lakehouse.database}.wide")
+                       .select("_op", "id", "s", "_position", "_source_ts").collect()),
+                      key=repr)
+
+    assert rows(driver_config) == rows(spark_config)
+    assert sorted(r[1:3] for r in rows(driver_config) if r[0] != "t") == [
+        (1, "read"), (2, "changed"), (3, "read"), (5, "after")]
+    assert [r[:3] for r in rows(driver_config) if r[0] == "t"] == [("t", None, None)]
+    assert [r.written for r in results] == [5, 0, 1]
 
 
 def test_a_replica_holding_a_truncate_applies_small_batches_in_the_driver(

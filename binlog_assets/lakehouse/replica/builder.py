@@ -28,9 +28,7 @@ from binlog_assets.lakehouse.changelog_reader import (
     register_changelog,
 )
 from binlog_assets.lakehouse.changelog_rows import SURVEY_MAX_COMMITS
-from binlog_assets.lakehouse.columns import (
-    POSITION_TYPE,
-)
+from binlog_assets.lakehouse.columns import POSITION_TYPE, split_table
 from binlog_assets.lakehouse.ddl import DdlPlan
 from binlog_assets.lakehouse.delta_log import (
     NewTable,
@@ -309,9 +307,13 @@ class ReplicaBuilder:
             pa.schema(open_log(location).schema().to_arrow()))
         batch = batch_changes(self.pipeline, versions.start, up_to, survey, rule)
         # The history keeps every version, as Spark's way does; the replica drops changes
-        # below a truncate it holds.
-        marks = (stored_truncates(self.spark, table.name)
-                 if new is None and table.props.get(TRUNCATED_PROPERTY) == "true" else [])
+        # below a truncate it holds, or, when new, below one of its batch.
+        if new is not None:
+            marks = [(*split_table(t), at) for t, at in survey.truncates.items()]
+        elif table.props.get(TRUNCATED_PROPERTY) == "true":
+            marks = stored_truncates(self.spark, table.name)
+        else:
+            marks = []
         rows = driver_rows(above_marks(batch, marks), survey, rule, columns, schema, now)
         history = self.history_name(route.replica)
         # Typed before any commit: a value only Spark types sends the whole batch there.

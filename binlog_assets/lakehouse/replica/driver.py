@@ -3,7 +3,8 @@ commit (`commit.py`) writes to the replica.
 
 Spark's apply is a plan built in Python and a job per replica, most of a small apply's
 time whatever its size. For a batch of row changes only (no DDL, truncates, cut-overs,
-history or key override: `in_driver`), the same result is computed here from the
+history or key override: `in_driver`; truncates only into a new replica, whose marker
+rows it writes as Spark's would), the same result is computed here from the
 changelog rows as Arrow (`changelog_arrow.py`): each key keeps its change of highest
 position, and the winners' JSON images are typed by the replica's columns with Spark's
 rules (`rows.cast_text` under ANSI casts, the session time zone UTC). An append-only
@@ -23,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 import orjson
 from pyspark.sql import types as T
 
-from binlog_assets.formats.event import OP_DELETE
+from binlog_assets.formats.event import OP_DELETE, OP_TRUNCATE
 from binlog_assets.lakehouse.changelog_arrow import changes_of
 from binlog_assets.lakehouse.columns import POSITION_FIELDS, split_table
 from binlog_assets.lakehouse.replica.commit import driver_commits
@@ -202,22 +203,28 @@ def _binary(value: Any) -> bytes:
 def in_driver(rule: Rule, *, shape: RowShape, table: ReplicaTable, sources: Sources,
               cutovers: list, limit: int) -> bool:
     """Whether the batch is small, without DDL, into a replica whose commit delta-rs
-    makes: row changes only into a keyed replica (`driver_rows`, after `above_marks` of
-    the truncates it holds), or any changes into an append-only one (`appended_rows`),
-    computed as Spark's apply would."""
+    makes: row changes into a keyed replica (`driver_rows`, after `above_marks` of the
+    truncates it holds), truncates too into a new one without history (nothing below
+    them to delete), or any changes into an append-only one (`appended_rows`), computed
+    as Spark's apply would."""
     survey, props, new = shape.survey, table.props, table.new
     if (cutovers or survey.ddl or sources.dropped
             or not driver_commits(props if new is None else new.properties, survey.rows,
                                   limit, truncates=False)):
         return False
     # An append-only replica logs a truncate as a row of its own: no delete below it.
-    return rule.append or (not shape.route.key_columns and not survey.truncates)
+    if rule.append:
+        return True
+    # A snapshot ends with a truncate, so a replica's first batch usually holds one.
+    new_marks = new is not None and not shape.route.history
+    return not shape.route.key_columns and (not survey.truncates or new_marks)
 
 
 def above_marks(changes: pa.Table, marks: list[tuple[str, str, tuple]]) -> pa.Table:
     """`changes` without those at or below their source table's latest truncate marker
-    (`marks`: `delta_log.stored_truncates`), as Spark's apply joins them: the source had
-    removed those rows already."""
+    (`marks`: `delta_log.stored_truncates`, or a new replica's batch truncates), as
+    Spark's apply joins them: the source had removed those rows already. The truncates
+    themselves stay: they are the replica's markers."""
     if not marks or not changes.num_rows:
         return changes
     import pyarrow as pa
@@ -225,28 +232,29 @@ def above_marks(changes: pa.Table, marks: list[tuple[str, str, tuple]]) -> pa.Ta
     latest: dict[tuple[str, str], tuple] = {}
     for db, table, position in marks:
         latest[(db, table)] = max(latest.get((db, table), position), position)
-    data = changes.select(["table", *(source for _, _, source in POSITION_FIELDS)]).to_pydict()
+    data = changes.select(["table", "op", *(source for _, _, source in POSITION_FIELDS)]
+                          ).to_pydict()
     tables = data["table"]
     positions = zip(*(data[source] for _, _, source in POSITION_FIELDS), strict=True)
     keep = []
-    for table, position in zip(tables, positions, strict=True):
+    for table, op, position in zip(tables, data["op"], positions, strict=True):
         mark = latest.get(split_table(table))
         if mark is not None and None in position:
             raise NotInDriver(f"a change of {table} without a position")
-        keep.append(mark is None or position > mark)
+        keep.append(mark is None or op == OP_TRUNCATE or position > mark)
     return changes if all(keep) else changes.filter(pa.array(keep))
 
 
 def batch_changes(pipeline: PipelineConfig, after_version: int | None, up_to: int,
                   survey: Survey, rule: Rule) -> pa.Table:
     """The batch's changes of the replica's source tables, read once for the replica
-    and its history table: row changes, or every merged op for an append-only
-    replica."""
+    and its history table: row changes, with the truncates where the batch has some,
+    or every merged op for an append-only replica."""
     from deltalake.exceptions import DeltaError
 
     try:
         return changes_of(pipeline, after_version, up_to, survey.tables,
-                          MERGED_OPS if rule.append else ROW_OPS)
+                          MERGED_OPS if rule.append or survey.truncates else ROW_OPS)
     except DeltaError as exc:
         # Versions no longer in the log, say: Spark's read of them checks and says so.
         raise NotInDriver(f"the changelog's versions: {exc}") from exc
@@ -308,7 +316,9 @@ def reduced_rows(changes: pa.Table, survey: Survey, key: list[str],
                  columns: dict[str, T.DataType], schema: pa.Schema, now: datetime
                  ) -> pa.Table:
     """Per key, the change of highest position among `changes` (changelog rows of the
-    replica's tables), typed into the replica's Arrow `schema`, `_applied_at` = `now`."""
+    replica's tables), typed into the replica's Arrow `schema`, `_applied_at` = `now`.
+    A truncate's key is null, as in Spark's reduce: one marker per source table of a
+    sharded replica, the highest of all otherwise."""
     import pyarrow as pa
 
     source_key = [k for k in key if k not in SOURCE_KEY_COLUMNS]
@@ -353,6 +363,11 @@ def _keyed(data: dict[str, list], positions: list[tuple], source_key: list[str],
     for i, record_text in enumerate(data["key"]):
         if None in positions[i]:
             raise NotInDriver(f"a change at offset {offsets[i]} without a position")
+        if ops[i] == OP_TRUNCATE:
+            if not key_spellings:
+                raise NotInDriver("a truncate into a replica without a key")
+            yield i, [None] * len(key_spellings), {}
+            continue
         if not key_spellings:
             yield i, [], None
             continue
