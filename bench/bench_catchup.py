@@ -117,7 +117,7 @@ from binlog_assets.lakehouse.spark import get_spark, spark_conf
 from binlog_assets.orchestration.changelog_run_config import ChangelogRunConfig
 from binlog_assets.orchestration.partitions import partition_key
 from binlog_assets.rounds.partition import SinkTotals
-from binlog_assets.rounds.plan import PARTITIONS_IN_PARALLEL, consume_partitions
+from binlog_assets.rounds.round import PARTITIONS_IN_PARALLEL, consume_partitions
 
 TARGET_BINLAKE_VS_BASELINE = 2.0
 TARGET_BINLAKE_VS_ANCHOR = 0.5

@@ -37,12 +37,12 @@ import json, sys, time
 from binlog_assets.config import parse_config
 from binlog_assets.consume.handlers import HandlerRegistry
 from binlog_assets.orchestration.changelog_run_config import ChangelogRunConfig
-from binlog_assets.rounds.plan import consume_partitions
+from binlog_assets.rounds.round import RoundOptions, consume_partitions
 pipeline = parse_config(json.loads(sys.argv[1]))
 keys = sys.argv[2].split(",")
 began = time.perf_counter()
 outcomes = consume_partitions(pipeline, dict(pipeline.kafka), keys, ChangelogRunConfig(),
-                              HandlerRegistry(), group=sys.argv[3])
+                              group=sys.argv[3], options=RoundOptions(handlers=HandlerRegistry()))
 failed = [o for o in outcomes if o.error is not None]
 if failed:
     raise SystemExit(f"{failed[0].key}: {failed[0].error!r}")

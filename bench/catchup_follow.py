@@ -28,7 +28,7 @@ from binlog_assets.lakehouse.replica.routes import replica_routes
 from binlog_assets.lakehouse.spark import get_spark
 from binlog_assets.orchestration.changelog_run_config import ChangelogRunConfig
 from binlog_assets.orchestration.replica_follower import ChangelogView, FollowOptions, follow
-from binlog_assets.rounds.plan import consume_partitions
+from binlog_assets.rounds.round import consume_partitions
 
 FOLLOW_POLL = 0.5  # seconds between the follower's looks at the changelog's version
 DEADLINE = 1800.0  # seconds: a follower that never catches up fails the bench

@@ -224,8 +224,9 @@ class DtsDecoder(ChangeDecoder):
         if op is None:
             if not table_name:
                 return self._skip("dts:ddl_without_table")
-            return [self._ddl_event(record, f"{database}.{table_name}", position, source_ts,
-                                    topic, partition, offset)]
+            return [ChangeEvent(f"{database}.{table_name}", OP_DDL, (), (), None, None,
+                                position, source_ts, topic, partition, offset, 0,
+                                self._ddl_statement(record))]
         table = self._table(database, table_name, "objectName", "objectName")
 
         fields = record.get("fields")
@@ -356,20 +357,11 @@ class DtsDecoder(ChangeDecoder):
             return tuple(primary)
         return ()
 
-    def _ddl_event(
-        self,
-        record: dict[str, Any],
-        table: str,
-        position: Position,
-        source_ts: int,
-        topic: str,
-        partition: int,
-        offset: int,
-    ) -> ChangeEvent:
+    def _ddl_statement(self, record: dict[str, Any]) -> str:
+        """The statement text of a DDL record."""
         ddl = record.get("afterImages")
         if type(ddl) is not str:
             ddl = record.get("beforeImages")
         if type(ddl) is not str:
             raise self._fail("DDL record carries no statement text in 'afterImages'")
-        return ChangeEvent(table, OP_DDL, (), (), None, None, position, source_ts,
-                           topic, partition, offset, 0, ddl)
+        return ddl

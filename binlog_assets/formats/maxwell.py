@@ -74,7 +74,9 @@ class MaxwellDecoder(ChangeDecoder):
             raise self._fail("field 'ts' must be an integer (seconds)")
         source_ts = ts * 1000 if ts is not None else None
         if op is None:
-            return [self._ddl_event(doc, table, position, source_ts, topic, partition, offset)]
+            sql, columns, column_types = self._ddl_definition(doc)
+            return [ChangeEvent(table, OP_DDL, (), columns, None, None, position, source_ts,
+                                topic, partition, offset, 0, sql, column_types or None)]
 
         data = doc.get("data")
         if type(data) is not dict:
@@ -158,16 +160,9 @@ class MaxwellDecoder(ChangeDecoder):
             return tuple(column for part in key_doc[2] for column in part)
         raise self._fail("Kafka record key is neither Maxwell's hash nor array key format")
 
-    def _ddl_event(
-        self,
-        doc: dict[str, Any],
-        table: str,
-        position: Position,
-        source_ts: int | None,
-        topic: str,
-        partition: int,
-        offset: int,
-    ) -> ChangeEvent:
+    def _ddl_definition(self, doc: dict[str, Any]
+                        ) -> tuple[str | None, tuple[str, ...], dict[str, str]]:
+        """A DDL record's statement, its table's primary-key columns and column types."""
         sql = doc.get("sql")
         if sql is not None and type(sql) is not str:
             raise self._fail("field 'sql' must be a string")
@@ -178,10 +173,7 @@ class MaxwellDecoder(ChangeDecoder):
             columns, column_types = _table_definition(definition)
         except (KeyError, TypeError, AttributeError, ValueError) as exc:
             raise self._fail(f"field 'def' is malformed: {type(exc).__name__}: {exc}") from None
-        return ChangeEvent(
-            table, OP_DDL, (), columns, None, None,
-            position, source_ts, topic, partition, offset, 0, sql, column_types or None,
-        )
+        return sql, columns, column_types
 
 
 def _table_definition(definition: dict[str, Any]) -> tuple[tuple[str, ...], dict[str, str]]:

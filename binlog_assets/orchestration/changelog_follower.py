@@ -23,7 +23,7 @@ from binlog_assets.lakehouse.changelog import (
     ChangelogWriter,
     changelog_uri,
 )
-from binlog_assets.orchestration.changelog_asset import Measured, report_outcomes
+from binlog_assets.orchestration.changelog_reports import report_round
 from binlog_assets.orchestration.changelog_run_config import ChangelogRunConfig
 from binlog_assets.orchestration.lost_runs import unfinished_runs
 from binlog_assets.orchestration.metadata_checkpoint import latest_metadata_checkpoints
@@ -42,7 +42,9 @@ from binlog_assets.orchestration.shared import (
 )
 from binlog_assets.orchestration.table_metadata import delta_row_count
 from binlog_assets.rounds.partition import PartitionOutcome
-from binlog_assets.rounds.plan import RunReport, plan_run, run_partitions
+from binlog_assets.rounds.plan import RunReport
+from binlog_assets.rounds.report import RoundReport
+from binlog_assets.rounds.round import RoundOptions, consume_round
 
 # A partition whose bounded run failed (a broker away, a stopped partition) is tried
 # again after FOLLOW_RETRY_SECONDS, not at every poll: each attempt logs its error.
@@ -92,6 +94,20 @@ class RowCount:
         return self.rows
 
 
+class KeptGauge:
+    """A follower round's gauge: the lags at the end through the follower's consumer kept
+    open (every source at once, a long wait logged), the row count from `RowCount`."""
+
+    def __init__(self, measure: Callable[[], list[PartitionLag]], rows: RowCount) -> None:
+        self.measure, self.row_count = measure, rows
+
+    def lags(self, run: RunReport) -> list[PartitionLag]:
+        return self.measure()
+
+    def rows(self, run: RunReport, outcomes: Sequence[PartitionOutcome]) -> int | None:
+        return self.row_count.after(outcomes)
+
+
 def follow_partitions(due: Callable[[], Sequence[str]],
                       consume: Callable[[list[str]], list[PartitionOutcome]], *,
                       poll: float, stop: Callable[[], bool],
@@ -139,6 +155,7 @@ class ChangelogFollower:
         preflight.check_cluster(self.kafka_conf)
         self.unreachable = Unreachable()
         self.offsets = lag.lag_consumer(self.kafka_conf, self.group, error_cb=self.unreachable)
+        self.gauge = KeptGauge(self.measure, self.row_count)
 
     def close(self) -> None:
         self.offsets.close()
@@ -179,13 +196,8 @@ class ChangelogFollower:
         lags = {k: self.lags[k] for k in known if k in self.lags}
         return [k for k in self.rule.due(lags, time.time()) if k not in held]
 
-    def report(self, run: RunReport, outcomes: list[PartitionOutcome]) -> None:
-        # The lag at the end is measured once the round is over, for every source at
-        # once, through the consumer kept open.
-        report_outcomes(self.context, run, outcomes, final=False,
-                        measured=Measured(self.measure(),
-                                          lambda: self.row_count.after(outcomes)),
-                        one_line=True)
+    def report(self, report: RoundReport) -> None:
+        report_round(self.context, report, final=False, one_line=True)
 
     def warn_unreachable(self, what: str, seconds: float) -> None:
         # The lag consumer's connection errors (a broker restarting closes its
@@ -198,22 +210,20 @@ class ChangelogFollower:
 
     def consume(self, keys: list[str]) -> list[PartitionOutcome]:
         began = time.monotonic()
-        plan = plan_run(self.pipeline, self.kafka_conf, keys, ChangelogRunConfig(),
-                        group=self.group, writer=self.writer)
-        # Every partition's latest materialization at once, not a query each.
-        recorded = latest_metadata_checkpoints(self.instance, keys)
-        outcomes = run_partitions(
-            plan,
-            metadata_checkpoint=recorded.get,
-            # Terminated mid-round: what its partitions committed is still recorded.
-            on_interrupt=lambda stopped: self.report(plan.report, stopped),
-            # due() has just measured them: the worker processes' rule needs no other.
-            lags={k: self.lags.get(k, 0) for k in keys},
-            # One changelog commit and one Kafka commit for the round's partitions.
-            together=True)
-        self.report(plan.report, outcomes)
+        report = consume_round(
+            self.pipeline, self.kafka_conf, keys, ChangelogRunConfig(), group=self.group,
+            options=RoundOptions(
+                # Every partition's latest materialization at once, not a query each.
+                metadata_checkpoint=latest_metadata_checkpoints(self.instance, keys).get,
+                # due() has just measured them: the worker processes' rule needs no other.
+                lags={k: self.lags.get(k, 0) for k in keys},
+                # One changelog commit and one Kafka commit for the round's partitions.
+                together=True, writer=self.writer, gauge=self.gauge,
+                # Terminated mid-round: what its partitions committed is still recorded.
+                on_interrupt=self.report))
+        self.report(report)
         self.warn_unreachable(f"a round of {len(keys)} partitions", time.monotonic() - began)
-        return outcomes
+        return report.outcomes
 
 
 def note_failures(log: dg.DagsterLogManager, outcomes: Sequence[PartitionOutcome],

@@ -1,13 +1,13 @@
 """One partition's bounded consumer run into the changelog, without Dagster around it:
 its plan (`PartitionPlan`, what it takes from the pipeline config, resolved before it
 starts; it pickles, so a worker process is handed it as it is), the run itself
-(`run_partition`, `consume_partition`) and its outcome."""
+(`run_partition`) and its outcome."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from binlog_assets.consume.checkpoint import CHANGELOG, Checkpoint, offset_for_timestamp
 from binlog_assets.consume.handlers import HandlerRegistry, load_registry
@@ -19,7 +19,9 @@ from binlog_assets.lakehouse.changelog import (
     ChangelogWriter,
 )
 from binlog_assets.lakehouse.fence import FencedChangelogSink
-from binlog_assets.rounds.round_commit import RoundCommit
+
+if TYPE_CHECKING:
+    from binlog_assets.rounds.round_commit import RoundCommit
 
 
 class RunLimits(Protocol):

@@ -20,9 +20,11 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Mapping, Sequence
+from contextlib import ExitStack
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from confluent_kafka import TopicPartition
+from confluent_kafka import Consumer, TopicPartition
 
 from binlog_assets.consume.checkpoint import Checkpoint, committed_checkpoint, retry_retriable
 from binlog_assets.consume.commit import Committer
@@ -33,6 +35,10 @@ from binlog_assets.faults import fault_point
 from binlog_assets.formats.event import ChangeEvent
 from binlog_assets.lakehouse.changelog import ChangelogWriter
 from binlog_assets.lakehouse.fence import FencedChangelogSink, SinkRange, write_together
+from binlog_assets.rounds.partition import PartitionOutcome
+
+if TYPE_CHECKING:
+    from binlog_assets.rounds.plan import RunPlan
 
 
 @dataclass
@@ -52,9 +58,9 @@ class RoundCommit:
 
     def __init__(self, kafka_conf: dict, group: str, writer: ChangelogWriter,
                  commit_timeout_seconds: float) -> None:
-        self.group, self.writer = group, writer
+        self.kafka_conf, self.group, self.writer = kafka_conf, group, writer
         self.timeout = commit_timeout_seconds
-        self.consumer = lag_consumer(kafka_conf, group)
+        self.consumer: Consumer | None = None  # opened by `read_checkpoints`
         self.changelog: dict[tuple[str, int], int | None] = {}
         self.kafka: dict[tuple[str, int], Checkpoint | Exception | None] = {}
         self.held: dict[str, Held] = {}
@@ -65,11 +71,13 @@ class RoundCommit:
 
     def read_checkpoints(self, partitions: Sequence[tuple[str, int]]) -> None:
         """The changelog's checkpoint of every partition (one look at its log) and the
-        group's committed offsets (one request)."""
+        group's committed offsets (one request), through the consumer that makes the
+        round's Kafka commit."""
+        self.consumer = consumer = lag_consumer(self.kafka_conf, self.group)
         self.changelog = self.writer.checkpoints(self.group, partitions)
         answered, waited = timed(lambda: retry_retriable(
-            lambda: self.consumer.committed([TopicPartition(t, p) for t, p in partitions],
-                                            timeout=30),
+            lambda: consumer.committed([TopicPartition(t, p) for t, p in partitions],
+                                       timeout=30),
             f"reading committed offsets of group {self.group}"))
         self.kafka_wait_seconds = max(self.kafka_wait_seconds, waited)
         for tp in answered:
@@ -149,5 +157,39 @@ class RoundCommit:
         return errors
 
     def close(self) -> None:
-        if not self._abandoned:  # else the stuck commit's thread closes it
+        # A commit that is stuck still holds the consumer: its thread closes it.
+        if self.consumer is not None and not self._abandoned:
             self.consumer.close()
+
+
+def open_round(plan: RunPlan, opened: ExitStack) -> RoundCommit | Exception | None:
+    """The run's `RoundCommit`, its checkpoints read, closed with `opened`; the error
+    that kept it from reading them; None when no partition has a source to run."""
+    plans = plan.planned()
+    if not plans:
+        return None
+    first = plans[0]
+    round_ = RoundCommit(plan.kafka_conf, plan.group, first.writer,
+                         first.settings.commit_timeout_seconds)
+    opened.callback(round_.close)
+    try:
+        round_.read_checkpoints([(p.topic, p.partition) for p in plans])
+    except Exception as exc:
+        return exc
+    return round_
+
+
+def commit_round(round_: RoundCommit | None, done: dict[str, PartitionOutcome]) -> None:
+    """The held commit points of the partitions that ran to their end, made together;
+    each outcome then says what its partition committed, or the error that stopped it."""
+    if round_ is None:
+        return
+    ended = [key for key, o in done.items() if o.error is None and o.summary is not None]
+    for key, result in round_.commit(ended).items():
+        if isinstance(result, BaseException):
+            done[key] = PartitionOutcome(key, error=result)
+        else:
+            summary = done[key].summary
+            summary.committed_offset = result
+            summary.kafka_wait_seconds = max(summary.kafka_wait_seconds,
+                                             round_.kafka_wait_seconds)

@@ -12,7 +12,7 @@ import sys
 def main() -> None:
     from binlog_assets.config import load_config
     from binlog_assets.orchestration.changelog_run_config import ChangelogRunConfig
-    from binlog_assets.rounds.plan import consume_partitions
+    from binlog_assets.rounds.round import consume_partitions
 
     pipeline = load_config(sys.argv[1])
     [outcome] = consume_partitions(pipeline, dict(pipeline.kafka), [sys.argv[2]],

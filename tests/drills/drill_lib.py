@@ -198,7 +198,7 @@ def seeded_build(pipeline: PipelineConfig, mariadb, fence: DebeziumFence, seed: 
 
     from binlog_assets.consume.handlers import HandlerRegistry
     from binlog_assets.orchestration.changelog_run_config import ChangelogRunConfig
-    from binlog_assets.rounds.plan import consume_partition
+    from binlog_assets.rounds.round import consume_partition
 
     config_path = workdir / "binlake.yaml"
     config_path.write_text(yaml.safe_dump(pipeline.model_dump(mode="json", exclude_none=True)))

@@ -24,7 +24,7 @@ from binlog_assets.dev.mariadb import FENCE_DATABASE, HEARTBEAT_DATABASE, MariaD
 from binlog_assets.lakehouse.replica.builder import ReplicaBuilder
 from binlog_assets.orchestration.changelog_run_config import ChangelogRunConfig
 from binlog_assets.orchestration.partitions import partition_key
-from binlog_assets.rounds.plan import consume_partition
+from binlog_assets.rounds.round import consume_partition
 
 # A read-only account for the parity check, made on a primary before its replicas copy it.
 PARITY_USER, PARITY_PASSWORD = "binlake_parity", "parity-pw"

@@ -32,7 +32,7 @@ from binlog_assets.dev.kafka import KafkaBroker, create_topic
 from binlog_assets.lakehouse.changelog_reader import changelog_frame
 from binlog_assets.lakehouse.replica.builder import ReplicaBuilder
 from binlog_assets.orchestration.changelog_run_config import ChangelogRunConfig
-from binlog_assets.rounds.plan import consume_partition
+from binlog_assets.rounds.round import consume_partition
 
 RECORDS = 3000
 DOWN_SECONDS = 5.0

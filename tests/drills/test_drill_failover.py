@@ -101,7 +101,7 @@ def test_the_old_primary_still_writing_after_a_failover_stops_its_partition(
     from binlog_assets.consume.errors import PartitionStopped
     from binlog_assets.dev.connect import DebeziumConnector
     from binlog_assets.orchestration.changelog_run_config import ChangelogRunConfig
-    from binlog_assets.rounds.plan import consume_partition
+    from binlog_assets.rounds.round import consume_partition
 
     primary, replica = servers
     life = ShopLife(pipeline_config, debezium_connect, primary, spark)

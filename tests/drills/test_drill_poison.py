@@ -34,7 +34,7 @@ from binlog_assets.formats.debezium import DebeziumDecoder
 from binlog_assets.formats.event import DecodeError
 from binlog_assets.lakehouse.changelog_reader import changelog_frame
 from binlog_assets.orchestration.changelog_run_config import ChangelogRunConfig
-from binlog_assets.rounds.plan import consume_partition
+from binlog_assets.rounds.round import consume_partition
 
 TABLE = "poison.items"
 

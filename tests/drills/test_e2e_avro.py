@@ -42,7 +42,7 @@ from binlog_assets.formats.event import OP_DDL, ChangeEvent
 from binlog_assets.lakehouse.replica.builder import ReplicaBuilder
 from binlog_assets.orchestration.changelog_run_config import ChangelogRunConfig
 from binlog_assets.orchestration.partitions import partition_key
-from binlog_assets.rounds.plan import consume_partition
+from binlog_assets.rounds.round import consume_partition
 
 SEED = 20261124
 STATEMENTS = 300

@@ -32,7 +32,7 @@ from binlog_assets.dev.mariadb import MariaDBServer
 from binlog_assets.lakehouse.changelog_reader import changelog_frame
 from binlog_assets.lakehouse.replica.builder import ReplicaBuilder
 from binlog_assets.orchestration.changelog_run_config import ChangelogRunConfig
-from binlog_assets.rounds.plan import consume_partition
+from binlog_assets.rounds.round import consume_partition
 
 SEED = 20261121
 STATEMENTS = 400

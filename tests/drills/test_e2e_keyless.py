@@ -25,7 +25,7 @@ from binlog_assets.lakehouse.changelog_reader import changelog_frame
 from binlog_assets.lakehouse.replica.builder import ReplicaBuilder
 from binlog_assets.orchestration.changelog_run_config import ChangelogRunConfig
 from binlog_assets.orchestration.partitions import partition_key
-from binlog_assets.rounds.plan import consume_partition
+from binlog_assets.rounds.round import consume_partition
 
 TOPICS = ("shop.keyless.events", "shop.keyless.logs")
 KEYS = tuple(partition_key(t, 0) for t in TOPICS)

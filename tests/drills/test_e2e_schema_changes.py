@@ -38,7 +38,7 @@ from binlog_assets.lakehouse.replica.builder import ReplicaBuilder
 from binlog_assets.lakehouse.schema import SchemaEvolutionError
 from binlog_assets.orchestration.changelog_run_config import ChangelogRunConfig
 from binlog_assets.parity.lake import LIVE_OPS, replica_uri
-from binlog_assets.rounds.plan import consume_partition
+from binlog_assets.rounds.round import consume_partition
 
 DB, DB2 = "ddl_e2e", "ddl_e2e_db"
 PREFIX = "shop"  # the session connector's topic prefix; `shop` is its schema-change topic

@@ -44,7 +44,9 @@ from binlog_assets.orchestration.resources import BinlakeResource
 from binlog_assets.orchestration.sensors import kafka_lag_sensor
 from binlog_assets.orchestration.shared import CONSUME_JOB_NAME, PARTITION_TAG
 from binlog_assets.rounds.partition import PartitionOutcome, SinkTotals
-from binlog_assets.rounds.plan import RunPlan
+from binlog_assets.rounds.plan import plan_run
+from binlog_assets.rounds.report import RoundReport
+from binlog_assets.rounds.round import RoundOptions
 
 
 class Clock:
@@ -94,7 +96,8 @@ def test_a_round_measures_the_lags_twice_through_the_kept_consumer(
     and after it (the lag at the end, every source at once): no other consumer."""
     from binlog_assets.consume import backlog, lag, preflight
     from binlog_assets.consume.lag import PartitionLag
-    from binlog_assets.orchestration import changelog_asset, changelog_follower
+    from binlog_assets.orchestration import changelog_follower
+    from binlog_assets.rounds import report as round_report
 
     consumers: list[object] = []
     ends = iter(range(10, 1000, 10))
@@ -111,22 +114,20 @@ def test_a_round_measures_the_lags_twice_through_the_kept_consumer(
     monkeypatch.setattr(lag, "lag_consumer", lambda *a, **k: Kept())
     monkeypatch.setattr(preflight, "check_cluster", lambda conf: None)
     monkeypatch.setattr(backlog, "measure_lag", elsewhere)
-    monkeypatch.setattr(changelog_asset, "measure_lag", elsewhere)
+    monkeypatch.setattr(round_report, "measure_lag", elsewhere)
     rounds: list[tuple[list[str], dict]] = []
     reports: list[dict] = []
 
-    def run_partitions(plan: RunPlan, *args: object, lags: dict[str, int],
-                       **kwargs: object) -> list[PartitionOutcome]:
-        rounds.append((plan.keys, lags))
-        return [PartitionOutcome(k) for k in plan.keys]
+    def consume(options: RoundOptions, keys: list[str]) -> list[PartitionOutcome]:
+        rounds.append((keys, options.lags))
+        return [PartitionOutcome(k) for k in keys]
 
-    def report_outcomes(*args: object, measured: changelog_asset.Measured,
-                        **kwargs: object) -> bool:
-        reports.append({(pl.topic, pl.partition): pl.high for pl in measured.lags})
+    def report_round(context: object, report: RoundReport, **kwargs: object) -> bool:
+        reports.append({(pl.topic, pl.partition): pl.high for pl in report.lags})
         return True
 
-    monkeypatch.setattr(changelog_follower, "run_partitions", run_partitions)
-    monkeypatch.setattr(changelog_follower, "report_outcomes", report_outcomes)
+    monkeypatch.setattr(changelog_follower, "consume_round", _round_of(consume))
+    monkeypatch.setattr(changelog_follower, "report_round", report_round)
     monkeypatch.setattr(changelog_follower, "changelog_backfill_in_progress",
                         lambda instance: "enough" if len(rounds) >= 3 else None)
     (tmp_path / "binlake.yaml").write_text(yaml.safe_dump({
@@ -210,14 +211,13 @@ def _follow_one_partition(instance: dg.DagsterInstance, monkeypatch: pytest.Monk
     monkeypatch.setattr(preflight, "check_cluster", lambda conf: None)
     done: list[int] = []
 
-    def run_partitions(plan: RunPlan, *args: object, **kwargs: object
-                       ) -> list[PartitionOutcome]:
+    def consume(options: RoundOptions, keys: list[str]) -> list[PartitionOutcome]:
         done.append(1)
         summary = RunSummary("a", 0, 0, "kafka", 5, 5, records=5,
                              kafka_wait_seconds=waits(len(done)))
         return [PartitionOutcome("a:0", summary, SinkTotals(5, 1))]
 
-    monkeypatch.setattr(changelog_follower, "run_partitions", run_partitions)
+    monkeypatch.setattr(changelog_follower, "consume_round", _round_of(consume))
     monkeypatch.setattr(changelog_follower, "delta_row_count", lambda uri: 5)
     monkeypatch.setattr(changelog_follower, "changelog_backfill_in_progress",
                         lambda instance: "enough" if len(done) >= rounds else None)
@@ -257,15 +257,15 @@ def test_a_round_s_events_are_not_kept_by_the_run(monkeypatch, tmp_path: Path) -
     from binlog_assets.orchestration import changelog_follower
 
     kept: list[int] = []  # events the op holds after each round's report
-    real_report = changelog_follower.report_outcomes
+    real_report = changelog_follower.report_round
 
-    def report_outcomes(context: dg.OpExecutionContext, *args: object, **kwargs: object
-                        ) -> bool:
+    def report_round(context: dg.OpExecutionContext, *args: object, **kwargs: object
+                     ) -> bool:
         consumed = real_report(context, *args, **kwargs)
         kept.append(len(context._events))
         return consumed
 
-    monkeypatch.setattr(changelog_follower, "report_outcomes", report_outcomes)
+    monkeypatch.setattr(changelog_follower, "report_round", report_round)
     with dg.instance_for_test() as instance:
         _follow_one_partition(instance, monkeypatch, tmp_path, rounds=30, waits=lambda n: 0.0)
         materialized = instance.fetch_materializations(
@@ -280,7 +280,6 @@ def test_lags_measured_after_the_round_are_split_by_source() -> None:
     observation gets the partitions a measurement of its own topics would."""
     from binlog_assets.config import parse_config
     from binlog_assets.consume.lag import PartitionLag, lags_of
-    from binlog_assets.rounds.plan import plan_run
 
     pipeline = parse_config({"sources": [{"name": "a", "topics": ["^a-.*"]},
                                          {"name": "b", "topics": ["b", "a-1"]},
@@ -291,6 +290,18 @@ def test_lags_measured_after_the_round_are_split_by_source() -> None:
     at_end = [PartitionLag(t, 0, 0, 9, 4) for t in ("a-1", "a-2", "b", "c")]
     assert {s.name: lags_of(at_end, s.topics) for s in report.sources} == {
         "a": at_end[:2], "b": [at_end[0], at_end[2]]}
+
+
+def _round_of(consume: Callable[[RoundOptions, list[str]], list[PartitionOutcome]]
+              ) -> Callable[..., RoundReport]:
+    """A `consume_round` whose partitions' outcomes are `consume(options, keys)`, its
+    report measured as the follower asks (`options.gauge`)."""
+    def consume_round(pipeline: PipelineConfig, kafka_conf: dict, keys: list[str],
+                      limits: ChangelogRunConfig, *, group: str,
+                      options: RoundOptions) -> RoundReport:
+        plan = plan_run(pipeline, kafka_conf, keys, limits, group=group)
+        return RoundReport(plan.report, consume(options, plan.keys), options.gauge)
+    return consume_round
 
 
 class Kept:

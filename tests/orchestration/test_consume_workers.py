@@ -24,7 +24,7 @@ from binlog_assets.lakehouse.changelog import ChangelogWriter
 from binlog_assets.orchestration.changelog_run_config import ChangelogRunConfig
 from binlog_assets.rounds import workers as consume_workers
 from binlog_assets.rounds.partition import SinkTotals
-from binlog_assets.rounds.plan import consume_partitions
+from binlog_assets.rounds.round import RoundOptions, consume_partitions
 from binlog_assets.rounds.workers import worker_processes
 
 CHILD = Path(__file__).with_name("workers_child.py")
@@ -101,7 +101,8 @@ def test_a_large_backlog_is_shared_with_a_worker_process(
     monkeypatch.setenv("BINLAKE_TEST_HANDLED", str(handled))
     pipeline = load_config(config_path)
     outcomes = consume_partitions(pipeline, dict(pipeline.kafka), keys, ChangelogRunConfig(),
-                                  group=pipeline.kafka["group.id"], parallel=1)
+                                  group=pipeline.kafka["group.id"],
+                                  options=RoundOptions(parallel=1))
     assert [o.error for o in outcomes] == [None] * len(keys)
     assert [o.summary.committed_offset for o in outcomes] == list(PER_PARTITION.values())
     remote = [o for o in outcomes if isinstance(o.sink, SinkTotals)]
@@ -134,7 +135,8 @@ def test_a_worker_that_dies_fails_its_partition_only(
     def run() -> None:
         outcomes.extend(consume_partitions(pipeline, dict(pipeline.kafka), keys,
                                            ChangelogRunConfig(),
-                                           group=pipeline.kafka["group.id"], parallel=1))
+                                           group=pipeline.kafka["group.id"],
+                                           options=RoundOptions(parallel=1)))
 
     runner = threading.Thread(target=run)
     runner.start()
@@ -154,7 +156,7 @@ def test_a_worker_that_dies_fails_its_partition_only(
     # Nothing is lost: the next run resumes the failed partition from the changelog.
     monkeypatch.setenv("BINLAKE_TEST_HANDLER_MS", "0")
     again = consume_partitions(pipeline, dict(pipeline.kafka), keys, ChangelogRunConfig(),
-                               group=pipeline.kafka["group.id"], parallel=1)
+                               group=pipeline.kafka["group.id"], options=RoundOptions(parallel=1))
     assert [o.error for o in again] == [None] * len(keys)
     _exactly_once(pipeline, keys)
 

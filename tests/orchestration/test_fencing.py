@@ -23,7 +23,7 @@ from binlog_assets.lakehouse.changelog_reader import changelog_frame
 from binlog_assets.lakehouse.fence import FencedRunError
 from binlog_assets.orchestration.changelog_run_config import ChangelogRunConfig
 from binlog_assets.orchestration.partitions import partition_key
-from binlog_assets.rounds.plan import consume_partition
+from binlog_assets.rounds.round import consume_partition
 
 
 def slow_registry() -> HandlerRegistry:

@@ -17,7 +17,7 @@ from binlog_assets.lakehouse.changelog import changelog_checkpoint
 from binlog_assets.lakehouse.changelog_reader import changelog_frame
 from binlog_assets.orchestration.changelog_run_config import ChangelogRunConfig
 from binlog_assets.orchestration.partitions import partition_key
-from binlog_assets.rounds.plan import consume_partition
+from binlog_assets.rounds.round import consume_partition
 
 N = 40
 T0 = 1_760_000_000_000  # record i is stamped T0 + i * 1000 ms

@@ -24,7 +24,7 @@ from binlog_assets.config import PipelineConfig, load_config
 from binlog_assets.dev.kafka import create_topic
 from binlog_assets.orchestration.changelog_run_config import ChangelogRunConfig
 from binlog_assets.orchestration.partitions import partition_key
-from binlog_assets.rounds.plan import consume_partitions
+from binlog_assets.rounds.round import consume_partitions
 
 CHILD = Path(__file__).with_name("replicas_child.py")
 TABLES = 16

@@ -11,12 +11,12 @@ import sys
 def main() -> None:
     from binlog_assets.config import load_config
     from binlog_assets.orchestration.changelog_run_config import ChangelogRunConfig
-    from binlog_assets.rounds.plan import consume_partitions
+    from binlog_assets.rounds.round import RoundOptions, consume_partitions
 
     pipeline = load_config(sys.argv[1])
     outcomes = consume_partitions(pipeline, dict(pipeline.kafka), sys.argv[2:],
                                   ChangelogRunConfig(), group=pipeline.kafka["group.id"],
-                                  parallel=1)
+                                  options=RoundOptions(parallel=1))
     for o in outcomes:
         print("WORKERS-RESULT " + json.dumps({
             "key": o.key, "error": None if o.error is None else repr(o.error),

@@ -34,7 +34,7 @@ from binlog_assets.orchestration.replica_reports import counted_rows, row_count_
 from binlog_assets.parity.check import check_replica
 from binlog_assets.parity.resync import resync_table
 from binlog_assets.parity.source import connect, source_tables
-from binlog_assets.rounds.plan import consume_partition
+from binlog_assets.rounds.round import consume_partition
 
 pytestmark = [pytest.mark.integration, pytest.mark.long]
 

@@ -27,7 +27,7 @@ from binlog_assets.orchestration.changelog_run_config import ChangelogRunConfig
 from binlog_assets.orchestration.partitions import partition_key
 from binlog_assets.parity.check import check_replica
 from binlog_assets.parity.lake import replica_uri
-from binlog_assets.rounds.plan import consume_partition
+from binlog_assets.rounds.round import consume_partition
 
 pytestmark = pytest.mark.integration
 
