@@ -36,7 +36,9 @@ from binlog_assets.consume.checkpoint import (
 from binlog_assets.consume.commit import Committer
 from binlog_assets.consume.deadletter import DeadLetter, DeadLetterPublisher, event_bytes
 from binlog_assets.consume.errors import (
+    DispatcherStopped,
     StrictModeFailure,
+    dead_letter_reason,
     failed_handlers,
     partition_stopped,
     stops_partition,
@@ -265,6 +267,7 @@ class BoundedRun:
         summary.lineage = self.placer.lineage
         summary.lineages_raised = [r.describe() for r in self.placer.raised]
         summary.dead_lettered = summary.decode_dead_lettered + dispatcher.dead_lettered
+        summary.breakers_open = dispatcher.breakers_open
         summary.handlers = dispatcher.handler_metrics()
         summary.skipped = Counter(self.decoder.skipped)
         summary.seconds = time.monotonic() - began
@@ -472,7 +475,13 @@ class BoundedRun:
         if done_now:
             tracker.done_many(done_now)
         if events:
-            poll.dispatcher.submit_many(events)
+            try:
+                poll.dispatcher.submit_many(events)
+            except DispatcherStopped:
+                # A lane failed in strict mode since the loop looked: these records stay
+                # received and not done, and the loop ends on the failure (`_drain`).
+                if poll.dispatcher.failure is None:
+                    raise
             self.peak_in_flight = max(self.peak_in_flight, poll.dispatcher.in_flight())
         poll.next_offset = next_offset
 
@@ -509,7 +518,8 @@ class BoundedRun:
         self._dead_letters().publish(DeadLetter(
             event.topic, event.partition, event.offset, None,
             event_bytes(event), (("binlake.table", event.table.encode()),
-                                  ("binlake.handler", ",".join(failed_handlers(error)).encode())),
+                                  ("binlake.handler", ",".join(failed_handlers(error)).encode()),
+                                  ("binlake.reason", dead_letter_reason(error).encode())),
             "handler", f"{type(error).__name__}: {error}", attempts,
         ))
 
@@ -521,7 +531,8 @@ class BoundedRun:
         self._commit(consumer, tracker, None)
         raise StrictModeFailure(
             f"handler failed in strict mode on {self.tp.topic}[{self.tp.partition}]; "
-            f"committed up to {tracker.committable()}: {dispatcher.failure}"
+            f"committed up to {tracker.committable()} ({tracker.pending_count()} records "
+            f"received and not done): {dispatcher.failure}"
         ) from dispatcher.failure
 
     # -- commit -----------------------------------------------------------------------

@@ -3,6 +3,7 @@ poison messages and a paused partition."""
 
 from __future__ import annotations
 
+import re
 import signal
 import subprocess
 import sys
@@ -286,6 +287,26 @@ def test_poison_message_dead_lettered_with_coordinates(kafka_broker: KafkaBroker
     assert by_offset[2]["binlake.attempts"] == b"3"
     assert [m.value() for m in letters if dict(m.headers())["binlake.offset"] == b"1"] == [
         b"{not json"]
+
+
+def test_a_handler_failing_in_strict_mode_fails_the_run_at_its_contiguous_offset(
+    kafka_broker: KafkaBroker,
+) -> None:
+    topic, group = keyed_inserts(kafka_broker, 20, 20)
+    registry = HandlerRegistry()
+
+    def refuse(event) -> None:
+        if event.key == (7,):
+            raise ValueError("refused")
+
+    registry.register(r".*", refuse, name="refuse")
+    s = settings(kafka_broker, group, error_policy=ErrorPolicy(max_retries=0, strict=True))
+    # The message says how far the commit went and how much was still in flight.
+    with pytest.raises(StrictModeFailure, match=r"committed up to \d+ \(\d+ records "
+                                                r"received and not done\): .*refused") as e:
+        BoundedRun(topic, 0, registry, s).run()
+    said = int(re.search(r"committed up to (\d+)", str(e.value)).group(1))
+    assert committed(kafka_broker, group, topic).offset == said <= 7
 
 
 def test_strict_mode_fails_and_commits_nothing_past_the_failure(
