@@ -311,14 +311,6 @@ class LaneDispatcher:
         """Per handler name: events, errors, retries, dead letters, timeouts, latency."""
         return merge_metrics(self._workers)
 
-    def lane_of(self, event: ChangeEvent) -> int:
-        """The lane `event` runs on: crc32(ordering_key_bytes(event, mode)) % lanes.
-
-        Key lanes are cached by key equality, as `submit_many` does, so both always agree.
-        """
-        route = self._routes.get(event.table) or self._route(event)
-        return route.lane(event.key, self._lane_count)
-
     # -- queueing (under the lock) ----------------------------------------------------
     def _route(self, event: ChangeEvent) -> Route:
         table = event.table

@@ -30,6 +30,8 @@ class RunSummary:
     skipped_already_done: int = 0
     dead_lettered: int = 0
     decode_dead_lettered: int = 0
+    # Keys whose later events went to the dead-letter topic without retries.
+    breakers_open: int = 0
     counts: Counter = field(default_factory=Counter)  # (table, op) -> events
     skipped: Counter = field(default_factory=Counter)  # decoder skip reason -> records
     seconds: float = 0.0

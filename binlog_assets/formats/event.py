@@ -21,7 +21,6 @@ OP_DELETE = "d"
 OP_READ = "r"  # snapshot read
 OP_TRUNCATE = "t"
 OP_DDL = "ddl"
-OPS = frozenset({OP_CREATE, OP_UPDATE, OP_DELETE, OP_READ, OP_TRUNCATE, OP_DDL})
 
 # The first field of a position: which of the source's binlog histories it is in. A
 # decoder gives FIRST_LINEAGE; the run places each event in its lineage. Lineage 0 is

@@ -423,9 +423,3 @@ class ChangelogWriter:
                                                     survey_of_rows(rows), source_times(rows))}),
             )
             return table.version()
-
-
-def changelog_checkpoint(pipeline: PipelineConfig, group_id: str, topic: str,
-                         partition: int) -> int | None:
-    """Where `topic`[`partition`] resumes per the changelog: the end offset last written."""
-    return ChangelogWriter(pipeline).checkpoint(group_id, topic, partition)

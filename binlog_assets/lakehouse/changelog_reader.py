@@ -269,14 +269,6 @@ class SourceClock:
         return self.times
 
 
-def changelog_frame(spark: SparkSession, pipeline: PipelineConfig) -> DataFrame:
-    """The whole changelog table, as of now (registered in the catalog first)."""
-    if not register_changelog(spark, pipeline):
-        raise FileNotFoundError(f"no changelog table at {changelog_uri(pipeline)} yet: "
-                                f"no consumer run has written one")
-    return spark.table(qualified(*changelog_name(pipeline)))
-
-
 class LazyRange:
     """Changelog versions (`after_version`, `up_to`] as a DataFrame, planned on first use:
     an apply reduced in the driver never needs it. `single`: in one partition."""

@@ -186,17 +186,6 @@ def crcs_of(columns: Sequence[Any], rows: int) -> list[int]:
     return [crc(t.encode("utf-8")) for t in texts(columns).to_pylist()]
 
 
-def row_text(values: Sequence[Any], formats: Sequence[Callable[[Any], str]]) -> str:
-    """The canonical text of one row's values (None: NULL), as `row_crc_sql` builds it."""
-    texts = [f(v) for v, f in zip(values, formats, strict=True) if v is not None]
-    texts.append("".join("1" if v is None else "0" for v in values))
-    return SEPARATOR.join(texts)
-
-
-def row_crc(values: Sequence[Any], formats: Sequence[Callable[[Any], str]]) -> int:
-    return zlib.crc32(row_text(values, formats).encode("utf-8"))
-
-
 @dataclass
 class Fingerprint:
     """A multiset checksum of rows: their count, and the sum and XOR of their CRCs."""

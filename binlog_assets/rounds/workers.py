@@ -22,7 +22,6 @@ import pickle
 import signal
 import threading
 import time
-from collections.abc import Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import replace
 from multiprocessing import get_context
@@ -31,7 +30,6 @@ from typing import TYPE_CHECKING
 from binlog_assets.config import PipelineConfig
 from binlog_assets.consume.backlog import WorkerRule
 from binlog_assets.consume.checkpoint import Checkpoint
-from binlog_assets.rounds.keys import parse_partition_key
 from binlog_assets.rounds.partition import (
     PartitionOutcome,
     PartitionPlan,
@@ -54,14 +52,6 @@ def worker_rule(pipeline: PipelineConfig, run_config: RunLimits) -> WorkerRule:
     return WorkerRule(pipeline.dagster.worker_processes,
                       run_config.max_records or pipeline.dagster.max_records_per_run,
                       pipeline.dagster.worker_backlog_records)
-
-
-def worker_processes(pipeline: PipelineConfig, kafka_conf: dict, keys: Sequence[str],
-                     run_config: RunLimits, group: str,
-                     lags: Mapping[str, int] | None = None) -> int:
-    """`WorkerRule.processes` by the pipeline config, for the partitions `keys`."""
-    partitions = {k: parse_partition_key(k) for k in keys}
-    return worker_rule(pipeline, run_config).processes(kafka_conf, group, partitions, lags)
 
 
 def worker_stop() -> Event:

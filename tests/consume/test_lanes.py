@@ -23,7 +23,12 @@ from binlog_assets.consume.errors import (
     dead_letter_reason,
 )
 from binlog_assets.consume.handlers import HandlerRegistry
-from binlog_assets.consume.lane_routing import KEY_LANE_CACHE, ORDERING_MODES, ordering_key_bytes
+from binlog_assets.consume.lane_routing import (
+    KEY_LANE_CACHE,
+    ORDERING_MODES,
+    make_route,
+    ordering_key_bytes,
+)
 from binlog_assets.consume.lanes import LaneDispatcher
 from binlog_assets.consume.offsets import OffsetTracker
 from binlog_assets.formats.event import OP_DDL, ChangeEvent, Position
@@ -261,7 +266,22 @@ def test_commit_never_passes_an_event_that_is_not_done(stream: dict, data: st.Da
 def test_lane_is_crc32_of_the_ordering_key_bytes(key, table, mode, lanes) -> None:
     ev = event(3, table, key)
     with LaneDispatcher(HandlerRegistry(), lanes=lanes, workers=1, ordering=mode) as dispatcher:
-        assert dispatcher.lane_of(ev) == zlib.crc32(ordering_key_bytes(ev, mode)) % lanes
+        assert lanes_taken(dispatcher, [ev]) == {3: zlib.crc32(ordering_key_bytes(ev, mode))
+                                                 % lanes}
+
+
+def lanes_taken(dispatcher: LaneDispatcher, events: list[ChangeEvent]) -> dict[int, int]:
+    """Each event's lane (by offset) as `submit_many` queues it."""
+    taken: dict[int, int] = {}
+    queue = dispatcher._enqueue
+
+    def watched(per_lane: dict[int, list[ChangeEvent]]) -> None:
+        taken.update((e.offset, lane) for lane, batch in per_lane.items() for e in batch)
+        queue(per_lane)
+
+    with patch.object(dispatcher, "_enqueue", watched):
+        dispatcher.submit_many(events)
+    return taken
 
 
 def test_ordering_key_bytes_are_canonical() -> None:
@@ -541,13 +561,13 @@ def test_a_keyless_tables_events_keep_their_order_on_its_table_lane() -> None:
             events.append(event(o, "db.nulls", (None,)))
         else:
             events.append(event(o, "db.t", (o % 41,)))
+    taken: dict[int, int] = {}
     with LaneDispatcher(registry, lanes=64, workers=8) as dispatcher:
         for start in range(0, len(events), 250):
-            dispatcher.submit_many(events[start : start + 250])
+            taken |= lanes_taken(dispatcher, events[start : start + 250])
         assert dispatcher.drain(timeout=30)
         assert dispatcher.failure is None
-        lanes = {dispatcher.lane_of(ev) for ev in events if ev.table == "db.logs"}
-    assert len(lanes) == 1
+    assert len({taken[ev.offset] for ev in events if ev.table == "db.logs"}) == 1
     assert seen["db.logs"] == list(range(0, 3000, 3))
     assert seen["db.nulls"] == list(range(1, 3000, 3))
     assert len(seen["db.t"]) == 1000
@@ -578,7 +598,8 @@ def test_a_long_lane_takes_turns_with_waiting_lanes_and_keeps_its_order() -> Non
     ) as dispatcher:
         keys = {}
         for k in range(100):  # one key per lane
-            keys.setdefault(dispatcher.lane_of(event(0, key=(k,))), (k,))
+            probe = event(0, key=(k,))
+            keys.setdefault(make_route(probe, "key", 2).lane(probe.key, 2), (k,))
             if len(keys) == 2:
                 break
         a, b = keys.values()
@@ -594,7 +615,7 @@ def test_a_long_lane_takes_turns_with_waiting_lanes_and_keeps_its_order() -> Non
     assert first_b < 5, seen
 
 
-def test_key_lane_cache_is_bounded_across_tables_and_agrees_with_lane_of() -> None:
+def test_key_lane_cache_is_bounded_across_tables_and_agrees_with_the_rule() -> None:
     registry = HandlerRegistry()
     registry.register(r"db\..*", lambda ev: None)
     with LaneDispatcher(registry, lanes=64, workers=2) as dispatcher:
@@ -640,7 +661,8 @@ def test_finishing_runs_the_longest_lanes_first_and_keeps_each_lanes_order() -> 
     with LaneDispatcher(registry, lanes=64, workers=1) as dispatcher:
         by_lane: dict[int, tuple] = {}
         for k in range(1000):
-            by_lane.setdefault(dispatcher.lane_of(event(0, key=(k,))), (k,))
+            probe = event(0, key=(k,))
+            by_lane.setdefault(make_route(probe, "key", 64).lane(probe.key, 64), (k,))
             if len(by_lane) == 4:
                 break
         gate_key, short, long, middle = by_lane.values()

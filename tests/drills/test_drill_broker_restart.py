@@ -20,6 +20,7 @@ import threading
 import time
 
 import orjson
+from changelog_reads import changelog_frame
 from confluent_kafka import Consumer, Producer, TopicPartition
 from drill_lib import changelog_coordinates, coordinate_diff
 
@@ -29,7 +30,6 @@ from binlog_assets.consume.handlers import HandlerRegistry
 from binlog_assets.consume.run import RunSummary
 from binlog_assets.dev import drills
 from binlog_assets.dev.kafka import KafkaBroker, create_topic
-from binlog_assets.lakehouse.changelog_reader import changelog_frame
 from binlog_assets.lakehouse.replica.builder import ReplicaBuilder
 from binlog_assets.orchestration.changelog_run_config import ChangelogRunConfig
 from binlog_assets.rounds.round import consume_partition

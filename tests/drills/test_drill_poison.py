@@ -21,6 +21,7 @@ from collections import Counter
 
 import orjson
 import pytest
+from changelog_reads import changelog_frame
 from confluent_kafka import Consumer, Producer, TopicPartition
 from drill_lib import changelog_coordinates, coordinate_diff
 from hypothesis import HealthCheck, given, settings
@@ -32,7 +33,6 @@ from binlog_assets.dev import drills
 from binlog_assets.dev.kafka import create_topics
 from binlog_assets.formats.debezium import DebeziumDecoder
 from binlog_assets.formats.event import DecodeError
-from binlog_assets.lakehouse.changelog_reader import changelog_frame
 from binlog_assets.orchestration.changelog_run_config import ChangelogRunConfig
 from binlog_assets.rounds.round import consume_partition
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import time
 
+from changelog_reads import changelog_frame
 from drill_lib import (
     KEYS,
     REPLICAS,
@@ -29,7 +30,6 @@ from binlog_assets.consume.handlers import HandlerRegistry
 from binlog_assets.dev import drills, shop
 from binlog_assets.dev.connect import DebeziumFence, KafkaConnect
 from binlog_assets.dev.mariadb import MariaDBServer
-from binlog_assets.lakehouse.changelog_reader import changelog_frame
 from binlog_assets.lakehouse.replica.builder import ReplicaBuilder
 from binlog_assets.orchestration.changelog_run_config import ChangelogRunConfig
 from binlog_assets.rounds.round import consume_partition

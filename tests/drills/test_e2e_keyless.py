@@ -13,6 +13,7 @@ from __future__ import annotations
 import uuid
 from collections import Counter
 
+from changelog_reads import changelog_frame
 from confluent_kafka import Consumer, TopicPartition
 
 from binlog_assets.config import PipelineConfig, parse_config
@@ -21,7 +22,6 @@ from binlog_assets.dev import shop
 from binlog_assets.dev.connect import DebeziumFence, KafkaConnect
 from binlog_assets.dev.mariadb import MariaDBServer
 from binlog_assets.lakehouse.audit import expected_log_rows
-from binlog_assets.lakehouse.changelog_reader import changelog_frame
 from binlog_assets.lakehouse.replica.builder import ReplicaBuilder
 from binlog_assets.orchestration.changelog_run_config import ChangelogRunConfig
 from binlog_assets.orchestration.partitions import partition_key

@@ -11,8 +11,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from binlog_assets.consume.handlers import HandlerRegistry
-from binlog_assets.consume.lanes import LaneDispatcher
+from binlog_assets.consume.lane_routing import ORDERING_KEY, make_route
 from binlog_assets.formats import (
     DECODERS,
     CanalDecoder,
@@ -21,7 +20,18 @@ from binlog_assets.formats import (
     MaxwellDecoder,
     make_decoder,
 )
-from binlog_assets.formats.event import OPS, ChangeEvent, DecodeError
+from binlog_assets.formats.event import (
+    OP_CREATE,
+    OP_DDL,
+    OP_DELETE,
+    OP_READ,
+    OP_TRUNCATE,
+    OP_UPDATE,
+    ChangeEvent,
+    DecodeError,
+)
+
+OPS = frozenset({OP_CREATE, OP_UPDATE, OP_DELETE, OP_READ, OP_TRUNCATE, OP_DDL})
 
 
 def test_registry_names_every_decoder():
@@ -184,19 +194,10 @@ def _corrupt(base: Any, overrides: dict[str, Any], inner: dict[str, Any], depth:
     return base
 
 
-@pytest.fixture(scope="module", autouse=True)
-def dispatcher():
-    """The real lanes, which every decoded event must be routable by (key ordering)."""
-    global _DISPATCHER
-    _DISPATCHER = LaneDispatcher(HandlerRegistry(), lanes=8, workers=1,
-                                 on_done_many=lambda offsets: None)
-    try:
-        yield _DISPATCHER
-    finally:
-        _DISPATCHER.close()
-
-
-_DISPATCHER: LaneDispatcher | None = None
+def lane_of(event: ChangeEvent, lanes: int = 8) -> int:
+    """The lane the dispatcher's key ordering routes `event` to, which every decoded
+    event must have."""
+    return make_route(event, ORDERING_KEY, lanes).lane(event.key, lanes)
 
 
 def _decode_is_total(name: str, value: bytes) -> None:
@@ -215,7 +216,7 @@ def _decode_is_total(name: str, value: bytes) -> None:
         return
     assert all(isinstance(e, ChangeEvent) and e.op in OPS for e in events)
     for event in events:
-        _DISPATCHER.lane_of(event)
+        lane_of(event)
 
 
 @pytest.mark.parametrize(("name", "record", "message"), [
@@ -285,7 +286,7 @@ def test_a_change_of_a_keyless_table_has_no_key_and_orders_by_its_table(name):
     assert (event.table, event.key, event.key_columns) == ("shop_1.logs", (), ())
     # The lanes keep a keyless table's events in order on its table's lane.
     truncate = ChangeEvent("shop_1.logs", "t", (), (), None, None, event.position, None)
-    assert _DISPATCHER.lane_of(event) == _DISPATCHER.lane_of(truncate)
+    assert lane_of(event) == lane_of(truncate)
 
 
 @pytest.mark.parametrize("name", sorted(DECODERS))

@@ -8,16 +8,13 @@ from decimal import Decimal
 
 import orjson
 import pytest
+from changelog_reads import changelog_checkpoint, changelog_frame
 from lake_events import GROUP, MakeConfig, Partition, Source, row
 
 from binlog_assets.formats.event import ChangeEvent, Position
-from binlog_assets.lakehouse.changelog import (
-    ChangelogWriter,
-    changelog_checkpoint,
-)
+from binlog_assets.lakehouse.changelog import ChangelogWriter
 from binlog_assets.lakehouse.changelog_reader import (
     SurveyGroup,
-    changelog_frame,
     changelog_schema,
     changelog_version,
     read_changelog,

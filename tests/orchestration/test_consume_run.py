@@ -193,7 +193,7 @@ def test_the_sources_handlers_run_once_opened_with_metrics_and_named_dead_letter
     assert md["handler.picky.dead_lettered"].value == 1
     assert md["handler.picky.retries"].value == 1
     assert md["handler.picky.p99_ms"].value >= md["handler.picky.p50_ms"].value >= 0
-    assert md["dead_lettered"].value == 1
+    assert (md["dead_lettered"].value, md["breakers_open"].value) == (1, 0)
     # Op counts by name, zeros included; events per table as a table.
     assert (md["inserts"].value, md["updates"].value, md["deletes"].value,
             md["truncates"].value, md["ddl"].value) == (PER_PARTITION[0], 0, 0, 0, 0)
@@ -215,6 +215,7 @@ def test_the_sources_handlers_run_once_opened_with_metrics_and_named_dead_letter
     finally:
         consumer.close()
     assert headers["binlake.handler"] == "picky"
+    assert headers["binlake.reason"] == "retries_exhausted"
     assert headers["binlake.offset"] == str(BAD_ID)
     assert headers["binlake.stage"] == "handler"
 

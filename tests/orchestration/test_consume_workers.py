@@ -11,6 +11,7 @@ import subprocess
 import sys
 import time
 from collections import Counter
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import pytest
@@ -23,9 +24,10 @@ from binlog_assets.consume.lag import PartitionLag
 from binlog_assets.lakehouse.changelog import ChangelogWriter
 from binlog_assets.orchestration.changelog_run_config import ChangelogRunConfig
 from binlog_assets.rounds import workers as consume_workers
-from binlog_assets.rounds.partition import SinkTotals
+from binlog_assets.rounds.keys import parse_partition_key
+from binlog_assets.rounds.partition import RunLimits, SinkTotals
 from binlog_assets.rounds.round import RoundOptions, consume_partitions
-from binlog_assets.rounds.workers import worker_processes
+from binlog_assets.rounds.workers import worker_rule
 
 CHILD = Path(__file__).with_name("workers_child.py")
 PER_PARTITION = {0: 400, 1: 300, 2: 350, 3: 250}
@@ -44,6 +46,14 @@ def _exactly_once(pipeline: PipelineConfig, keys: list[str]) -> None:
     writer, group = ChangelogWriter(pipeline), pipeline.kafka["group.id"]
     topic = keys[0].rsplit(":", 1)[0]
     assert {p: writer.checkpoint(group, topic, p) for p in PER_PARTITION} == PER_PARTITION
+
+
+def worker_processes(pipeline: PipelineConfig, kafka_conf: dict, keys: Sequence[str],
+                     run_config: RunLimits, group: str,
+                     lags: Mapping[str, int] | None = None) -> int:
+    """`WorkerRule.processes` by the pipeline config, for the partitions `keys`."""
+    partitions = {k: parse_partition_key(k) for k in keys}
+    return worker_rule(pipeline, run_config).processes(kafka_conf, group, partitions, lags)
 
 
 def test_worker_processes_are_used_only_for_a_large_backlog(monkeypatch) -> None:

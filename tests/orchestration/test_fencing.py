@@ -12,6 +12,7 @@ import uuid
 
 import orjson
 import pytest
+from changelog_reads import changelog_frame
 from confluent_kafka import Producer
 
 from binlog_assets.config import PipelineConfig, parse_config
@@ -19,7 +20,6 @@ from binlog_assets.consume.handlers import HandlerRegistry
 from binlog_assets.consume.run import RunSummary
 from binlog_assets.dev import drills
 from binlog_assets.dev.kafka import create_topic
-from binlog_assets.lakehouse.changelog_reader import changelog_frame
 from binlog_assets.lakehouse.fence import FencedRunError
 from binlog_assets.orchestration.changelog_run_config import ChangelogRunConfig
 from binlog_assets.orchestration.partitions import partition_key

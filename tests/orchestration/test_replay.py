@@ -8,13 +8,12 @@ already holds are not appended again, and the checkpoint ends where the run ends
 import uuid
 
 import orjson
+from changelog_reads import changelog_checkpoint, changelog_frame
 from confluent_kafka import Producer
 
 from binlog_assets.config import PipelineConfig, parse_config
 from binlog_assets.consume.handlers import HandlerRegistry
 from binlog_assets.dev.kafka import create_topic
-from binlog_assets.lakehouse.changelog import changelog_checkpoint
-from binlog_assets.lakehouse.changelog_reader import changelog_frame
 from binlog_assets.orchestration.changelog_run_config import ChangelogRunConfig
 from binlog_assets.orchestration.partitions import partition_key
 from binlog_assets.rounds.round import consume_partition
