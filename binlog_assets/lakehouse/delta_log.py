@@ -32,6 +32,7 @@ from binlog_assets.identifiers import col, qualified, quote
 if TYPE_CHECKING:
     from collections.abc import Iterator
 
+    import pyarrow as pa
     from deltalake import DeltaTable
     from pyspark.sql import DataFrame, SparkSession
     from pyspark.sql import types as T
@@ -428,13 +429,14 @@ def add_columns(spark: SparkSession, table: tuple[str, str], fields: list[T.Stru
     spark.sql(f"ALTER TABLE {qualified(*table)} ADD COLUMNS ({columns})")
 
 
-def stored_truncates(spark: SparkSession, table: tuple[str, str]
+def stored_truncates(spark: SparkSession, table: tuple[str, str], key_column: str | None = None
                      ) -> list[tuple[str, str, tuple[int, ...]]]:
     """(source db, source table, position) of each truncate marker row of a replica
-    (`_op` 't'): by delta-rs where it reads the table as Spark would, else a Spark job."""
+    (`_op` 't'): by delta-rs where it reads the table as Spark would, else a Spark job.
+    `key_column`: a source key column, null only in a marker row."""
     log = _log(spark, *table)
     if rs_writable(log):
-        return file_truncates(log)
+        return file_truncates(log, key_column)
     rows = (spark.table(qualified(*table)).where(col("_op") == OP_TRUNCATE)
             .select("_source_db", "_source_table", "_position").collect())
     return [(r["_source_db"], r["_source_table"], tuple(r["_position"])) for r in rows]
@@ -446,30 +448,53 @@ _file_marks: dict[tuple[str, str], dict[str, list]] = {}
 _file_marks_lock = threading.Lock()
 
 
-def file_truncates(log: DeltaTable) -> list[tuple[str, str, tuple[int, ...]]]:
+def file_truncates(log: DeltaTable, key_column: str | None = None
+                   ) -> list[tuple[str, str, tuple[int, ...]]]:
     """`stored_truncates` of a table delta-rs reads: the marker rows of its current
-    files (no deletion vectors), each file read the first time it is seen."""
+    files (no deletion vectors). A file is read the first time it is seen, and only
+    where its statistics allow a marker: a null `key_column`, an `_op` range holding
+    't': the files are listed by the log's add actions, without opening a dataset of
+    them all."""
     import pyarrow as pa
     import pyarrow.compute as pc
 
-    data = log.to_pyarrow_dataset()
+    actions = pa.table(log.get_add_actions(flatten=True))
     ident = (log.table_uri, log.metadata().id)
     with _file_marks_lock:
         known = _file_marks.get(ident, {})
     current: dict[str, list] = {}
-    for fragment in data.get_fragments():
-        marks = known.get(fragment.path)
+    unread = []
+    for path, nulls, low, high in zip(*(_stat(actions, name) for name in (
+            "path", f"null_count.{key_column}", "min._op", "max._op")), strict=True):
+        marks = known.get(path)
+        if marks is None and (nulls == 0 or (low is not None and high is not None
+                                             and not low <= OP_TRUNCATE <= high)):
+            marks = []
         if marks is None:
-            rows = fragment.to_table(columns=["_op", "_source_db", "_source_table",
-                                              "_position"], schema=data.schema)
+            unread.append(path)
+        else:
+            current[path] = marks
+    if unread:
+        data = log.to_pyarrow_dataset()
+        fragments = {f.path: f for f in data.get_fragments()}
+        for path in unread:
+            rows = fragments[path].to_table(columns=["_op", "_source_db", "_source_table",
+                                                     "_position"], schema=data.schema)
             found = rows.filter(pc.equal(rows["_op"].cast(pa.string()), OP_TRUNCATE))
-            marks = [(r["_source_db"], r["_source_table"], tuple(r["_position"].values()))
-                     for r in found.select(["_source_db", "_source_table", "_position"])
-                     .to_pylist()]
-        current[fragment.path] = marks
+            current[path] = [(r["_source_db"], r["_source_table"],
+                              tuple(r["_position"].values()))
+                             for r in found.select(["_source_db", "_source_table",
+                                                    "_position"]).to_pylist()]
     with _file_marks_lock:
         _file_marks[ident] = current
     return [mark for marks in current.values() for mark in marks]
+
+
+def _stat(actions: pa.Table, name: str) -> list:
+    """An add-actions column as a list; Nones where the log has no such statistic."""
+    if name in actions.schema.names:
+        return actions.column(name).to_pylist()
+    return [None] * actions.num_rows
 
 
 def rs_writable(log: DeltaTable) -> bool:

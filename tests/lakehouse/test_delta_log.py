@@ -238,3 +238,48 @@ def test_a_table_just_created_is_found_at_its_default_path(tmp_path: Path) -> No
     with pytest.raises(ValueError, match="no location"):
         table_location(spark, "shop", "elsewhere")
     assert spark.databases_asked == 1
+
+
+_POSITION = pa.struct([(n, pa.int64()) for n in ("phase", "file", "pos", "row", "offset",
+                                                  "row_index")])
+
+
+def _replica_rows(ids: list[int | None], ops: list[str]) -> pa.Table:
+    return pa.table({
+        "_source_db": ["shop"] * len(ids), "_source_table": ["t"] * len(ids),
+        "id": pa.array(ids, pa.int64()),
+        "_position": pa.array([{"phase": 1, "file": 9, "pos": 100 + i, "row": 0,
+                                "offset": i, "row_index": 0} for i in range(len(ids))],
+                              _POSITION),
+        "_op": ops})
+
+
+def test_truncate_markers_are_read_only_from_files_whose_statistics_allow_one(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from deltalake import DeltaTable
+
+    from binlog_assets.lakehouse.delta_log import file_truncates
+
+    uri = str(tmp_path / "replica")
+    write_deltalake(uri, _replica_rows([None, 1], ["t", "c"]))
+    assert file_truncates(DeltaTable(uri), "id") == [("shop", "t", (1, 9, 100, 0, 0, 0))]
+    # Files of changes only: their key has no null, so no dataset of the files is opened.
+    for i in range(3):
+        write_deltalake(uri, _replica_rows([i + 2, i + 5], ["u", "c"]), mode="append")
+    log = DeltaTable(uri)
+
+    def no_dataset(*args: object, **kwargs: object) -> None:
+        raise AssertionError("a file of changes only was read")
+
+    monkeypatch.setattr(log, "to_pyarrow_dataset", no_dataset)
+    assert file_truncates(log, "id") == [("shop", "t", (1, 9, 100, 0, 0, 0))]
+    # Without a key column, the `_op` range says it: updates only hold no marker.
+    write_deltalake(uri, _replica_rows([7], ["u"]), mode="append")
+    log = DeltaTable(uri)
+    monkeypatch.setattr(log, "to_pyarrow_dataset", no_dataset)
+    assert len(file_truncates(log, None)) == 1
+    # A file that may hold one is read.
+    monkeypatch.undo()
+    write_deltalake(uri, _replica_rows([8, None], ["c", "t"]), mode="append")
+    assert sorted(file_truncates(DeltaTable(uri), "id")) == [
+        ("shop", "t", (1, 9, 100, 0, 0, 0)), ("shop", "t", (1, 9, 101, 0, 1, 0))]

@@ -100,6 +100,7 @@ from binlog_assets.lakehouse.replica.plan import (
     fallback_warning,
     feature_properties,
     key_rule,
+    marker_column,
     recorded_rule,
     survey_batch,
 )
@@ -311,7 +312,7 @@ class ReplicaBuilder:
         if new is not None:
             marks = [(*split_table(t), at) for t, at in survey.truncates.items()]
         elif table.props.get(TRUNCATED_PROPERTY) == "true":
-            marks = stored_truncates(self.spark, table.name)
+            marks = stored_truncates(self.spark, table.name, marker_column(table.props))
         else:
             marks = []
         rows = driver_rows(above_marks(batch, marks), survey, rule, columns, schema, now)

@@ -42,6 +42,7 @@ from binlog_assets.lakehouse.replica.plan import (
     ReplicaTable,
     RowShape,
     Survey,
+    marker_column,
 )
 from binlog_assets.lakehouse.replica.rewrite import rewrite_replica, rewrites
 from binlog_assets.lakehouse.replica.rows import (
@@ -63,7 +64,7 @@ def watermarks(spark: SparkSession, table: tuple[str, str], survey: Survey, prop
     """(db, table, position) of every truncate: stored markers and the batch's."""
     marks: dict[tuple[str, str], tuple[int, ...]] = {}
     if props.get(TRUNCATED_PROPERTY) == "true":
-        for db, name, position in stored_truncates(spark, table):
+        for db, name, position in stored_truncates(spark, table, marker_column(props)):
             marks[(db, name)] = position
     for name, position in survey.truncates.items():
         k = split_table(name)

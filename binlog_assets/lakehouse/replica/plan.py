@@ -51,6 +51,13 @@ RULE_PROPERTY = "binlake.key_rule"
 SHARDED_PROPERTY = "binlake.sharded"
 TRUNCATED_PROPERTY = "binlake.truncated"
 
+
+def marker_column(props: dict[str, str]) -> str | None:
+    """A source key column of the replica with table properties `props`: null in its
+    truncate markers only (a change without its key fails the apply)."""
+    key = json.loads(props.get(KEY_PROPERTY, "[]")) or [None]
+    return key[0]
+
 # Each opt-in table feature (`lakehouse.table_features`) and the property that turns it
 # on. None is on by default: each adds a reader feature that delta-rs (and the readers
 # built on it) refuse, so a replica would be Spark's alone (README: Table features).
