@@ -111,6 +111,10 @@ def report_round(context: dg.OpExecutionContext, report: RoundReport, *, final: 
         context.log.info(_one_line(outcomes, lines))
     summaries = {o.key: o.summary for o in outcomes if o.summary is not None}
     _warn_kafka_wait(context, report.run, summaries)
+    line = waited_for_kafka(report.run.kafka_conf, "the round's cluster check",
+                            report.cluster_wait_seconds)
+    if line is not None:
+        context.log.warning(line)
     for source in report.run.sources:
         found = lags_of(report.lags, source.topics)
         context.log_event(source_observation(

@@ -42,11 +42,13 @@ class FreshGauge:
 class RoundReport:
     """A round's partitions' outcomes, in the order of its keys, and where the round left
     things, measured by its gauge when first asked: a caller that reports nothing
-    measures nothing."""
+    measures nothing. `cluster_wait_seconds`: how long the round's cluster check waited
+    for Kafka to answer."""
 
     run: RunReport
     outcomes: list[PartitionOutcome]
     gauge: Gauge
+    cluster_wait_seconds: float = 0.0
 
     @property
     def consumed(self) -> bool:

@@ -18,6 +18,7 @@ from binlog_assets.consume.checkpoint import Checkpoint
 from binlog_assets.consume.handlers import HandlerRegistry
 from binlog_assets.consume.preflight import check_cluster
 from binlog_assets.consume.run import RunSummary
+from binlog_assets.consume.runtime import timed
 from binlog_assets.lakehouse.changelog import ChangelogWriter
 from binlog_assets.lakehouse.fence import FencedChangelogSink
 from binlog_assets.rounds.partition import PartitionOutcome, RunLimits, run_partition
@@ -85,7 +86,8 @@ def consume_round(pipeline: PipelineConfig, kafka_conf: dict, keys: Sequence[str
     keys, handlers = plan.keys, options.handlers
     # The threads start once the cluster is checked and the workers counted.
     # Refused credentials fail the run at once, named, instead of empty polls until the end.
-    check_cluster(kafka_conf)
+    # A frozen broker answers late and raises nothing: the wait goes into the report.
+    _, cluster_wait = timed(lambda: check_cluster(kafka_conf))
     threads = max(1, min(options.parallel, len(keys)))
     # Handlers given by the caller are objects of this process: only the config's
     # registries can be opened in another.
@@ -97,7 +99,7 @@ def consume_round(pipeline: PipelineConfig, kafka_conf: dict, keys: Sequence[str
         round_ = open_round(plan, opened) if options.together else None
         if isinstance(round_, Exception):  # no partition can start without its checkpoints
             return RoundReport(plan.report, [PartitionOutcome(key, error=round_)
-                                             for key in keys], options.gauge)
+                                             for key in keys], options.gauge, cluster_wait)
         for registry in [handlers] if handlers is not None else plan.registries:
             opened.enter_context(registry.opened())
         queue = PartitionQueue(plan, handlers, options.metadata_checkpoint, stop, round_)
@@ -119,7 +121,7 @@ def consume_round(pipeline: PipelineConfig, kafka_conf: dict, keys: Sequence[str
             interrupted = exc
         commit_round(round_, queue.done)
         report = RoundReport(plan.report, [queue.done[key] for key in keys
-                                           if key in queue.done], options.gauge)
+                                           if key in queue.done], options.gauge, cluster_wait)
         if interrupted is not None:
             options.on_interrupt(report)
             raise interrupted

@@ -198,9 +198,11 @@ def test_a_lag_measurement_that_waited_for_the_broker_is_a_warning(
 
 
 def _follow_one_partition(instance: dg.DagsterInstance, monkeypatch: pytest.MonkeyPatch,
-                          tmp_path: Path, rounds: int, waits: Callable[[int], float]) -> str:
+                          tmp_path: Path, rounds: int, waits: Callable[[int], float],
+                          cluster_waits: Callable[[int], float] = lambda n: 0.0) -> str:
     """A follower run on `instance` over partition `a:0` (lag 5,000) for `rounds` rounds
-    of 5 records each, the round numbered n waiting `waits(n)` s on Kafka; its id."""
+    of 5 records each, the round numbered n waiting `waits(n)` s on Kafka in its
+    partition and `cluster_waits(n)` s in its cluster check; its id."""
     from binlog_assets.consume import lag, preflight
     from binlog_assets.consume.lag import PartitionLag
     from binlog_assets.consume.run import RunSummary
@@ -217,7 +219,8 @@ def _follow_one_partition(instance: dg.DagsterInstance, monkeypatch: pytest.Monk
                              kafka_wait_seconds=waits(len(done)))
         return [PartitionOutcome("a:0", summary, SinkTotals(5, 1))]
 
-    monkeypatch.setattr(changelog_follower, "consume_round", _round_of(consume))
+    monkeypatch.setattr(changelog_follower, "consume_round", _round_of(
+        consume, lambda: cluster_waits(len(done))))
     monkeypatch.setattr(changelog_follower, "delta_row_count", lambda uri: 5)
     monkeypatch.setattr(changelog_follower, "changelog_backfill_in_progress",
                         lambda instance: "enough" if len(done) >= rounds else None)
@@ -248,6 +251,21 @@ def test_a_round_that_waited_on_a_frozen_broker_is_a_warning(
                         "(for records below its end offset, its end offset or a commit): "
                         "a broker was unreachable or not answering, or a producer's open "
                         "transaction held the records back"], warnings
+
+
+def test_a_round_whose_cluster_check_waited_on_a_frozen_broker_is_a_warning(
+        monkeypatch, tmp_path: Path) -> None:
+    """A freeze that meets a round before its partitions start (its cluster check)
+    is named too: nothing else of the round waits then."""
+    with dg.instance_for_test() as instance:
+        run_id = _follow_one_partition(instance, monkeypatch, tmp_path, rounds=2,
+                                       waits=lambda n: 0.0,
+                                       cluster_waits=lambda n: 13.2 if n == 1 else 0.4)
+        warnings = [e.message for e in instance.all_logs(run_id)
+                    if e.level == logging.WARNING]
+    assert warnings == ["waited 13.2 s for Kafka at localhost:1 (PLAINTEXT) to answer the "
+                        "round's cluster check: a broker was unreachable or not answering, "
+                        "and no partition was consumed meanwhile"], warnings
 
 
 def test_a_round_s_events_are_not_kept_by_the_run(monkeypatch, tmp_path: Path) -> None:
@@ -292,15 +310,17 @@ def test_lags_measured_after_the_round_are_split_by_source() -> None:
         "a": at_end[:2], "b": [at_end[0], at_end[2]]}
 
 
-def _round_of(consume: Callable[[RoundOptions, list[str]], list[PartitionOutcome]]
-              ) -> Callable[..., RoundReport]:
+def _round_of(consume: Callable[[RoundOptions, list[str]], list[PartitionOutcome]],
+              cluster_wait: Callable[[], float] = lambda: 0.0) -> Callable[..., RoundReport]:
     """A `consume_round` whose partitions' outcomes are `consume(options, keys)`, its
-    report measured as the follower asks (`options.gauge`)."""
+    report measured as the follower asks (`options.gauge`), its cluster check waiting
+    `cluster_wait()` seconds."""
     def consume_round(pipeline: PipelineConfig, kafka_conf: dict, keys: list[str],
                       limits: ChangelogRunConfig, *, group: str,
                       options: RoundOptions) -> RoundReport:
         plan = plan_run(pipeline, kafka_conf, keys, limits, group=group)
-        return RoundReport(plan.report, consume(options, plan.keys), options.gauge)
+        return RoundReport(plan.report, consume(options, plan.keys), options.gauge,
+                           cluster_wait())
     return consume_round
 
 
