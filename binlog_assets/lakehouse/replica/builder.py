@@ -307,9 +307,12 @@ class ReplicaBuilder:
         schema = new.schema if new is not None else (
             pa.schema(open_log(location).schema().to_arrow()))
         batch = batch_changes(self.pipeline, versions.start, up_to, survey, rule)
-        # The history keeps every version, as Spark's way does; the replica drops changes
-        # below a truncate it holds, or, when new, below one of its batch.
-        if new is not None:
+        # The history keeps every version, as Spark's way does; a keyed replica drops
+        # changes below a truncate it holds, or, when new, below one of its batch (an
+        # append-only one logs them all).
+        if rule.append:
+            marks = []
+        elif new is not None:
             marks = [(*split_table(t), at) for t, at in survey.truncates.items()]
         elif table.props.get(TRUNCATED_PROPERTY) == "true":
             marks = stored_truncates(self.spark, table.name, marker_column(table.props))

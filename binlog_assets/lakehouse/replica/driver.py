@@ -322,6 +322,8 @@ def reduced_rows(changes: pa.Table, survey: Survey, key: list[str],
     import pyarrow as pa
 
     source_key = [k for k in key if k not in SOURCE_KEY_COLUMNS]
+    if not source_key and survey.truncates:
+        raise NotInDriver("a truncate into a replica without a key")
     sharded = len(key) > len(source_key)
     spellings = column_spellings(columns, survey)
     convert = {name: converter(t) for name, t in columns.items()}
@@ -364,8 +366,6 @@ def _keyed(data: dict[str, list], positions: list[tuple], source_key: list[str],
         if None in positions[i]:
             raise NotInDriver(f"a change at offset {offsets[i]} without a position")
         if ops[i] == OP_TRUNCATE:
-            if not key_spellings:
-                raise NotInDriver("a truncate into a replica without a key")
             yield i, [None] * len(key_spellings), {}
             continue
         if not key_spellings:
