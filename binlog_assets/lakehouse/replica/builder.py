@@ -28,7 +28,7 @@ from binlog_assets.lakehouse.changelog_reader import (
     register_changelog,
 )
 from binlog_assets.lakehouse.changelog_rows import SURVEY_MAX_COMMITS
-from binlog_assets.lakehouse.columns import POSITION_TYPE, split_table
+from binlog_assets.lakehouse.columns import POSITION_TYPE
 from binlog_assets.lakehouse.ddl import DdlPlan
 from binlog_assets.lakehouse.delta_log import (
     NewTable,
@@ -40,7 +40,6 @@ from binlog_assets.lakehouse.delta_log import (
     merge_aliases,
     open_log,
     share_lookups,
-    stored_truncates,
     table_detail,
     table_exists,
     table_location,
@@ -100,7 +99,6 @@ from binlog_assets.lakehouse.replica.plan import (
     fallback_warning,
     feature_properties,
     key_rule,
-    marker_column,
     recorded_rule,
     survey_batch,
 )
@@ -308,16 +306,10 @@ class ReplicaBuilder:
             pa.schema(open_log(location).schema().to_arrow()))
         batch = batch_changes(self.pipeline, versions.start, up_to, survey, rule)
         # The history keeps every version, as Spark's way does; a keyed replica drops
-        # changes below a truncate it holds, or, when new, below one of its batch (an
+        # changes below its truncates, stored and the batch's, as Spark's apply does (an
         # append-only one logs them all).
-        if rule.append:
-            marks = []
-        elif new is not None:
-            marks = [(*split_table(t), at) for t, at in survey.truncates.items()]
-        elif table.props.get(TRUNCATED_PROPERTY) == "true":
-            marks = stored_truncates(self.spark, table.name, marker_column(table.props))
-        else:
-            marks = []
+        marks = ([] if rule.append
+                 else replica_merge.watermarks(self.spark, table.name, survey, table.props))
         rows = driver_rows(above_marks(batch, marks), survey, rule, columns, schema, now)
         history = self.history_name(route.replica)
         # Typed before any commit: a value only Spark types sends the whole batch there.
