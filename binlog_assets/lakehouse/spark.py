@@ -19,6 +19,7 @@ import hashlib
 import json
 import os
 import shutil
+import threading
 from importlib.metadata import version
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -186,18 +187,32 @@ def remote_session_lost(pipeline: PipelineConfig) -> bool:
     return session is not None and session_lost(session)
 
 
-def session_lost(session: SparkSession) -> bool:
+# A probe gets this long: the Connect client retries a call to a server that went away
+# for minutes, and whoever asks waits on the answer (a follower's apply, its pool slot).
+PROBE_SECONDS = 20.0
+
+
+def session_lost(session: SparkSession, timeout: float = PROBE_SECONDS) -> bool:
     """Whether `session`, a Spark Connect session, stopped answering: a probe query on it
-    fails. Always False for a session in this process (its JVM is this process's own)."""
+    fails or is not answered in `timeout` seconds. Always False for a session in this
+    process (its JVM is this process's own)."""
     from pyspark.sql import SparkSession as ClassicSparkSession
 
     if isinstance(session, ClassicSparkSession):
         return False
-    try:
-        session.sql("SELECT 1").collect()
-    except Exception:
-        return True
-    return False
+    answered, failed = threading.Event(), []
+
+    def probe() -> None:
+        try:
+            session.sql("SELECT 1").collect()
+        except Exception as exc:
+            failed.append(exc)
+        finally:
+            answered.set()
+
+    # A thread of its own: a probe still retrying past the deadline is left to end alone.
+    threading.Thread(target=probe, name="binlake-spark-probe", daemon=True).start()
+    return not answered.wait(timeout) or bool(failed)
 
 
 def forget_remote_session(pipeline: PipelineConfig) -> None:

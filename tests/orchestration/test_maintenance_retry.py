@@ -4,6 +4,8 @@ failed a maintenance run before)."""
 
 from __future__ import annotations
 
+import threading
+import time
 from pathlib import Path
 
 import dagster as dg
@@ -52,6 +54,31 @@ def test_a_session_that_no_longer_answers_is_lost_and_forgotten(
     assert gone.stopped and REMOTE not in spark_module._REMOTE_SESSIONS
     local = parse_config({"lakehouse": {"path": str(tmp_path / "lake")}})
     assert not spark_module.remote_session_lost(local)
+
+
+class SilentSession(FakeSession):
+    """A server that went away while the client retries: the probe never returns."""
+
+    def __init__(self) -> None:
+        super().__init__(answers=True)
+        self.release = threading.Event()
+
+    def collect(self) -> list:
+        self.release.wait(60)
+        return [(1,)]
+
+
+def test_a_probe_the_server_never_answers_finds_the_session_lost() -> None:
+    # The soak's follower sat 21 minutes in the probe, inside the client's retries.
+    silent = SilentSession()
+    began = time.monotonic()
+    try:
+        assert spark_module.session_lost(silent, timeout=0.5)
+    finally:
+        silent.release.set()
+    assert time.monotonic() - began < 5
+    assert not spark_module.session_lost(FakeSession(answers=True), timeout=5)
+    assert spark_module.session_lost(FakeSession(answers=False), timeout=5)
 
 
 def _run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, *, lost: bool

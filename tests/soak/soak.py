@@ -780,8 +780,16 @@ def inject(soak: Soak, fault: Fault, rng: random.Random) -> None:
         exposed = using_spark()
         stopping = time.monotonic()
         soak.spark.stop()  # its port free too
-        fault.detail = (f"stopped in {time.monotonic() - stopping:.1f}s, "
-                        f"spark connect back in {soak.spark.start():.1f}s")
+        fault.detail = f"stopped in {time.monotonic() - stopping:.1f}s, "
+        try:
+            back = soak.spark.start()
+        except Exception as e:
+            # An operator starts it again: a warm-up that timed out under load once left
+            # the stack without a server for the rest of the soak.
+            fault.detail += f"first start failed ({type(e).__name__}: {str(e)[:200]}), "
+            soak.spark.stop()
+            back = soak.spark.start()
+        fault.detail += f"spark connect back in {back:.1f}s"
         exposed |= using_spark()
         fault.exposed = sorted(exposed)
         if not exposed:
