@@ -44,6 +44,7 @@ from binlog_assets.formats.event import PHASE_STREAM, ChangeEvent, Position
 from binlog_assets.lakehouse.audit import expected_live_rows
 from binlog_assets.lakehouse.changelog import (
     ChangelogWriter,
+    PartitionWrite,
     changelog_uri,
 )
 from binlog_assets.lakehouse.delta_log import table_location
@@ -98,8 +99,9 @@ class Workload:
 
 def write(pipeline: PipelineConfig, events: list[ChangeEvent]) -> None:
     """One changelog commit of `events`, as a consumer run makes it."""
-    ChangelogWriter(pipeline).write(events, None, group_id=GROUP, topic=TOPIC, partition=0,
-                                  end_offset=events[-1].offset + 1)
+    ChangelogWriter(pipeline).write(PartitionWrite(
+        events, None, group_id=GROUP, topic=TOPIC, partition=0,
+        end_offset=events[-1].offset + 1))
 
 
 def timed(step: Callable[[], object]) -> float:

@@ -38,7 +38,7 @@ from binlog_assets.config import parse_config
 from binlog_assets.dev.kafka import KafkaBroker, create_topics
 from binlog_assets.dev.mariadb import MariaDBServer
 from binlog_assets.formats.event import ChangeEvent, Position
-from binlog_assets.lakehouse.changelog import ChangelogWriter
+from binlog_assets.lakehouse.changelog import ChangelogWriter, PartitionWrite
 from binlog_assets.parity.check import check_replica
 from binlog_assets.parity.lake import replica_uri
 
@@ -118,8 +118,9 @@ def catch_up(server: MariaDBServer, pipeline, broker: KafkaBroker) -> None:
                         position=Position(1, int(name.rsplit(".", 1)[1]), int(pos), 0),
                         source_ts=int(time.time() * 1000), topic=TICK_TOPIC, partition=0,
                         offset=0, column_types={"id": "int"})
-    ChangelogWriter(pipeline).write([event], None, group_id=pipeline.kafka["group.id"],
-                                  topic=TICK_TOPIC, partition=0, end_offset=1)
+    ChangelogWriter(pipeline).write(PartitionWrite(
+        [event], None, group_id=pipeline.kafka["group.id"], topic=TICK_TOPIC, partition=0,
+        end_offset=1))
 
 
 def main() -> None:

@@ -31,7 +31,7 @@ SIDES = ("archive", "none")
 def child(side: str, lake: str, events: int, tables: int) -> dict:
     from binlog_assets.config import parse_config
     from binlog_assets.formats.event import ChangeEvent, Position
-    from binlog_assets.lakehouse.changelog import ChangelogWriter
+    from binlog_assets.lakehouse.changelog import ChangelogWriter, PartitionWrite
     from binlog_assets.lakehouse.replica.builder import ReplicaBuilder
     from binlog_assets.lakehouse.spark import get_spark
 
@@ -49,8 +49,9 @@ def child(side: str, lake: str, events: int, tables: int) -> dict:
                          Position(1, 1, 100 + i, 0), 1_700_000_000_000 + i,
                          column_types=types, topic="binlog", partition=0, offset=i)
              for i in range(events)]
-    ChangelogWriter(pipeline).write(batch, None, group_id="start", topic="binlog",
-                                  partition=0, end_offset=events)
+    ChangelogWriter(pipeline).write(PartitionWrite(batch, None, group_id="start",
+                                                   topic="binlog", partition=0,
+                                                   end_offset=events))
     began = time.perf_counter()
     spark = get_spark(pipeline)
     spark.catalog.tableExists("start.changelog")

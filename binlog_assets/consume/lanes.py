@@ -21,6 +21,7 @@ import logging
 import threading
 import zlib
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from queue import Empty
 from time import monotonic, perf_counter
 from types import TracebackType
@@ -57,6 +58,24 @@ _REPORT_SECONDS = 0.05
 _SLICE_SECONDS = 0.01
 
 
+@dataclass(frozen=True)
+class DispatchOptions:
+    """How a dispatcher runs handlers: `lanes` serial lanes served by `workers` threads
+    (default `defaults.default_workers`), events of one `ordering` key (per table in
+    `table_ordering`) in one lane, `max_in_flight` events submitted and not done (the
+    poll resumes below `low_water`, default half), handler calls on `handler_threads`
+    threads (default one per worker) stopped after `handler_timeout_seconds`."""
+
+    lanes: int = defaults.LANES
+    workers: int | None = None
+    ordering: str = ORDERING_KEY
+    table_ordering: Mapping[str, str] | None = None
+    max_in_flight: int = defaults.MAX_IN_FLIGHT
+    low_water: int | None = None
+    handler_threads: int | None = None
+    handler_timeout_seconds: float | None = None
+
+
 class LaneDispatcher:
     """Runs each event's handlers on its lane; see the module docstring.
 
@@ -66,22 +85,13 @@ class LaneDispatcher:
     One dispatcher serves one topic-partition: offsets identify its events.
     """
 
-    def __init__(
-        self,
-        registry: HandlerRegistry,
-        *,
-        lanes: int = defaults.LANES,
-        workers: int | None = None,
-        on_done_many: Callable[[list[int]], None] | None = None,
-        ordering: str = ORDERING_KEY,
-        table_ordering: Mapping[str, str] | None = None,
-        max_in_flight: int = defaults.MAX_IN_FLIGHT,
-        low_water: int | None = None,
-        policy: ErrorPolicy | None = None,
-        dead_letter: DeadLetter | None = None,
-        handler_threads: int | None = None,
-        handler_timeout_seconds: float | None = None,
-    ) -> None:
+    def __init__(self, registry: HandlerRegistry, options: DispatchOptions | None = None, *,
+                 on_done_many: Callable[[list[int]], None] | None = None,
+                 policy: ErrorPolicy | None = None,
+                 dead_letter: DeadLetter | None = None) -> None:
+        o = options or DispatchOptions()
+        lanes, workers, ordering = o.lanes, o.workers, o.ordering
+        max_in_flight, low_water, table_ordering = o.max_in_flight, o.low_water, o.table_ordering
         _require_count("lanes", lanes)
         workers = defaults.default_workers(lanes) if workers is None else workers
         _require_count("workers", workers)
@@ -122,7 +132,8 @@ class LaneDispatcher:
         self._barriers = Barriers(self._lanes, self._ready)
         self._invoker = Invoker(
             policy=self._policy, dead_letter=dead_letter, stop=self._stop, halt=self._halt,
-            handler_threads=handler_threads or workers, timeout_seconds=handler_timeout_seconds)
+            handler_threads=o.handler_threads or workers,
+            timeout_seconds=o.handler_timeout_seconds)
         self._workers = [WorkerState() for _ in range(workers)]
         self._threads = [
             threading.Thread(

@@ -44,10 +44,10 @@ from binlog_assets.consume.errors import (
     stops_partition,
 )
 from binlog_assets.consume.handlers import HandlerRegistry
-from binlog_assets.consume.lanes import LaneDispatcher
+from binlog_assets.consume.lanes import DispatchOptions, LaneDispatcher
 from binlog_assets.consume.lineage import MemoryBook, Placer
 from binlog_assets.consume.offsets import OffsetTracker
-from binlog_assets.consume.run_settings import ContiguousSink, Hold, RunSettings, Stop
+from binlog_assets.consume.run_settings import RunParts, RunSettings
 from binlog_assets.consume.runtime import (
     CONSUMER_KEYS,
     Started,
@@ -57,7 +57,7 @@ from binlog_assets.consume.runtime import (
     timed,
     yield_gil,
 )
-from binlog_assets.consume.snapshot_end import CoveredTables, nothing_covered, snapshot_ends
+from binlog_assets.consume.snapshot_end import nothing_covered, snapshot_ends
 from binlog_assets.consume.summary import (
     STOP_AT_RECORD,
     STOP_END,
@@ -101,35 +101,23 @@ class _Poll:
 class BoundedRun:
     """Consume one topic-partition from its checkpoint up to the end offset seen at start."""
 
-    def __init__(
-        self,
-        topic: str,
-        partition: int,
-        registry: HandlerRegistry,
-        settings: RunSettings,
-        *,
-        decoder: object | None = None,
-        on_commit: Callable[[int, str], None] | None = None,
-        sink: ContiguousSink | None = None,
-        stop: Stop | None = None,
-        hold: Hold | None = None,
-        placer: Placer | None = None,
-        covered: CoveredTables = nothing_covered,
-    ) -> None:
+    def __init__(self, topic: str, partition: int, registry: HandlerRegistry,
+                 settings: RunSettings, parts: RunParts | None = None) -> None:
         from binlog_assets.formats import make_decoder
 
+        parts = parts or RunParts()
         self.tp = TopicPartition(topic, partition)
         self.registry = registry
         self.settings = settings
-        self.decoder = decoder or make_decoder(settings.format, key_columns=settings.key_columns,
-                                               schema_registry=settings.schema_registry)
-        self.on_commit = on_commit
-        self.sink = sink
-        self.stop, self.hold = stop, hold
+        self.decoder = parts.decoder or make_decoder(
+            settings.format, key_columns=settings.key_columns,
+            schema_registry=settings.schema_registry)
+        self.sink = parts.sink
+        self.stop, self.hold = parts.stop, parts.hold
         # Each event's lineage in its source (`consume/lineage.py`); without a changelog
         # to keep the source's lineages in, they live as long as the run.
-        self.placer = placer or Placer(MemoryBook(), f"{topic}[{partition}]")
-        self.covered = covered  # the tables a snapshot read, for its end (`snapshot_end.py`)
+        self.placer = parts.placer or Placer(MemoryBook(), f"{topic}[{partition}]")
+        self.covered = parts.covered or nothing_covered
         # (offset, events, raw value) polled but not yet given to the sink.
         self._sink_buffer: deque[tuple[int, list[ChangeEvent], bytes | None]] = deque()
         self._sink_end: int | None = None
@@ -239,17 +227,16 @@ class BoundedRun:
 
     def _dispatcher(self) -> LaneDispatcher:
         s = self.settings
-        return LaneDispatcher(
-            self.registry,
+        options = DispatchOptions(
             lanes=s.lanes * s.key_slots_per_lane,
             workers=s.workers or defaults.default_workers(s.lanes),
             ordering=s.ordering,
             table_ordering=s.table_ordering or None,
             max_in_flight=s.max_in_flight,
-            policy=s.error_policy,
-            dead_letter=self._handler_dead_letter,
             handler_timeout_seconds=s.handler_timeout_seconds,
         )
+        return LaneDispatcher(self.registry, options, policy=s.error_policy,
+                              dead_letter=self._handler_dead_letter)
 
     def _ended(self, poll: _Poll, dispatcher: LaneDispatcher, summary: RunSummary,
                began: float) -> RunSummary:
@@ -577,8 +564,6 @@ class BoundedRun:
         if summary is not None:
             summary.committed_offset = offset
             summary.kafka_wait_seconds = max(summary.kafka_wait_seconds, waited)
-        if self.on_commit is not None:
-            self.on_commit(offset, metadata)
 
 
 _TABLE_OP = attrgetter("table", "op")

@@ -1,6 +1,6 @@
 """What a bounded run is given besides its partition and handlers: its settings
-(`RunSettings`), and the protocols of the sink, the hold and the stop it is handed.
-`consume/run.py` runs it."""
+(`RunSettings`), and the parts its caller hands it (`RunParts`: the sink, the hold and
+the stop, with their protocols, the decoder and the placer). `consume/run.py` runs it."""
 
 from __future__ import annotations
 
@@ -13,6 +13,9 @@ from binlog_assets.consume.errors import ErrorPolicy
 from binlog_assets.consume.lane_routing import ORDERING_KEY
 
 if TYPE_CHECKING:
+    from binlog_assets.consume.lineage import Placer
+    from binlog_assets.consume.snapshot_end import CoveredTables
+    from binlog_assets.formats.base import ChangeDecoder
     from binlog_assets.formats.event import ChangeEvent
 
 
@@ -76,4 +79,21 @@ class RunSettings:
     schema_registry: dict[str, Any] | None = field(default=None, repr=False)
 
 
-__all__ = ["ContiguousSink", "Hold", "RunSettings", "Stop"]
+@dataclass(frozen=True)
+class RunParts:
+    """What a caller hands a run besides its settings; a bare run needs none of them.
+
+    `decoder`: the partition's (default: one made from the settings' format); `sink`,
+    `hold`, `stop`: as their protocols say; `placer`: the source's lineages
+    (`consume/lineage.py`; default: kept for the run alone); `covered`: the tables a
+    snapshot read, for its end (`consume/snapshot_end.py`; default: none known)."""
+
+    decoder: ChangeDecoder | None = None
+    sink: ContiguousSink | None = None
+    stop: Stop | None = None
+    hold: Hold | None = None
+    placer: Placer | None = None
+    covered: CoveredTables | None = None
+
+
+__all__ = ["ContiguousSink", "Hold", "RunParts", "RunSettings", "Stop"]

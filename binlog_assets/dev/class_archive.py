@@ -89,7 +89,7 @@ def _train(archive: Path) -> None:
 
     from binlog_assets.config import parse_config
     from binlog_assets.formats.event import ChangeEvent, Position
-    from binlog_assets.lakehouse.changelog import ChangelogWriter
+    from binlog_assets.lakehouse.changelog import ChangelogWriter, PartitionWrite
     from binlog_assets.lakehouse.replica.builder import ReplicaBuilder
     from binlog_assets.lakehouse.spark import get_spark
 
@@ -129,8 +129,9 @@ def _train(archive: Path) -> None:
             for op, ident, before, after in batch:
                 events.append(event(op, ident, before, after))
                 offset += 1
-            writer.write(events, {e.offset: b"{}" for e in events}, group_id="cds",
-                         topic="binlog", partition=0, end_offset=offset)
+            writer.write(PartitionWrite(events, {e.offset: b"{}" for e in events},
+                                        group_id="cds", topic="binlog", partition=0,
+                                        end_offset=offset))
             builder.apply("orders")
         spark.table("cds.orders_current").collect()
         gateway = SparkContext._gateway

@@ -295,18 +295,9 @@ class ChangelogWriter:
             return {(topic, partition): table.transaction_version(
                 changelog_app_id(group_id, topic, partition)) for topic, partition in partitions}
 
-    def write(
-        self,
-        events: Sequence[ChangeEvent],
-        raw: Mapping[int, bytes] | None,
-        *,
-        group_id: str,
-        topic: str,
-        partition: int,
-        end_offset: int,
-        check: Callable[[int | None], None] | None = None,
-    ) -> int | None:
-        """Append `events` (offsets below `end_offset`) in one commit; its version, or None.
+    def write(self, part: PartitionWrite) -> int | None:
+        """Append `part.events` (offsets below `part.end_offset`) in one commit; its
+        version, or None.
 
         None means a write with a version at or above `end_offset` happened before (a
         retry, or another run): nothing is written. Events below the recorded checkpoint
@@ -316,8 +307,7 @@ class ChangelogWriter:
         given the partition's checkpoint as the write reads it, before anything is
         written, under the writer's lock; it raises to write nothing (the fence's check).
         """
-        [outcome] = self.write_many([PartitionWrite(events, raw, group_id, topic, partition,
-                                                    end_offset, check)])
+        [outcome] = self.write_many([part])
         if isinstance(outcome, BaseException):
             raise outcome
         return outcome

@@ -74,9 +74,9 @@ class FencedChangelogSink:
             events = [e for e in events if e.offset >= self.expected]
         with partition_lock(self.lakehouse, self.group, self.topic, self.partition):
             try:
-                version = self.writer.write(events, raw, group_id=self.group,
-                                            topic=self.topic, partition=self.partition,
-                                            end_offset=end_offset, check=self._check)
+                version = self.writer.write(PartitionWrite(
+                    events, raw, group_id=self.group, topic=self.topic,
+                    partition=self.partition, end_offset=end_offset, check=self._check))
             except ConcurrentPartitionWrite as e:
                 raise FencedRunError(f"{e}; this run writes nothing more") from e
         if version is None:

@@ -13,7 +13,8 @@ from binlog_assets.consume.checkpoint import CHANGELOG, Checkpoint, offset_for_t
 from binlog_assets.consume.handlers import HandlerRegistry, load_registry
 from binlog_assets.consume.lag import high_watermark, topic_named
 from binlog_assets.consume.lineage import Placer
-from binlog_assets.consume.run import BoundedRun, RunSettings, RunSummary, Stop
+from binlog_assets.consume.run import BoundedRun, RunSummary
+from binlog_assets.consume.run_settings import RunParts, RunSettings, Stop
 from binlog_assets.formats.event import Position
 from binlog_assets.lakehouse.changelog import (
     ChangelogWriter,
@@ -85,9 +86,9 @@ def run_partition(
     )
     hold = None if together is None else together.hold(plan.key, plan.settings.source, sink)
     with handlers.opened():
-        summary = BoundedRun(topic, partition, handlers, settings, sink=sink,
-                             stop=stop, hold=hold, placer=placer(plan, initial),
-                             covered=SnapshotSchema(plan)).run()
+        parts = RunParts(sink=sink, stop=stop, hold=hold, placer=placer(plan, initial),
+                         covered=SnapshotSchema(plan))
+        summary = BoundedRun(topic, partition, handlers, settings, parts).run()
     return summary, sink
 
 

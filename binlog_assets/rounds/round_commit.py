@@ -29,7 +29,7 @@ from confluent_kafka import Consumer, TopicPartition
 from binlog_assets.consume.checkpoint import Checkpoint, committed_checkpoint, retry_retriable
 from binlog_assets.consume.commit import Committer
 from binlog_assets.consume.lag import lag_consumer
-from binlog_assets.consume.run import Hold
+from binlog_assets.consume.run_settings import Hold
 from binlog_assets.consume.runtime import timed
 from binlog_assets.faults import fault_point
 from binlog_assets.formats.event import ChangeEvent

@@ -8,7 +8,7 @@ from binlog_assets.consume import defaults
 from binlog_assets.consume.errors import ErrorPolicy
 from binlog_assets.consume.handlers import HandlerRegistry
 from binlog_assets.consume.lane_routing import ORDERING_KEY
-from binlog_assets.consume.lanes import LaneDispatcher
+from binlog_assets.consume.lanes import DispatchOptions, LaneDispatcher
 from binlog_assets.consume.run import RunSettings
 from binlog_assets.environment import REPO_ROOT
 
@@ -49,7 +49,8 @@ def test_run_settings_take_their_commit_and_batch_defaults_from_defaults() -> No
 def test_one_default_worker_count() -> None:
     assert defaults.default_workers(4) == 4
     assert defaults.default_workers(10_000) == defaults.MAX_DEFAULT_WORKERS
-    with LaneDispatcher(HandlerRegistry(), lanes=defaults.MAX_DEFAULT_WORKERS + 1) as many:
+    with LaneDispatcher(HandlerRegistry(),
+                        DispatchOptions(lanes=defaults.MAX_DEFAULT_WORKERS + 1)) as many:
         assert len(many._workers) == defaults.MAX_DEFAULT_WORKERS
 
 

@@ -29,7 +29,7 @@ from binlog_assets.consume.lane_routing import (
     make_route,
     ordering_key_bytes,
 )
-from binlog_assets.consume.lanes import LaneDispatcher
+from binlog_assets.consume.lanes import DispatchOptions, LaneDispatcher
 from binlog_assets.consume.offsets import OffsetTracker
 from binlog_assets.formats.event import OP_DDL, ChangeEvent, Position
 
@@ -158,13 +158,10 @@ def streams(draw: st.DrawFn, with_ddl: bool = True) -> dict:
 def test_per_key_order_and_ddl_barriers_under_any_lane_count(stream: dict) -> None:
     """Invariant 1, and the DDL barrier, with random lanes, workers, modes and timings."""
     journal = Journal(stream["delays"])
-    with LaneDispatcher(
-        journal_registry(journal),
-        lanes=stream["lanes"],
-        workers=stream["workers"],
-        ordering=stream["ordering"],
-        table_ordering=stream["table_ordering"],
-    ) as dispatcher:
+    options = DispatchOptions(lanes=stream["lanes"], workers=stream["workers"],
+                              ordering=stream["ordering"],
+                              table_ordering=stream["table_ordering"])
+    with LaneDispatcher(journal_registry(journal), options) as dispatcher:
         for batch in stream["batches"]:
             dispatcher.submit_many(batch)
         assert dispatcher.drain(timeout=30), dispatcher.failure
@@ -232,16 +229,11 @@ def test_commit_never_passes_an_event_that_is_not_done(stream: dict, data: st.Da
     registry = HandlerRegistry()
     registry.register(r"db\..*", handler)
     policy = ErrorPolicy(max_retries=1, backoff_initial=0.0, breaker_threshold=2)
-    with LaneDispatcher(
-        registry,
-        lanes=stream["lanes"],
-        workers=stream["workers"],
-        ordering=stream["ordering"],
-        table_ordering=stream["table_ordering"],
-        on_done_many=on_done_many,
-        policy=policy,
-        dead_letter=dead_letter,
-    ) as dispatcher:
+    options = DispatchOptions(lanes=stream["lanes"], workers=stream["workers"],
+                              ordering=stream["ordering"],
+                              table_ordering=stream["table_ordering"])
+    with LaneDispatcher(registry, options, on_done_many=on_done_many, policy=policy,
+                        dead_letter=dead_letter) as dispatcher:
         for batch in stream["batches"]:
             tracker.received_many(sorted({ev.offset for ev in batch}))
             dispatcher.submit_many(batch)
@@ -265,7 +257,8 @@ def test_commit_never_passes_an_event_that_is_not_done(stream: dict, data: st.Da
 @settings(max_examples=100, deadline=None)
 def test_lane_is_crc32_of_the_ordering_key_bytes(key, table, mode, lanes) -> None:
     ev = event(3, table, key)
-    with LaneDispatcher(HandlerRegistry(), lanes=lanes, workers=1, ordering=mode) as dispatcher:
+    with LaneDispatcher(HandlerRegistry(),
+                        DispatchOptions(lanes=lanes, workers=1, ordering=mode)) as dispatcher:
         assert lanes_taken(dispatcher, [ev]) == {3: zlib.crc32(ordering_key_bytes(ev, mode))
                                                  % lanes}
 
@@ -305,7 +298,8 @@ def ddl_run(ordering: str, lanes: int, workers: int, barrier_op: str = OP_DDL
     events += [event(o, "db.t" if o % 2 else "db.other", (o % 20,)) for o in range(41, 80)]
     events += [event(80, "db.t", (), barrier_op), event(81, "db.t", (), barrier_op)]
     events += [event(o, "db.t", (o % 20,)) for o in range(82, 120)]
-    with LaneDispatcher(registry, lanes=lanes, workers=workers, ordering=ordering) as dispatcher:
+    options = DispatchOptions(lanes=lanes, workers=workers, ordering=ordering)
+    with LaneDispatcher(registry, options) as dispatcher:
         dispatcher.submit_many(events[:30])
         dispatcher.submit_many(events[30:45])  # the first DDL arrives mid-batch
         dispatcher.submit_many(events[45:])
@@ -352,11 +346,11 @@ def test_several_handlers_run_concurrently_and_the_event_is_done_when_all_are() 
     registry = HandlerRegistry()
     registry.register("db.t", fast, name="fast")
     registry.register("db.t", slow, name="slow")
-    with LaneDispatcher(
-        registry,
-        lanes=2,
-        on_done_many=lambda offsets: reported.extend((o, slow_finished.is_set()) for o in offsets),
-    ) as dispatcher:
+    def on_done_many(offsets: list[int]) -> None:
+        reported.extend((o, slow_finished.is_set()) for o in offsets)
+
+    with LaneDispatcher(registry, DispatchOptions(lanes=2),
+                        on_done_many=on_done_many) as dispatcher:
         dispatcher.submit(event(0))
         assert dispatcher.drain(timeout=10)
         metrics = dispatcher.handler_metrics()
@@ -375,7 +369,8 @@ def test_a_records_offset_is_done_when_its_last_event_is() -> None:
     registry = HandlerRegistry()
     registry.register("db.t", handler)
     rows = [event(5, key=(k,), row=k) for k in range(3)]  # one Canal message, three rows
-    with LaneDispatcher(registry, lanes=8, on_done_many=reported.extend) as dispatcher:
+    with LaneDispatcher(registry, DispatchOptions(lanes=8),
+                        on_done_many=reported.extend) as dispatcher:
         dispatcher.submit_many([event(4, key=(9,)), *rows, event(6, key=(9,))])
         time.sleep(0.1)
         assert 5 not in reported
@@ -385,7 +380,7 @@ def test_a_records_offset_is_done_when_its_last_event_is() -> None:
 
 
 def test_a_records_events_must_be_submitted_together() -> None:
-    with LaneDispatcher(HandlerRegistry(), lanes=2) as dispatcher:
+    with LaneDispatcher(HandlerRegistry(), DispatchOptions(lanes=2)) as dispatcher:
         dispatcher.submit(event(5, row=0))
         with pytest.raises(ValueError, match="submitted together"):
             dispatcher.submit(event(5, row=1))
@@ -397,7 +392,8 @@ def test_backpressure_bounds_what_is_in_flight() -> None:
     registry.register("db.t", lambda ev: gate.wait(10))
     batch, max_in_flight = 20, 50
     offsets = itertools.count()
-    with LaneDispatcher(registry, lanes=8, max_in_flight=max_in_flight, low_water=10) as dispatcher:
+    options = DispatchOptions(lanes=8, max_in_flight=max_in_flight, low_water=10)
+    with LaneDispatcher(registry, options) as dispatcher:
         peak = 0
         for _ in range(10):  # the poll loop: pause while full
             if dispatcher.is_full():
@@ -430,12 +426,9 @@ def test_handler_exceptions_never_kill_a_lane() -> None:
     registry = HandlerRegistry()
     registry.register("db.t", handler)
     letters: list[int] = []
-    dispatcher = LaneDispatcher(
-        registry,
-        lanes=1,
-        policy=ErrorPolicy(max_retries=0, breaker_threshold=0),
-        dead_letter=lambda ev, error, attempts: letters.append(ev.offset),
-    )
+    dispatcher = LaneDispatcher(registry, DispatchOptions(lanes=1),
+                                policy=ErrorPolicy(max_retries=0, breaker_threshold=0),
+                                dead_letter=lambda ev, error, attempts: letters.append(ev.offset))
     with dispatcher:
         dispatcher.submit_many([event(o) for o in range(100)])
         assert dispatcher.drain(timeout=10)
@@ -455,7 +448,7 @@ def test_close_stops_workers_and_drops_what_has_not_started() -> None:
 
     registry = HandlerRegistry()
     registry.register("db.t", handler)
-    dispatcher = LaneDispatcher(registry, lanes=1, on_done_many=reported.extend)
+    dispatcher = LaneDispatcher(registry, DispatchOptions(lanes=1), on_done_many=reported.extend)
     dispatcher.submit_many([event(o) for o in range(10)])
     assert started.wait(5)
     dispatcher.close()
@@ -473,7 +466,7 @@ def test_metrics_count_per_handler_and_skipped_tables(monkeypatch: pytest.Monkey
     registry = HandlerRegistry()
     registry.register("db.t", lambda ev: now.__setitem__(0, now[0] + 0.002), name="sleepy")
     registry.register("db.u", lambda ev: None, name="quick")
-    with LaneDispatcher(registry, lanes=1) as dispatcher:
+    with LaneDispatcher(registry, DispatchOptions(lanes=1)) as dispatcher:
         dispatcher.submit_many(
             [event(0, op="c"), event(1, op="u"), event(2, op="u"), event(3, "db.unhandled"),
              event(4, "db.u")]
@@ -502,7 +495,7 @@ def test_metrics_count_per_handler_and_skipped_tables(monkeypatch: pytest.Monkey
 )
 def test_configuration_errors_name_the_field(kwargs: dict, field: str) -> None:
     with pytest.raises(ValueError, match=re.escape(f"LaneDispatcher {field} must")):
-        LaneDispatcher(HandlerRegistry(), **kwargs)
+        LaneDispatcher(HandlerRegistry(), DispatchOptions(**kwargs))
 
 
 def test_slow_io_handlers_run_on_every_worker_at_once() -> None:
@@ -527,7 +520,7 @@ def test_slow_io_handlers_run_on_every_worker_at_once() -> None:
     registry = HandlerRegistry()
     registry.register("db.t", handler)
     events = [event(o, key=(o,)) for o in range(1000)]
-    with LaneDispatcher(registry, lanes=512, workers=64) as dispatcher:
+    with LaneDispatcher(registry, DispatchOptions(lanes=512, workers=64)) as dispatcher:
         dispatcher.submit_many(events)
         assert dispatcher.drain(timeout=60)
     assert peak >= 48, peak  # 64 on an idle machine; a serializing dispatcher gives 1
@@ -538,7 +531,7 @@ def test_ordering_is_per_key_across_many_keys_and_lanes() -> None:
     registry = HandlerRegistry()
     registry.register("db.t", lambda ev: seen[ev.key].append(ev.offset))
     events = [event(o, key=(o % 37,)) for o in range(5000)]
-    with LaneDispatcher(registry, lanes=64, workers=8) as dispatcher:
+    with LaneDispatcher(registry, DispatchOptions(lanes=64, workers=8)) as dispatcher:
         for start in range(0, len(events), 300):
             dispatcher.submit_many(events[start : start + 300])
         assert dispatcher.drain(timeout=30)
@@ -562,7 +555,7 @@ def test_a_keyless_tables_events_keep_their_order_on_its_table_lane() -> None:
         else:
             events.append(event(o, "db.t", (o % 41,)))
     taken: dict[int, int] = {}
-    with LaneDispatcher(registry, lanes=64, workers=8) as dispatcher:
+    with LaneDispatcher(registry, DispatchOptions(lanes=64, workers=8)) as dispatcher:
         for start in range(0, len(events), 250):
             taken |= lanes_taken(dispatcher, events[start : start + 250])
         assert dispatcher.drain(timeout=30)
@@ -594,8 +587,7 @@ def test_a_long_lane_takes_turns_with_waiting_lanes_and_keeps_its_order() -> Non
 
     registry.register("db.t", handler)
     with patch.object(lanes_module, "_SLICE_SECONDS", 0.0), LaneDispatcher(
-        registry, lanes=2, workers=1
-    ) as dispatcher:
+            registry, DispatchOptions(lanes=2, workers=1)) as dispatcher:
         keys = {}
         for k in range(100):  # one key per lane
             probe = event(0, key=(k,))
@@ -618,7 +610,7 @@ def test_a_long_lane_takes_turns_with_waiting_lanes_and_keeps_its_order() -> Non
 def test_key_lane_cache_is_bounded_across_tables_and_agrees_with_the_rule() -> None:
     registry = HandlerRegistry()
     registry.register(r"db\..*", lambda ev: None)
-    with LaneDispatcher(registry, lanes=64, workers=2) as dispatcher:
+    with LaneDispatcher(registry, DispatchOptions(lanes=64, workers=2)) as dispatcher:
         offset = 0
         for table in ("db.a", "db.b", "db.c"):
             batch = []
@@ -634,7 +626,7 @@ def test_key_lane_cache_is_bounded_across_tables_and_agrees_with_the_rule() -> N
             for key, lane in cache.items():
                 assert lane == zlib.crc32(ordering_key_bytes(event(0, table, key), "key")) % 64
     special = [(7,), (-3,), (2**70,), (True,), (0,), (8, "x"), ("7",)]
-    with LaneDispatcher(registry, lanes=64, workers=1) as dispatcher:
+    with LaneDispatcher(registry, DispatchOptions(lanes=64, workers=1)) as dispatcher:
         dispatcher.submit_many([event(o, "db.d", key) for o, key in enumerate(special)])
         assert dispatcher.drain(timeout=30), dispatcher.failure
         cache = dispatcher._routes["db.d"].key_lanes
@@ -658,7 +650,7 @@ def test_finishing_runs_the_longest_lanes_first_and_keeps_each_lanes_order() -> 
         seen.append((ev.key, ev.offset))
 
     registry.register("db.t", handler)
-    with LaneDispatcher(registry, lanes=64, workers=1) as dispatcher:
+    with LaneDispatcher(registry, DispatchOptions(lanes=64, workers=1)) as dispatcher:
         by_lane: dict[int, tuple] = {}
         for k in range(1000):
             probe = event(0, key=(k,))
@@ -696,7 +688,7 @@ def test_a_handler_blocked_in_one_lane_does_not_hold_back_the_others_when_cheap(
         done.append(ev.offset)
 
     registry.register("db.t", handler)
-    with LaneDispatcher(registry, lanes=64, workers=4) as dispatcher:
+    with LaneDispatcher(registry, DispatchOptions(lanes=64, workers=4)) as dispatcher:
         offset = 0
         while offset < 1000 or dispatcher.handlers_wait():  # until measured cheap
             assert offset < 50_000

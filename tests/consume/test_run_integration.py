@@ -21,6 +21,7 @@ from binlog_assets.consume.errors import ErrorPolicy
 from binlog_assets.consume.handlers import HandlerRegistry
 from binlog_assets.consume.offsets import OffsetTracker
 from binlog_assets.consume.run import BoundedRun, RunSettings, StrictModeFailure
+from binlog_assets.consume.run_settings import RunParts
 from binlog_assets.dev.kafka import KafkaBroker, abort_transaction, create_topic
 
 
@@ -226,7 +227,7 @@ def test_a_stopped_run_commits_what_is_done_and_the_next_run_does_the_rest(
     registry = HandlerRegistry()
     registry.register(r".*", handler, name="recorder")
     first = BoundedRun(topic, 0, registry, settings(kafka_broker, group=group),
-                       stop=stop).run()
+                       RunParts(stop=stop)).run()
     assert first.stop_reason == "interrupted"
     handled = {off for (_, _, _, off) in rec.seen}
     # The run looks at its stop every 0.2 s while its lanes drain: it ended well before

@@ -23,6 +23,7 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 from binlog_assets.consume.errors import PartitionStopped
 from binlog_assets.consume.handlers import HandlerRegistry
 from binlog_assets.consume.run import BoundedRun, RunSettings
+from binlog_assets.consume.run_settings import RunParts
 from binlog_assets.dev.kafka import KafkaBroker, create_topic
 from binlog_assets.dev.registry import SchemaRegistryServer
 from binlog_assets.formats import make_decoder
@@ -172,7 +173,7 @@ def test_a_registry_down_during_a_run_stops_the_partition_at_the_record_lossless
     try:
         with pytest.raises(SourceUnavailableError, match=cannot) as down:
             BoundedRun(topic, 0, seen.registry(), _settings(kafka_broker, group, conf),
-                       decoder=decoder).run()
+                       RunParts(decoder=decoder)).run()
         assert f"{topic}[0] stopped at offset 3, committed up to 3, nothing past it" \
             in str(down.value)
         assert _committed(kafka_broker, group, topic) == 3
@@ -188,7 +189,7 @@ def test_a_registry_down_during_a_run_stops_the_partition_at_the_record_lossless
 
     # Back with its store: the same run goes on from the record it stopped at.
     summary = BoundedRun(topic, 0, seen.registry(), _settings(kafka_broker, group, conf),
-                         decoder=decoder).run()
+                         RunParts(decoder=decoder)).run()
     assert (summary.start_offset, summary.committed_offset) == (3, 6)
     assert summary.dead_lettered == 0
     assert sorted(seen.offsets) == [0, 1, 2, 3, 4, 5]

@@ -16,6 +16,7 @@ from binlog_assets.config import ConfigError, parse_config
 from binlog_assets.consume import lanes as lanes_module
 from binlog_assets.consume import run as run_module
 from binlog_assets.consume.handlers import HandlerRegistry
+from binlog_assets.consume.lanes import DispatchOptions
 from binlog_assets.consume.run import BoundedRun, RunSettings
 from binlog_assets.consume.runtime import consumer_defaults
 
@@ -109,14 +110,14 @@ def fake_kafka(monkeypatch: pytest.MonkeyPatch):
 
 
 @pytest.fixture
-def dispatchers(monkeypatch: pytest.MonkeyPatch) -> list[dict]:
-    """The arguments of every LaneDispatcher a run creates."""
-    created: list[dict] = []
+def dispatchers(monkeypatch: pytest.MonkeyPatch) -> list[DispatchOptions]:
+    """The options of every LaneDispatcher a run creates."""
+    created: list[DispatchOptions] = []
     real = run_module.LaneDispatcher
 
-    def spy(registry, **kw):
-        created.append(kw)
-        return real(registry, **kw)
+    def spy(registry, options, **kw):
+        created.append(options)
+        return real(registry, options, **kw)
 
     monkeypatch.setattr(run_module, "LaneDispatcher", spy)
     return created
@@ -151,8 +152,8 @@ def test_lanes_are_the_parallelism_over_finer_key_slots(
     fake_kafka, dispatchers, lanes: int, workers: int | None, slots: int, threads: int
 ) -> None:
     run(50, fake_kafka, lanes=lanes, workers=workers, key_slots_per_lane=slots)
-    assert dispatchers[0]["lanes"] == lanes * slots
-    assert dispatchers[0]["workers"] == threads
+    assert dispatchers[0].lanes == lanes * slots
+    assert dispatchers[0].workers == threads
 
 
 def test_prefetch_is_derived_from_max_in_flight_unless_configured(fake_kafka) -> None:

@@ -20,7 +20,7 @@ from typing import Any
 
 from binlog_assets.config import PipelineConfig, parse_config
 from binlog_assets.formats.event import SNAPSHOT_ROW, ChangeEvent, Position
-from binlog_assets.lakehouse.changelog import ChangelogWriter
+from binlog_assets.lakehouse.changelog import ChangelogWriter, PartitionWrite
 from binlog_assets.lakehouse.delta_log import open_log, table_location
 
 TOPIC = "binlog"
@@ -152,9 +152,9 @@ class Partition:
     def write(self, events: Sequence[ChangeEvent], end_offset: int | None = None
               ) -> int | None:
         raw = {e.offset: f"raw-{e.offset}".encode() for e in events}
-        return self.writer.write(events, raw, group_id=GROUP, topic=self.topic,
-                                 partition=self.partition,
-                                 end_offset=self.end if end_offset is None else end_offset)
+        return self.writer.write(PartitionWrite(
+            events, raw, group_id=GROUP, topic=self.topic, partition=self.partition,
+            end_offset=self.end if end_offset is None else end_offset))
 
 
 def execute_job(job, pipeline: PipelineConfig, tmp_path: Path):

@@ -13,7 +13,7 @@ from lake_events import MakeConfig, Partition, Source, row
 
 from binlog_assets.config import parse_config
 from binlog_assets.lakehouse.audit import expected_log_rows
-from binlog_assets.lakehouse.changelog import ChangelogWriter
+from binlog_assets.lakehouse.changelog import ChangelogWriter, PartitionWrite
 from binlog_assets.lakehouse.delta_log import open_log, table_exists, table_location
 from binlog_assets.lakehouse.replica.builder import ReplicaBuilder, ReplicaError
 from binlog_assets.orchestration.replica_assets import build_replica_assets
@@ -67,8 +67,8 @@ def test_keyless_table_becomes_the_log_of_its_changes_each_once(
     assert again.skipped and again.key_rule == "append_only" and again.warning
     # The same changes again in bronze (a second consumer group) and, within one batch,
     # a copy re-sent at a later Kafka offset: same binlog coordinates, the same changes.
-    part.writer.write(events, None, group_id="second-group", topic="binlog", partition=0,
-                      end_offset=part.end)
+    part.writer.write(PartitionWrite(events, None, group_id="second-group", topic="binlog",
+                                     partition=0, end_offset=part.end))
     resent = part.records([[events[-1]]])
     part.write([*resent, *part.records([[src.insert(row(3))]])])
     replay = builder.apply("logs")

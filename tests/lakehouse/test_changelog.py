@@ -12,7 +12,7 @@ from changelog_reads import changelog_checkpoint, changelog_frame
 from lake_events import GROUP, MakeConfig, Partition, Source, row
 
 from binlog_assets.formats.event import ChangeEvent, Position
-from binlog_assets.lakehouse.changelog import ChangelogWriter
+from binlog_assets.lakehouse.changelog import ChangelogWriter, PartitionWrite
 from binlog_assets.lakehouse.changelog_reader import (
     SurveyGroup,
     changelog_schema,
@@ -141,8 +141,9 @@ def test_write_refuses_events_outside_its_range(spark, make_config: MakeConfig) 
     with pytest.raises(ValueError, match="not below end_offset"):
         part.write(events, end_offset=0)
     with pytest.raises(ValueError, match=r"binlog\[0\] in a write for binlog\[3\]"):
-        ChangelogWriter(pipeline).write(events, None, group_id=GROUP, topic="binlog",
-                                             partition=3, end_offset=5)
+        ChangelogWriter(pipeline).write(PartitionWrite(events, None, group_id=GROUP,
+                                                       topic="binlog", partition=3,
+                                                       end_offset=5))
 
 
 def _groups(survey: list[list]) -> list[tuple]:

@@ -13,6 +13,7 @@ from binlog_assets.config import parse_config
 from binlog_assets.lakehouse.changelog import (
     ChangelogWriter,
     ConcurrentPartitionWrite,
+    PartitionWrite,
 )
 from binlog_assets.lakehouse.changelog_rows import (
     SURVEY_MAX_GROUPS,
@@ -35,8 +36,9 @@ def test_a_sink_stops_writing_once_another_run_moved_its_checkpoint(tmp_path: Pa
 
     # Another run (its own writer, as in another process) writes the partition on.
     later = part.records([[src.insert(row(9))]])
-    assert other.write(later, None, group_id="g", topic=part.topic,
-                       partition=part.partition, end_offset=part.end) is not None
+    assert other.write(PartitionWrite(later, None, group_id="g", topic=part.topic,
+                                      partition=part.partition, end_offset=part.end)
+                       ) is not None
     more = part.records([[src.insert(row(10))]])
     with pytest.raises(FencedRunError, match="overtaken: its changelog checkpoint is 4, "
                                              "this run expected 3"):
@@ -74,8 +76,9 @@ def test_sinks_written_together_share_one_commit_and_a_fenced_one_leaves_the_res
 
     # Another run (its own writer) moves partition 1 on: only that sink is fenced.
     (p1, _) = sinks[1]
-    assert other.write(p1.records([[src.insert(row(99))]]), None, group_id="g",
-                       topic=p1.topic, partition=1, end_offset=p1.end) is not None
+    assert other.write(PartitionWrite(p1.records([[src.insert(row(99))]]), None,
+                                      group_id="g", topic=p1.topic, partition=1,
+                                      end_offset=p1.end)) is not None
     ranges = [(sink, part.records([[src.insert(row(50 + p))]]), {}, part.end)
               for p, (part, sink) in enumerate(sinks)]
     errors = write_together(ranges)
@@ -104,8 +107,9 @@ def test_a_commit_that_conflicts_is_tried_again_with_each_range_checked(
         if len(calls) == 1:
             # Another run took partition 0's transaction while this commit was made.
             (p0, _) = sinks[0]
-            other.write(p0.records([[src.insert(row(7))]]), None, group_id="g",
-                        topic=p0.topic, partition=0, end_offset=p0.end)
+            other.write(PartitionWrite(p0.records([[src.insert(row(7))]]), None,
+                                       group_id="g", topic=p0.topic, partition=0,
+                                       end_offset=p0.end))
             raise ConcurrentPartitionWrite("binlog[0], binlog[1]: another run committed")
         return real(parts)
 

@@ -13,7 +13,7 @@ from lake_events import MakeConfig, Partition, Source, live_rows, row
 from binlog_assets.config import PipelineConfig
 from binlog_assets.formats.event import ChangeEvent, Position
 from binlog_assets.identifiers import UnsafeIdentifierError
-from binlog_assets.lakehouse.changelog import ChangelogWriter
+from binlog_assets.lakehouse.changelog import ChangelogWriter, PartitionWrite
 from binlog_assets.lakehouse.changelog_reader import changelog_version, register_changelog
 from binlog_assets.lakehouse.delta_log import known_views, open_log, table_location
 from binlog_assets.lakehouse.maintenance import PURGED_PROPERTY
@@ -58,8 +58,8 @@ def test_reapplying_an_applied_range_leaves_the_replica_identical(
     assert again.skipped and again.applied_version == first.applied_version
     # The same changes land in bronze a second time (another consumer group re-read the
     # topic): new changelog rows, same positions. The guard leaves every byte in place.
-    part.writer.write(events, None, group_id="second-group", topic="binlog", partition=0,
-                      end_offset=part.end)
+    part.writer.write(PartitionWrite(events, None, group_id="second-group", topic="binlog",
+                                     partition=0, end_offset=part.end))
     replay = builder.apply("orders")
     assert replay.applied_version == first.applied_version + 1
     assert (replay.rows, replay.written) == (4, 0)

@@ -6,7 +6,7 @@ from pathlib import Path
 
 from binlog_assets.config import PipelineConfig, parse_config
 from binlog_assets.formats.event import ChangeEvent, Position
-from binlog_assets.lakehouse.changelog import ChangelogWriter
+from binlog_assets.lakehouse.changelog import ChangelogWriter, PartitionWrite
 from binlog_assets.lakehouse.replica.routes import replica_route
 from binlog_assets.parity.lake import reached_position
 from binlog_assets.parity.progress import unapplied_commits
@@ -73,6 +73,6 @@ def _changelog(tmp_path: Path, rows: list[tuple[str, str, int]]
                             before=None, after={"id": offset}, position=Position(1, 4, pos, 0),
                             source_ts=0, topic=topic, partition=0, offset=offset,
                             column_types={"id": "int"})
-        versions.append(writer.write([event], None, group_id="g", topic=topic, partition=0,
-                                     end_offset=offset + 1))
+        versions.append(writer.write(PartitionWrite([event], None, group_id="g", topic=topic,
+                                                    partition=0, end_offset=offset + 1)))
     return pipeline, versions

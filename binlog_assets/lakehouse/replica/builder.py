@@ -94,6 +94,7 @@ from binlog_assets.lakehouse.replica.plan import (
     ReplicaTable,
     RowShape,
     Rule,
+    Stamp,
     Survey,
     Versions,
     fallback_warning,
@@ -377,8 +378,8 @@ class ReplicaBuilder:
             written = truncated = 0
             if table.name in versions.behind:
                 written, truncated = replica_merge.merge_replica(
-                    self.spark, self.pipeline, rows, up_to, now, shape=shape,
-                                                         table=table)
+                    self.spark, self.pipeline, rows, shape=shape, table=table,
+                    stamp=Stamp(up_to, now))
             if table.new is not None:
                 self._ensure_view(route.replica, create=True)
             history_table = self.history_name(route.replica)

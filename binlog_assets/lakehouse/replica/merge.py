@@ -4,7 +4,6 @@ dropped (`above_truncates`, the rule `driver.above_marks` keeps in the driver)."
 
 from __future__ import annotations
 
-from datetime import datetime
 from typing import TYPE_CHECKING
 
 from pyspark.sql import functions as F
@@ -41,6 +40,7 @@ from binlog_assets.lakehouse.replica.plan import (
     TRUNCATED_PROPERTY,
     ReplicaTable,
     RowShape,
+    Stamp,
     Survey,
     marker_column,
 )
@@ -71,8 +71,8 @@ def watermarks(spark: SparkSession, table: tuple[str, str], survey: Survey, prop
         marks[k] = max(marks.get(k, position), position)
     return [(db, t, p) for (db, t), p in marks.items()]
 
-def merge_replica(spark: SparkSession, pipeline: PipelineConfig, rows: DataFrame, up_to: int,
-                  now: datetime, *, shape: RowShape, table: ReplicaTable) -> tuple[int, int]:
+def merge_replica(spark: SparkSession, pipeline: PipelineConfig, rows: DataFrame, *,
+                  shape: RowShape, table: ReplicaTable, stamp: Stamp) -> tuple[int, int]:
     """Reduce per key, MERGE with the position guard; (rows written, rows truncated).
 
     `rows` are `keyed_rows`: the images are parsed after the reduce, for the changes
@@ -80,6 +80,7 @@ def merge_replica(spark: SparkSession, pipeline: PipelineConfig, rows: DataFrame
     them.
     """
     survey, key, new, name = shape.survey, shape.key, table.new, table.name
+    up_to, now = stamp
     rows = above_truncates(spark, rows, survey, table=table)
     fault_point("during_replica_merge")
     # A small batch into an existing table: delta-rs commits it (`commit.py`),

@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from datetime import datetime
+from typing import TYPE_CHECKING, NamedTuple
 
 from pyspark.sql import types as T
 
@@ -184,6 +185,14 @@ class Versions:
     start: int | None
     up_to: int
     behind: list[tuple[str, str]]
+
+
+class Stamp(NamedTuple):
+    """What an apply marks its writes with: the changelog version it applies up to (each
+    commit's transaction version) and its time (each row's `_applied_at`)."""
+
+    version: int
+    at: datetime
 
 
 @dataclass(frozen=True)
