@@ -91,7 +91,7 @@ class Round:
 
 def instrument(t: Timings, r: Round, measuring: list[bool]) -> None:
     from binlog_assets.lakehouse import audit_arrow, changelog_reader, delta_log
-    from binlog_assets.lakehouse.replica import builder, commit, driver, plan
+    from binlog_assets.lakehouse.replica import arrow_apply, arrow_commit, builder, plan
     from binlog_assets.orchestration import replica_follower, replica_versions, table_metadata
 
     b = builder.ReplicaBuilder
@@ -106,18 +106,18 @@ def instrument(t: Timings, r: Round, measuring: list[bool]) -> None:
             (builder, "replica_sources", "apply:   replica_sources"),
             (builder, "record_sources", "apply:   record_sources"),
             (b, "_source_columns", "apply: _source_columns"),
-            (builder, "in_driver", "apply: in_driver"),
-            (b, "_driver_apply", "apply: _driver_apply"),
+            (builder, "arrow_applies", "apply: arrow_applies"),
+            (b, "_arrow_apply", "apply: _arrow_apply"),
             (builder, "batch_changes", "apply:   batch_changes"),
-            (builder, "driver_rows", "apply:   driver_rows"),
+            (builder, "arrow_rows", "apply:   arrow_rows"),
             (builder, "open_log", "apply:   open_log"),
             (builder, "commit_arrow", "apply:   commit_arrow"),
             (builder, "purge_tombstones", "apply:   purge_tombstones"),
             (getattr(builder, "replica_merge", None), "merge_replica",
              "apply: merge_replica (Spark)"),
             (b, "_commit_empty", "apply: _commit_empty"),
-            (commit, "commit_arrow", "apply:   commit_arrow"),
-            (driver, "driver_rows", "apply:   driver_rows"),
+            (arrow_commit, "commit_arrow", "apply:   commit_arrow"),
+            (arrow_apply, "arrow_rows", "apply:   arrow_rows"),
             (replica_follower, "replica_table_metadata", "follower: replica_table_metadata"),
             (table_metadata, "delta_column_schema", "follower:   delta_column_schema"),
             (delta_log, "table_location", "any: table_location"),

@@ -343,3 +343,13 @@ def test_bad_parity_settings_fail_at_load_naming_the_field(parity: dict, field: 
     with pytest.raises(ConfigError) as err:
         parse_config({"parity": parity})
     assert f"{field}:" in str(err.value)
+
+
+def test_a_renamed_key_is_still_read_with_a_warning(caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level("WARNING"):
+        config = parse_config({"lakehouse": {"driver_commit_rows": 5}})
+    assert config.lakehouse.arrow_commit_rows == 5
+    assert "'driver_commit_rows' is renamed 'arrow_commit_rows'" in caplog.text
+    with pytest.raises(ConfigError, match="lakehouse: .*'driver_commit_rows' is the old name "
+                                          "of 'arrow_commit_rows'"):
+        parse_config({"lakehouse": {"driver_commit_rows": 5, "arrow_commit_rows": 3}})

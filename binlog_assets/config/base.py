@@ -3,14 +3,18 @@ the plain identifiers that go into SQL and topic names unquoted."""
 
 from __future__ import annotations
 
+import logging
 import re
-from typing import Annotated
+from typing import Annotated, Any, ClassVar
 
 from pydantic import (
     AfterValidator,
     BaseModel,
     ConfigDict,
+    model_validator,
 )
+
+log = logging.getLogger(__name__)
 
 
 class ConfigError(ValueError):
@@ -18,10 +22,27 @@ class ConfigError(ValueError):
 
 
 class ConfigModel(BaseModel):
-    """A section of the pipeline config: unknown keys fail, values are frozen."""
-
+    """A section of the pipeline config: unknown keys fail, values are frozen. A key
+    renamed since (`RENAMED`: old -> new) is still read, with a warning naming both."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
+    RENAMED: ClassVar[dict[str, str]] = {}
+
+    @model_validator(mode="before")
+    @classmethod
+    def _renamed_keys(cls, data: Any) -> Any:
+        if not cls.RENAMED or not isinstance(data, dict):
+            return data
+        data = dict(data)
+        for old, new in cls.RENAMED.items():
+            if old not in data:
+                continue
+            if new in data:
+                raise ValueError(f"{old!r} is the old name of {new!r}: give only {new!r}")
+            log.warning("binlake config: %r is renamed %r; the old name still works "
+                        "for now", old, new)
+            data[new] = data.pop(old)
+        return data
 
 
 # Matched whole (`fullmatch`): `$` would also match before a trailing newline.

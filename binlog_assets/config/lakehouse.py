@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Literal
+from typing import ClassVar, Literal
 
 from pydantic import (
     Field,
@@ -19,6 +19,8 @@ TableFeature = Literal["deletion_vectors", "column_mapping", "type_widening"]
 
 
 class LakehouseConfig(ConfigModel):
+    RENAMED: ClassVar[dict[str, str]] = {"driver_commit_rows": "arrow_commit_rows"}
+
     path: str = Field("var/lakehouse", description="root of the warehouse and the catalog")
     database: Identifier = Field(
         "binlake", description="catalog database of the changelog and replica tables")
@@ -29,12 +31,12 @@ class LakehouseConfig(ConfigModel):
         description="a batch with at least this many changes per row already in the "
                     "replica rewrites it in one pass (one ranking per key, one overwrite) "
                     "instead of MERGEing: a catch-up touches every file anyway; 0: always")
-    driver_commit_rows: int = Field(
+    arrow_commit_rows: int = Field(
         200_000, ge=0,
         description="a batch of at most this many changelog rows for a replica is "
-                    "committed from the driver by delta-rs (MERGE with the same guard, or "
-                    "an append), and one of row changes only is also reduced and typed "
-                    "there, without a Spark job; 0: Spark does every batch")
+                    "committed by delta-rs as Arrow (MERGE with the same guard, or an "
+                    "append), and one of row changes only is also reduced and typed as "
+                    "Arrow, without a Spark job; 0: Spark does every batch")
     table_features: list[TableFeature] = Field(
         default_factory=list,
         description="opt-in Delta features of new replica tables (and their history "

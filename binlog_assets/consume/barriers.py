@@ -18,7 +18,7 @@ from binlog_assets.consume.scheduling import IDLE, PARKED, SCHEDULED
 from binlog_assets.formats.event import OP_DDL, OP_TRUNCATE, ChangeEvent
 
 if TYPE_CHECKING:
-    from binlog_assets.consume.lane_routing import Route
+    from binlog_assets.consume.lane_routing import TableLanes
     from binlog_assets.consume.scheduling import Lane, ReadyQueue
 
 # A DDL and a truncate carry no key: each runs on its table's lane, after every earlier
@@ -76,8 +76,9 @@ class Barriers:
         self._lanes = lanes
         self._ready = ready
 
-    def enqueue_in_order(self, events: Sequence[ChangeEvent], routes: Mapping[str, Route]) -> None:
-        """Queue `events` (their tables routed) around the barriers: the slow path for
+    def enqueue_in_order(self, events: Sequence[ChangeEvent],
+                         tables: Mapping[str, TableLanes]) -> None:
+        """Queue `events` (each table's `TableLanes` known) around the barriers: the slow path for
         batches with a key-ordered DDL or truncate, or a table behind a barrier."""
         by_table, lanes, schedule = self.by_table, self._lanes, self._ready.schedule
         held: dict[int, list[ChangeEvent]] = {}  # per lane, not yet appended
@@ -87,14 +88,14 @@ class Barriers:
             if barrier is not None and barrier.done:
                 del by_table[table]
                 barrier = None
-            route = routes[table]
-            if event.op in BARRIER_OPS and route.fixed < 0:
+            choice = tables[table]
+            if event.op in BARRIER_OPS and choice.fixed < 0:
                 # Fences must follow everything submitted before the DDL, in every lane.
                 self._schedule_all(held)
                 held = {}
-                self._place(event, route.table_lane)
+                self._place(event, choice.table_lane)
                 continue
-            lane = route.lane(event.key, len(lanes))
+            lane = choice.lane(event.key, len(lanes))
             if barrier is not None and lane != barrier.lane and lane not in barrier.gated:
                 if lane in held:
                     schedule(lanes[lane], held.pop(lane))

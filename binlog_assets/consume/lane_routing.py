@@ -1,5 +1,6 @@
 """Which lane an event runs on: the ordering modes, the canonical key bytes whose crc32
-picks the lane, and each table's route (computed once per table).
+picks the lane, and how each table's events find theirs (`TableLanes`, computed once
+per table).
 
 An event's lane is `crc32(ordering key bytes) % lanes`: stable across processes, unlike
 Python's salted `hash()`, so a key keeps its lane from run to run.
@@ -24,7 +25,7 @@ ORDERING_MODES = (ORDERING_PARTITION, ORDERING_TABLE, ORDERING_KEY)
 KEY_LANE_CACHE = 4096
 
 
-class Route(NamedTuple):
+class TableLanes(NamedTuple):
     """How one table's events find their lane."""
 
     fixed: int  # every event's lane, or -1 under key ordering
@@ -43,15 +44,15 @@ class Route(NamedTuple):
         return zlib.crc32(repr(key).encode(), self.seed) % lanes if lane is None else lane
 
 
-def make_route(event: ChangeEvent, mode: str, lanes: int) -> Route:
-    """The route of `event`'s table under ordering `mode` over `lanes` lanes."""
+def table_lanes(event: ChangeEvent, mode: str, lanes: int) -> TableLanes:
+    """How `event`'s table finds its lanes under ordering `mode` over `lanes` lanes."""
     table_lane = zlib.crc32(table_bytes(event.table)) % lanes
     if mode == ORDERING_KEY:
-        return Route(-1, zlib.crc32(key_prefix(event.table)), table_lane, {})
+        return TableLanes(-1, zlib.crc32(key_prefix(event.table)), table_lane, {})
     if mode == ORDERING_TABLE:
-        return Route(table_lane, 0, table_lane, {})
-    return Route(zlib.crc32(ordering_key_bytes(event, ORDERING_PARTITION)) % lanes, 0,
-                 table_lane, {})
+        return TableLanes(table_lane, 0, table_lane, {})
+    return TableLanes(zlib.crc32(ordering_key_bytes(event, ORDERING_PARTITION)) % lanes, 0,
+                      table_lane, {})
 
 
 def ordering_key_bytes(event: ChangeEvent, mode: str) -> bytes:

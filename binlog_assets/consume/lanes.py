@@ -41,8 +41,8 @@ from binlog_assets.consume.lane_routing import (
     KEY_LANE_CACHE,
     ORDERING_KEY,
     ORDERING_MODES,
-    Route,
-    make_route,
+    TableLanes,
+    table_lanes,
 )
 from binlog_assets.consume.scheduling import IDLE, PATROL_SECONDS, Lane, ReadyQueue
 from binlog_assets.formats.event import ChangeEvent
@@ -125,8 +125,8 @@ class LaneDispatcher:
         # Kafka records with several events (a Canal message's rows): offset -> events left.
         self._multi: dict[int, int] = {}
         self._last_offset: int | None = None
-        self._routes: dict[str, Route] = {}
-        self._cached_keys = 0  # keys in the routes' key -> lane caches
+        self._tables: dict[str, TableLanes] = {}
+        self._cached_keys = 0  # keys in the tables' key -> lane caches
         self._lanes = [Lane(i) for i in range(lanes)]
         self._ready = ReadyQueue(workers)
         self._barriers = Barriers(self._lanes, self._ready)
@@ -167,7 +167,7 @@ class LaneDispatcher:
                 f"offset {events[0].offset} continues from the previous submit_many: the "
                 f"events of one Kafka record must be submitted together"
             )
-        routes = self._routes
+        tables = self._tables
         crc32 = zlib.crc32
         lanes = self._lane_count
         barriers = self._barriers.by_table
@@ -182,11 +182,11 @@ class LaneDispatcher:
         for event in events:
             table = event.table
             if table != last_table:
-                # Records of one table come in runs: look its route up once per run.
-                route = routes.get(table)
-                if route is None:
-                    route = self._route(event)
-                fixed, seed, table_lane, key_lanes = route
+                # Records of one table come in runs: look its lanes up once per run.
+                choice = tables.get(table)
+                if choice is None:
+                    choice = self._table_lanes(event)
+                fixed, seed, table_lane, key_lanes = choice
                 last_table = table
                 if barriers and table in barriers:
                     special = True
@@ -205,7 +205,7 @@ class LaneDispatcher:
                         lane = crc32(repr(key).encode(), seed) % lanes
                     cached += 1
                     if cached > KEY_LANE_CACHE:
-                        for other in routes.values():
+                        for other in tables.values():
                             other.key_lanes.clear()
                         cached = 1
                     key_lanes[key] = lane
@@ -227,7 +227,7 @@ class LaneDispatcher:
             if multi:
                 self._multi.update(multi)
             if special:
-                self._barriers.enqueue_in_order(events, routes)
+                self._barriers.enqueue_in_order(events, tables)
             else:
                 self._enqueue(per_lane)
 
@@ -323,11 +323,11 @@ class LaneDispatcher:
         return merge_metrics(self._workers)
 
     # -- queueing (under the lock) ----------------------------------------------------
-    def _route(self, event: ChangeEvent) -> Route:
+    def _table_lanes(self, event: ChangeEvent) -> TableLanes:
         table = event.table
-        route = self._routes[table] = make_route(
+        choice = self._tables[table] = table_lanes(
             event, self._table_ordering.get(table, self._ordering), self._lane_count)
-        return route
+        return choice
 
     def _enqueue(self, per_lane: dict[int, list[ChangeEvent]]) -> None:
         lanes, schedule = self._lanes, self._ready.schedule

@@ -33,7 +33,6 @@ from binlog_assets.consume.checkpoint import (
     reset_source,
     resolve_checkpoint,
 )
-from binlog_assets.consume.commit import Committer
 from binlog_assets.consume.deadletter import DeadLetter, DeadLetterPublisher, event_bytes
 from binlog_assets.consume.errors import (
     DispatcherStopped,
@@ -44,6 +43,7 @@ from binlog_assets.consume.errors import (
     stops_partition,
 )
 from binlog_assets.consume.handlers import HandlerRegistry
+from binlog_assets.consume.kafka_commit import Committer
 from binlog_assets.consume.lanes import DispatchOptions, LaneDispatcher
 from binlog_assets.consume.lineage import MemoryBook, Placer
 from binlog_assets.consume.offsets import OffsetTracker
@@ -547,7 +547,7 @@ class BoundedRun:
         offset, metadata = tracker.commit_point()
         if self._dlq is not None:
             self._dlq.flush()
-        if final and self.hold is not None:  # the caller commits it (`Hold`)
+        if final and self.hold is not None:  # the caller commits it (`LastCommitHold`)
             self.hold(*self._sink_range(offset), offset, metadata)
             return
         if offset > (self._sink_end or 0) or (skipping and self.sink is not None):

@@ -27,7 +27,7 @@ class ContiguousSink(Protocol):
                  end_offset: int) -> None: ...
 
 
-class Hold(Protocol):
+class LastCommitHold(Protocol):
     """Takes a run's last commit point, to commit it with other runs' (one changelog
     commit, one Kafka commit): the events not yet given to the sink, their raw values,
     the offset and its commit metadata. Until then nothing of it is committed."""
@@ -36,7 +36,7 @@ class Hold(Protocol):
                  metadata: str) -> None: ...
 
 
-class Stop(Protocol):
+class StopSignal(Protocol):
     """Asks a run to stop early: a `threading.Event`, or a process pool's `Event`."""
 
     def is_set(self) -> bool: ...
@@ -67,8 +67,8 @@ class RunSettings:
     start_offset: int | None = None  # explicit override, first in the precedence
     extra_checkpoint_sources: tuple[CheckpointSource, ...] = ()
     # The group's committed offset as the caller read it (with other partitions' at once),
-    # instead of the run's own read: with its last commit held (`Hold`), a run's consumer
-    # then asks the group coordinator nothing unless it commits on its way.
+    # instead of the run's own read: with its last commit held (`LastCommitHold`), a run's
+    # consumer then asks the group coordinator nothing unless it commits on its way.
     kafka_checkpoint: CheckpointSource | None = None
     commit_interval_seconds: float = defaults.COMMIT_INTERVAL_SECONDS
     # librdkafka's synchronous commit never times out by itself (Java's is 60 s).
@@ -90,10 +90,10 @@ class RunParts:
 
     decoder: ChangeDecoder | None = None
     sink: ContiguousSink | None = None
-    stop: Stop | None = None
-    hold: Hold | None = None
+    stop: StopSignal | None = None
+    hold: LastCommitHold | None = None
     placer: Placer | None = None
     covered: CoveredTables | None = None
 
 
-__all__ = ["ContiguousSink", "Hold", "RunParts", "RunSettings", "Stop"]
+__all__ = ["ContiguousSink", "LastCommitHold", "RunParts", "RunSettings", "StopSignal"]

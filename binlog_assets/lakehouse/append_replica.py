@@ -12,9 +12,9 @@ transaction id (`ReplicaBuilder`'s `binlake.replica`), so a retried apply adds n
 and a change is known by its binlog coordinates (`columns.change_identity`), so a copy
 delivered again at another Kafka offset, or recorded in the changelog by a second
 consumer group, is dropped within the batch and against the rows already stored.
-This module is Spark's way, for a batch past `lakehouse.driver_commit_rows` or into a
+This module is Spark's way, for a batch past `lakehouse.arrow_commit_rows` or into a
 table with a feature delta-rs does not write; a smaller one is appended by delta-rs from
-the driver (`replica/driver.py`, `replica/commit.py`), to the same rows.
+the driver (`replica/arrow_apply.py`, `replica/arrow_commit.py`), to the same rows.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The changelog's row changes as Arrow, read by delta-rs: what a driver apply reduces.
+"""The changelog's row changes as Arrow, read by delta-rs: what an Arrow apply reduces.
 
 A follower cycle or a replica build applies many replicas to the same changelog
 versions. Each used to plan and run a Spark read of its own; here the versions are read
@@ -20,7 +20,7 @@ if TYPE_CHECKING:
 
     from binlog_assets.config import PipelineConfig
 
-# The columns a driver apply reads. delta-rs builds a SQL projection from the names
+# The columns an Arrow apply reads. delta-rs builds a SQL projection from the names
 # without quoting them, and `table` or `offset` after another name does not parse: they
 # come first and last.
 RANGE_COLUMNS = ("offset", "op", "key", "before", "after", "pos_phase", "pos_file",

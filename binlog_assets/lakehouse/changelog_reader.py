@@ -271,7 +271,7 @@ class SourceClock:
 
 class LazyRange:
     """Changelog versions (`after_version`, `up_to`] as a DataFrame, planned on first use:
-    an apply reduced in the driver never needs it. `single`: in one partition."""
+    an apply reduced as Arrow never needs it. `single`: in one partition."""
 
     def __init__(self, read: Callable[[], DataFrame]) -> None:
         self._read = read

@@ -13,7 +13,7 @@ key's chain and the neighbouring `_valid_to` values are recomputed from the key'
 chain. A change is identified by its binlog coordinates (`columns.change_identity`), so
 a duplicate delivered at another Kafka offset, or a range applied twice, adds nothing.
 This is Spark's MERGE; a small batch without truncates gets the same versions from the
-driver by delta-rs (`replica/history_driver.py`).
+driver by delta-rs (`replica/history_arrow.py`).
 """
 
 from __future__ import annotations

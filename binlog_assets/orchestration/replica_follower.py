@@ -171,7 +171,7 @@ def _applied(apply: Callable[[str, int], object], names: list[str], version: int
              waiting: Callable[[], None] | None = None) -> Iterator[tuple[str, object]]:
     """(name, result or the exception it raised) of each apply; in order without a pool,
     as each ends with one, calling `waiting()` every `every` seconds none ends."""
-    def one(name: str) -> object:
+    def apply_one(name: str) -> object:
         try:
             return apply(name, version)
         except Exception as exc:  # the run reports it at its end
@@ -179,9 +179,9 @@ def _applied(apply: Callable[[str, int], object], names: list[str], version: int
 
     if pool is None:
         for name in names:
-            yield name, one(name)
+            yield name, apply_one(name)
         return
-    futures = {pool.submit(one, name): name for name in names}
+    futures = {pool.submit(apply_one, name): name for name in names}
     order = {future: i for i, future in enumerate(futures)}
     pending = set(futures)
     while pending:

@@ -184,7 +184,7 @@ def _check_log(table: SourceTable, chunk: ChunkChecksum, report: ParityReport, *
                checked: CheckedSource) -> None:
     """A keyless table, one chunk: its rows against the replica's log replayed as a
     multiset; taken again when they differ, as a keyed chunk is."""
-    from binlog_assets.lakehouse.replica.driver import NotInDriver
+    from binlog_assets.lakehouse.replica.arrow_apply import NotInDriver
     from binlog_assets.parity.replay import replayed
 
     db = checked.db

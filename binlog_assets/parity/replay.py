@@ -112,7 +112,7 @@ def _update_befores(pipeline: PipelineConfig, table: SourceTable, updates: list[
     from deltalake import DeltaTable, QueryBuilder
     from pyspark.sql.pandas.types import from_arrow_type
 
-    from binlog_assets.lakehouse.replica.driver import converter
+    from binlog_assets.lakehouse.replica.arrow_apply import converter
 
     wanted = {_identity(p) for p in updates}
     log = DeltaTable(delta_rs_uri(changelog_uri(pipeline)))

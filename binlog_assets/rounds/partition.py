@@ -14,7 +14,7 @@ from binlog_assets.consume.handlers import HandlerRegistry, load_registry
 from binlog_assets.consume.lag import high_watermark, topic_named
 from binlog_assets.consume.lineage import Placer
 from binlog_assets.consume.run import BoundedRun, RunSummary
-from binlog_assets.consume.run_settings import RunParts, RunSettings, Stop
+from binlog_assets.consume.run_settings import RunParts, RunSettings, StopSignal
 from binlog_assets.formats.event import Position
 from binlog_assets.lakehouse.changelog import (
     ChangelogWriter,
@@ -56,7 +56,7 @@ def run_partition(
     handlers: HandlerRegistry | None = None,
     *,
     metadata_checkpoint: Callable[[], Checkpoint | None] = lambda: None,
-    stop: Stop | None = None,
+    stop: StopSignal | None = None,
     together: RoundCommit | None = None,
 ) -> tuple[RunSummary, FencedChangelogSink]:
     """`consume_partition` by its plan. `handlers` defaults to the source's registry.

@@ -27,9 +27,9 @@ from typing import TYPE_CHECKING
 from confluent_kafka import Consumer, TopicPartition
 
 from binlog_assets.consume.checkpoint import Checkpoint, committed_checkpoint, retry_retriable
-from binlog_assets.consume.commit import Committer
+from binlog_assets.consume.kafka_commit import Committer
 from binlog_assets.consume.lag import lag_consumer
-from binlog_assets.consume.run_settings import Hold
+from binlog_assets.consume.run_settings import LastCommitHold
 from binlog_assets.consume.runtime import timed
 from binlog_assets.faults import fault_point
 from binlog_assets.formats.event import ChangeEvent
@@ -93,7 +93,7 @@ class RoundCommit:
             raise found
         return found
 
-    def hold(self, key: str, source: str, sink: FencedChangelogSink) -> Hold:
+    def hold(self, key: str, source: str, sink: FencedChangelogSink) -> LastCommitHold:
         """What the run of `key` hands its last commit point to."""
         def held(events: list[ChangeEvent], raw: dict[int, bytes], offset: int,
                  metadata: str) -> None:

@@ -13,8 +13,8 @@ import time
 import pytest
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
-from binlog_assets.consume.commit import Committer, CommitTimeout
 from binlog_assets.consume.handlers import HandlerRegistry
+from binlog_assets.consume.kafka_commit import Committer, CommitTimeout
 from binlog_assets.consume.offsets import OffsetTracker
 from binlog_assets.consume.run import BoundedRun, RunSettings
 

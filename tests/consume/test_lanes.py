@@ -26,8 +26,8 @@ from binlog_assets.consume.handlers import HandlerRegistry
 from binlog_assets.consume.lane_routing import (
     KEY_LANE_CACHE,
     ORDERING_MODES,
-    make_route,
     ordering_key_bytes,
+    table_lanes,
 )
 from binlog_assets.consume.lanes import DispatchOptions, LaneDispatcher
 from binlog_assets.consume.offsets import OffsetTracker
@@ -591,7 +591,7 @@ def test_a_long_lane_takes_turns_with_waiting_lanes_and_keeps_its_order() -> Non
         keys = {}
         for k in range(100):  # one key per lane
             probe = event(0, key=(k,))
-            keys.setdefault(make_route(probe, "key", 2).lane(probe.key, 2), (k,))
+            keys.setdefault(table_lanes(probe, "key", 2).lane(probe.key, 2), (k,))
             if len(keys) == 2:
                 break
         a, b = keys.values()
@@ -654,7 +654,7 @@ def test_finishing_runs_the_longest_lanes_first_and_keeps_each_lanes_order() -> 
         by_lane: dict[int, tuple] = {}
         for k in range(1000):
             probe = event(0, key=(k,))
-            by_lane.setdefault(make_route(probe, "key", 64).lane(probe.key, 64), (k,))
+            by_lane.setdefault(table_lanes(probe, "key", 64).lane(probe.key, 64), (k,))
             if len(by_lane) == 4:
                 break
         gate_key, short, long, middle = by_lane.values()

@@ -25,8 +25,8 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 from drill_lib import changelog_coordinates, coordinate_diff
 
 from binlog_assets.config import PipelineConfig, parse_config
-from binlog_assets.consume.commit import CommitTimeout
 from binlog_assets.consume.handlers import HandlerRegistry
+from binlog_assets.consume.kafka_commit import CommitTimeout
 from binlog_assets.consume.run import RunSummary
 from binlog_assets.dev import drills
 from binlog_assets.dev.kafka import KafkaBroker, create_topic

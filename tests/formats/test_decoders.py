@@ -11,7 +11,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from binlog_assets.consume.lane_routing import ORDERING_KEY, make_route
+from binlog_assets.consume.lane_routing import ORDERING_KEY, table_lanes
 from binlog_assets.formats import (
     DECODERS,
     CanalDecoder,
@@ -197,7 +197,7 @@ def _corrupt(base: Any, overrides: dict[str, Any], inner: dict[str, Any], depth:
 def lane_of(event: ChangeEvent, lanes: int = 8) -> int:
     """The lane the dispatcher's key ordering routes `event` to, which every decoded
     event must have."""
-    return make_route(event, ORDERING_KEY, lanes).lane(event.key, lanes)
+    return table_lanes(event, ORDERING_KEY, lanes).lane(event.key, lanes)
 
 
 def _decode_is_total(name: str, value: bytes) -> None:

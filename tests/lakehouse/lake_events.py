@@ -97,18 +97,18 @@ ALWAYS_MERGE = 1e12
 ALWAYS_REWRITE = 0.0
 
 # `lakehouse` settings that force each way a batch reaches a replica that has rows:
-# delta-rs's MERGE from the driver (`replica/commit.py`), Spark's MERGE, Spark's rewrite.
+# delta-rs's MERGE from the driver (`replica/arrow_commit.py`), Spark's MERGE, Spark's rewrite.
 APPLY_PATHS = {
     "driver": {"rewrite_ratio": ALWAYS_MERGE},
-    "spark_merge": {"rewrite_ratio": ALWAYS_MERGE, "driver_commit_rows": 0},
-    "rewrite": {"rewrite_ratio": ALWAYS_REWRITE, "driver_commit_rows": 0},
+    "spark_merge": {"rewrite_ratio": ALWAYS_MERGE, "arrow_commit_rows": 0},
+    "rewrite": {"rewrite_ratio": ALWAYS_REWRITE, "arrow_commit_rows": 0},
 }
 
 
 def config_for(base: PipelineConfig, tables: list[dict[str, Any]], *,
                retention_hours: float | None = None,
                rewrite_ratio: float | None = None,
-               driver_commit_rows: int | None = None,
+               arrow_commit_rows: int | None = None,
                table_features: list[str] | None = None,
                dagster: dict[str, Any] | None = None) -> PipelineConfig:
     """`base` with a new database and one source whose table configs are `tables`
@@ -120,8 +120,8 @@ def config_for(base: PipelineConfig, tables: list[dict[str, Any]], *,
         data["lakehouse"]["tombstone_retention_hours"] = retention_hours
     if rewrite_ratio is not None:
         data["lakehouse"]["rewrite_ratio"] = rewrite_ratio
-    if driver_commit_rows is not None:
-        data["lakehouse"]["driver_commit_rows"] = driver_commit_rows
+    if arrow_commit_rows is not None:
+        data["lakehouse"]["arrow_commit_rows"] = arrow_commit_rows
     if table_features is not None:
         data["lakehouse"]["table_features"] = table_features
     data["sources"] = [{"name": "src", "topics": ["binlog"], "format": "debezium",

@@ -35,13 +35,13 @@ def _keyless() -> Source:
 
 
 # A small batch is appended by delta-rs from the driver; Spark's append and MERGE (the
-# way of a batch past `driver_commit_rows`, here 0) give the same log, in the long run.
+# way of a batch past `arrow_commit_rows`, here 0) give the same log, in the long run.
 @pytest.mark.parametrize("by", ["delta-rs", pytest.param("spark", marks=pytest.mark.long)])
 def test_keyless_table_becomes_the_log_of_its_changes_each_once(
         spark, make_config: MakeConfig, by: str) -> None:
     # A tombstone window this short would purge every delete of a keyed replica.
     pipeline = make_config([LOGS], retention_hours=1e-9,
-                           **({"driver_commit_rows": 0} if by == "spark" else {}))
+                           **({"arrow_commit_rows": 0} if by == "spark" else {}))
     part, builder = Partition(ChangelogWriter(pipeline)), ReplicaBuilder(spark, pipeline)
     src = _keyless()
     a = row(1, "1.00", "a")

@@ -138,7 +138,7 @@ def test_a_location_lookup_runs_no_spark_job(spark, make_config: MakeConfig) -> 
     from binlog_assets.lakehouse.delta_log import forget
 
     pipeline = make_config([{"source": "shop.orders", "replica": "orders"}],
-                         driver_commit_rows=0)
+                         arrow_commit_rows=0)
     _builder, db = _write_and_apply(spark, pipeline)
     forget(spark, db, "orders")
     context = spark.sparkContext

@@ -362,13 +362,13 @@ def test_an_apply_with_nothing_for_a_replica_commits_nothing(
 
 def test_a_new_replica_is_created_with_its_rows_in_one_commit(
         spark, make_config: MakeConfig) -> None:
-    """Spark's CTAS (a batch above lakehouse.driver_commit_rows): its first commit holds
+    """Spark's CTAS (a batch above lakehouse.arrow_commit_rows): its first commit holds
     the table, the rows and the applied changelog version."""
     from binlog_assets.lakehouse.delta_log import open_log, table_location
     from binlog_assets.lakehouse.replica.plan import KEY_PROPERTY, TRUNCATED_PROPERTY
     from binlog_assets.lakehouse.transactions import APP_ID
 
-    pipeline = make_config(ORDERS, driver_commit_rows=0)
+    pipeline = make_config(ORDERS, arrow_commit_rows=0)
     db = pipeline.lakehouse.database
     part, builder = setup(spark, pipeline)
     src = Source("shop.orders")
@@ -434,9 +434,9 @@ def test_a_new_small_replica_is_created_by_spark_and_filled_by_delta_rs(
 
 
 @pytest.mark.parametrize("committed", [False, True], ids=["no-commit", "first-commit"])
-@pytest.mark.parametrize("driver_rows", [None, 0])
+@pytest.mark.parametrize("arrow_rows", [None, 0])
 def test_files_of_a_creation_killed_before_the_catalog_knew_it_do_not_block_the_next(
-        spark, make_config: MakeConfig, driver_rows: int | None, committed: bool) -> None:
+        spark, make_config: MakeConfig, arrow_rows: int | None, committed: bool) -> None:
     """A SIGKILL inside Spark's CREATE TABLE or CTAS leaves files at the new replica's
     location, and no log or only its first commit (the catalog entry comes last): the
     next apply creates the replica there all the same."""
@@ -447,7 +447,7 @@ def test_files_of_a_creation_killed_before_the_catalog_knew_it_do_not_block_the_
 
     from binlog_assets.lakehouse.delta_log import delta_rs_uri, ensure_database
 
-    pipeline = make_config(ORDERS, driver_commit_rows=driver_rows)
+    pipeline = make_config(ORDERS, arrow_commit_rows=arrow_rows)
     db = pipeline.lakehouse.database
     part, builder = setup(spark, pipeline)
     src = Source("shop.orders")
@@ -506,20 +506,20 @@ def test_a_missing_view_of_live_rows_comes_back_with_the_next_apply(
     assert live(spark, pipeline, view=True) == {1: (Decimal("1.00"), "a")}
 
 
-@pytest.mark.parametrize(("driver_rows", "creates"), [(None, "create_table"),
+@pytest.mark.parametrize(("arrow_rows", "creates"), [(None, "create_table"),
                                                     (0, "create_with_rows")])
 def test_a_replica_created_by_another_builder_meanwhile_is_applied_on_top(
         spark, make_config: MakeConfig, monkeypatch: pytest.MonkeyPatch,
-        driver_rows: int | None, creates: str) -> None:
+        arrow_rows: int | None, creates: str) -> None:
     """Two builders create the same new replica: the one that finds it created after it
     looked refuses nothing and loses nothing; it applies what the other did not. Its
-    rows by delta-rs after Spark's CREATE TABLE, or (lakehouse.driver_commit_rows 0) in
+    rows by delta-rs after Spark's CREATE TABLE, or (lakehouse.arrow_commit_rows 0) in
     Spark's CTAS."""
     from binlog_assets.lakehouse.replica import builder, merge
 
     # The driver's apply creates the table in the builder; Spark's CTAS in its merge.
     replica_module = builder if creates == "create_table" else merge
-    pipeline = make_config(ORDERS, driver_commit_rows=driver_rows)
+    pipeline = make_config(ORDERS, arrow_commit_rows=arrow_rows)
     part, first = setup(spark, pipeline)
     other = ReplicaBuilder(spark, pipeline)
     src = Source("shop.orders")

@@ -48,11 +48,19 @@ from binlog_assets.lakehouse.delta_log import (
 )
 from binlog_assets.lakehouse.maintenance import PURGED_PROPERTY, purge_tombstones
 from binlog_assets.lakehouse.replica import merge as replica_merge
-from binlog_assets.lakehouse.replica.commit import (
+from binlog_assets.lakehouse.replica.arrow_apply import (
+    NotInDriver,
+    above_marks,
+    arrow_applies,
+    arrow_rows,
+    batch_changes,
+    history_changes,
+)
+from binlog_assets.lakehouse.replica.arrow_commit import (
+    arrow_commits,
     commit_appended,
     commit_arrow,
     commit_version,
-    driver_commits,
 )
 from binlog_assets.lakehouse.replica.cutover import (
     CUTOVERS_PROPERTY,
@@ -73,15 +81,7 @@ from binlog_assets.lakehouse.replica.ddl_apply import (
     replica_sources,
     shape_new_table,
 )
-from binlog_assets.lakehouse.replica.driver import (
-    NotInDriver,
-    above_marks,
-    batch_changes,
-    driver_rows,
-    history_changes,
-    in_driver,
-)
-from binlog_assets.lakehouse.replica.history_driver import merge_history_versions
+from binlog_assets.lakehouse.replica.history_arrow import merge_history_versions
 from binlog_assets.lakehouse.replica.plan import (
     APPEND_ONLY,
     KEY_PROPERTY,
@@ -89,11 +89,11 @@ from binlog_assets.lakehouse.replica.plan import (
     RULE_PROPERTY,
     SHARDED_PROPERTY,
     TRUNCATED_PROPERTY,
+    KeyRule,
     ReplicaError,
     ReplicaResult,
     ReplicaTable,
     RowShape,
-    Rule,
     Stamp,
     Survey,
     Versions,
@@ -204,7 +204,7 @@ class ReplicaBuilder:
         starts = [applied[t] for t in behind]
         versions = Versions(None if None in starts else min(starts), up_to, behind)
 
-        # Read by Spark only when the batch needs it: a driver apply reads it as Arrow.
+        # Read by Spark only when the batch needs it: an Arrow apply reads it so.
         batch = LazyRange(lambda: read_changelog(spark, self.pipeline, versions.start, up_to))
         survey, ddl, cutovers = self._plan_batch(route, batch, stored_rule, table=table,
                                                  versions=versions)
@@ -221,10 +221,10 @@ class ReplicaBuilder:
                    {f.name: f.dataType for f in table.new.schema
                     if f.name not in METADATA_COLUMNS})
         shape = RowShape(route, survey, rule.key, columns)
-        if in_driver(rule, shape=shape, table=table, sources=sources, cutovers=cutovers,
-                     limit=self.pipeline.lakehouse.driver_commit_rows):
+        if arrow_applies(rule, shape=shape, table=table, sources=sources, cutovers=cutovers,
+                         limit=self.pipeline.lakehouse.arrow_commit_rows):
             with suppress(NotInDriver):  # else Spark's way below, for the whole batch
-                counts = self._driver_apply(rule, shape=shape, table=table, versions=versions)
+                counts = self._arrow_apply(rule, shape=shape, table=table, versions=versions)
                 return self._result(route, survey, up_to, rule, changes, **counts)
         if rule.append:
             written = self._append_rows(batch.frame(), up_to, now, shape=shape, table=table)
@@ -262,7 +262,7 @@ class ReplicaBuilder:
         survey = survey_batch(spark, self.pipeline, batch.frame, route, start, up_to)
         # A small batch in one partition: its reduce then needs no shuffle (a stage and
         # a job of its own, most of a small apply's Spark time).
-        batch.single = survey.rows <= self.pipeline.lakehouse.driver_commit_rows
+        batch.single = survey.rows <= self.pipeline.lakehouse.arrow_commit_rows
         self._evaluation.interpret(survey.rows <= INTERPRET_ROWS)
         # A new replica (a first build, a rebuild) follows the DDL too: it is built as its
         # source tables are at the batch's end.
@@ -292,11 +292,11 @@ class ReplicaBuilder:
             self._commit_empty(target, up_to)
         return done
 
-    def _driver_apply(self, rule: Rule, *, shape: RowShape, table: ReplicaTable,
-                      versions: Versions) -> dict[str, int]:
-        """The batch reduced and typed in the driver (`driver.py`), committed by
+    def _arrow_apply(self, rule: KeyRule, *, shape: RowShape, table: ReplicaTable,
+                     versions: Versions) -> dict[str, int]:
+        """The batch reduced and typed as Arrow (`arrow_apply.py`), committed by
         delta-rs; into a new replica after Spark's CREATE TABLE; its versions merged into
-        the history table (`history_driver.py`) when it has one behind. Returns the
+        the history table (`history_arrow.py`) when it has one behind. Returns the
         counts of the apply's result."""
         import pyarrow as pa
 
@@ -311,7 +311,7 @@ class ReplicaBuilder:
         # append-only one logs them all).
         marks = ([] if rule.append
                  else replica_merge.watermarks(self.spark, table.name, survey, table.props))
-        rows = driver_rows(above_marks(batch, marks), survey, rule, columns, schema, now)
+        rows = arrow_rows(above_marks(batch, marks), survey, rule, columns, schema, now)
         history = self.history_name(route.replica)
         # Typed before any commit: a value only Spark types sends the whole batch there.
         history_rows = (history_changes(batch, survey, rule.key, columns, now)
@@ -397,7 +397,7 @@ class ReplicaBuilder:
                     self.spark, table.name, now, table.props,
                     self.pipeline.lakehouse.tombstone_retention_hours)}
 
-    def _result(self, route: ReplicaRoute, survey: Survey, up_to: int, rule: Rule,
+    def _result(self, route: ReplicaRoute, survey: Survey, up_to: int, rule: KeyRule,
                 changes: list[str], **counts: int) -> ReplicaResult:
         return ReplicaResult(
             route.replica,
@@ -421,7 +421,7 @@ class ReplicaBuilder:
         return (dict(detail["properties"] or {}), int(detail["numFiles"] or 0),
                 str(detail["location"]))
 
-    def _prepare_tables(self, route: ReplicaRoute, survey: Survey, rule: Rule,
+    def _prepare_tables(self, route: ReplicaRoute, survey: Survey, rule: KeyRule,
                         ddl: DdlPlan, *, table: ReplicaTable
                         ) -> tuple[list[str], Sources, NewTable | None]:
         """Create or evolve the replica (and history) for the batch's columns, and do
@@ -484,7 +484,7 @@ class ReplicaBuilder:
             self._ensure_view(route.replica, create=True)
         return described, sources, new
 
-    def _new_table(self, target: tuple[str, str], route: ReplicaRoute, rule: Rule,
+    def _new_table(self, target: tuple[str, str], route: ReplicaRoute, rule: KeyRule,
                    change: SchemaChange, *, history: bool, sources: Sources) -> NewTable:
         """The schema and properties of a new replica (or history) table."""
         from binlog_assets.lakehouse.history import HISTORY_METADATA
@@ -531,8 +531,8 @@ class ReplicaBuilder:
 
     def _commit_empty(self, target: tuple[str, str], up_to: int) -> None:
         detail = table_detail(self.spark, *target)
-        if driver_commits(detail["properties"], 0, self.pipeline.lakehouse.driver_commit_rows,
-                          truncates=False):
+        if arrow_commits(detail["properties"], 0, self.pipeline.lakehouse.arrow_commit_rows,
+                         truncates=False):
             commit_version(detail["location"], APP_ID, up_to)
             return
         empty = self.spark.table(qualified(*target)).limit(0)

@@ -1,6 +1,6 @@
 """A replica's rows written by Spark: reduced per key and merged with the position
 guard (`merge_replica`), after the changes below their table's truncate markers are
-dropped (`above_truncates`, the rule `driver.above_marks` keeps in the driver)."""
+dropped (`above_truncates`, the rule `arrow_apply.above_marks` keeps without Spark)."""
 
 from __future__ import annotations
 
@@ -32,9 +32,9 @@ from binlog_assets.lakehouse.delta_log import (
     table_schema,
     table_version,
 )
-from binlog_assets.lakehouse.replica.commit import (
+from binlog_assets.lakehouse.replica.arrow_commit import (
+    arrow_commits,
     commit_rows,
-    driver_commits,
 )
 from binlog_assets.lakehouse.replica.plan import (
     TRUNCATED_PROPERTY,
@@ -56,7 +56,7 @@ if TYPE_CHECKING:
 
 
 # A truncate's watermark columns (source table and position) during an apply.
-_WM_DB, _WM_TABLE, _WM = (working_column(n) for n in ("wm_db", "wm_table", "wm"))
+_MARK_DB, _MARK_TABLE, _MARK = (working_column(n) for n in ("mark_db", "mark_table", "mark"))
 
 
 def watermarks(spark: SparkSession, table: tuple[str, str], survey: Survey, props: dict[str, str]
@@ -83,21 +83,21 @@ def merge_replica(spark: SparkSession, pipeline: PipelineConfig, rows: DataFrame
     up_to, now = stamp
     rows = above_truncates(spark, rows, survey, table=table)
     fault_point("during_replica_merge")
-    # A small batch into an existing table: delta-rs commits it (`commit.py`),
+    # A small batch into an existing table: delta-rs commits it (`arrow_commit.py`),
     # whatever its size against the table's.
-    limit = pipeline.lakehouse.driver_commit_rows
-    driver = new is None and driver_commits(table.props, survey.rows, limit,
-                                            truncates=bool(survey.truncates))
-    if not driver and not table.empty and rewrites(spark, name, survey,
-                                                   pipeline.lakehouse.rewrite_ratio):
+    limit = pipeline.lakehouse.arrow_commit_rows
+    by_arrow = new is None and arrow_commits(table.props, survey.rows, limit,
+                                             truncates=bool(survey.truncates))
+    if not by_arrow and not table.empty and rewrites(spark, name, survey,
+                                                     pipeline.lakehouse.rewrite_ratio):
         return rewrite_replica(spark, rows, table=table, shape=shape, version=up_to,
                                now=now)
     stored_columns = table_schema(spark, *name).names if new is None else new.columns
     reduced = (first_per_group(rows, [col(k) for k in key], [col("_position").desc()])
                .withColumn("_applied_at", F.lit(now)))
     reduced = typed_columns(reduced, stored_columns, shape=shape, live=True)
-    if new is not None and driver_commits(new.properties, survey.rows, limit,
-                                          truncates=False):
+    if new is not None and arrow_commits(new.properties, survey.rows, limit,
+                                         truncates=False):
         # The table by Spark (its catalog entry, schema and properties), its first rows
         # by delta-rs: a CTAS plans and writes them in Spark jobs of its own. A crash
         # in between leaves an empty replica, which the next apply appends to.
@@ -108,7 +108,7 @@ def merge_replica(spark: SparkSession, pipeline: PipelineConfig, rows: DataFrame
         create_with_rows(spark, new, reduced, APP_ID, up_to)
         metrics = last_commit_metrics(spark, *name)
         return int(metrics.get("numOutputRows", 0)), 0
-    if driver:
+    if by_arrow:
         return commit_rows(table.location, reduced, key, APP_ID, up_to,
                            merge=not table.empty), 0
     before = table_version(spark, *name)
@@ -148,12 +148,12 @@ def above_truncates(spark: SparkSession, rows: DataFrame, survey: Survey, *, tab
     if not marks:
         return rows
     wm = spark.createDataFrame(
-        marks, T.StructType([T.StructField(_WM_DB, T.StringType()),
-                             T.StructField(_WM_TABLE, T.StringType()),
-                             T.StructField(_WM, POSITION_TYPE)]))
-    return (rows.join(F.broadcast(wm), (F.col("_source_db") == col(_WM_DB))
-                      & (F.col("_source_table") == col(_WM_TABLE)), "left")
-            .where((F.col("_op") == OP_TRUNCATE) | col(_WM).isNull()
-                   | (F.col("_position") > col(_WM)))
-            .drop(_WM_DB, _WM_TABLE, _WM))
+        marks, T.StructType([T.StructField(_MARK_DB, T.StringType()),
+                             T.StructField(_MARK_TABLE, T.StringType()),
+                             T.StructField(_MARK, POSITION_TYPE)]))
+    return (rows.join(F.broadcast(wm), (F.col("_source_db") == col(_MARK_DB))
+                      & (F.col("_source_table") == col(_MARK_TABLE)), "left")
+            .where((F.col("_op") == OP_TRUNCATE) | col(_MARK).isNull()
+                   | (F.col("_position") > col(_MARK)))
+            .drop(_MARK_DB, _MARK_TABLE, _MARK))
 

@@ -114,7 +114,7 @@ class ReplicaError(RuntimeError):
 
 
 @dataclass(frozen=True)
-class Rule:
+class KeyRule:
     """The replica's key rule for one apply: its name, its key (source ids first when
     sharded; empty when append-only) and a warning for the asset's metadata."""
 
@@ -263,7 +263,7 @@ def add_groups(survey: Survey, groups: list[SurveyGroup]) -> None:
                 widen_all(target, {c: spark_type(t) for c, t in json.loads(types).items()})
 
 
-def key_rule(route: ReplicaRoute, survey: Survey, props: dict[str, str]) -> Rule | None:
+def key_rule(route: ReplicaRoute, survey: Survey, props: dict[str, str]) -> KeyRule | None:
     """The replica's key rule: `replica_mode: append`, else `key_columns`, else the
     primary key the changes carry, else (a table without one) append-only with a
     warning saying what to set; None while neither the batch nor the table knows.
@@ -280,7 +280,7 @@ def key_rule(route: ReplicaRoute, survey: Survey, props: dict[str, str]) -> Rule
                 f"replica {route.replica!r} is keyed on {stored}, and its config now says "
                 "replica_mode: append: rebuild it (build_replicas_job with "
                 "ops.replicas.config.rebuild: true) to make it the log of changes")
-        return Rule(APPEND_ONLY, [])
+        return KeyRule(APPEND_ONLY, [])
     if route.key_columns:
         name, source_key = KEY_COLUMNS, tuple(route.key_columns)
     elif len(survey.key_columns) == 1:
@@ -290,11 +290,11 @@ def key_rule(route: ReplicaRoute, survey: Survey, props: dict[str, str]) -> Rule
             f"replica {route.replica!r}: its source tables disagree on the primary key "
             f"({sorted(survey.key_columns)}); set key_columns in the table config")
     elif stored_rule == APPEND_ONLY:
-        return Rule(APPEND_ONLY, [], fallback_warning(route, APPEND_ONLY))
+        return KeyRule(APPEND_ONLY, [], fallback_warning(route, APPEND_ONLY))
     elif stored_rule is not None:
         name, source_key = stored_rule, tuple(stored)  # no key in this batch
     elif survey.upserts or survey.deletes:
-        return Rule(APPEND_ONLY, [], fallback_warning(route, APPEND_ONLY))
+        return KeyRule(APPEND_ONLY, [], fallback_warning(route, APPEND_ONLY))
     else:
         return None  # truncates only, of a table not built yet
     if stored_rule == APPEND_ONLY:
@@ -305,7 +305,7 @@ def key_rule(route: ReplicaRoute, survey: Survey, props: dict[str, str]) -> Rule
                 "rebuild it (build_replicas_job with ops.replicas.config.rebuild: true) "
                 "to key it by them")
         # The source gained a primary key: the log goes on; a rebuild would key it.
-        return Rule(APPEND_ONLY, [], (
+        return KeyRule(APPEND_ONLY, [], (
             f"{fallback_warning(route, APPEND_ONLY)}. Its changes now carry the primary "
             f"key {list(source_key)}: rebuild the replica to key it by that"))
     check_columns(source_key, route.replica)
@@ -315,7 +315,7 @@ def key_rule(route: ReplicaRoute, survey: Survey, props: dict[str, str]) -> Rule
             f"{list(source_key)}: rebuild it (ReplicaBuilder.rebuild) after the "
             "source's primary key change")
     key = [*SOURCE_KEY_COLUMNS, *source_key] if route.sharded else list(source_key)
-    return Rule(name, key)
+    return KeyRule(name, key)
 
 
 def recorded_rule(route: ReplicaRoute, props: dict[str, str]) -> str | None:

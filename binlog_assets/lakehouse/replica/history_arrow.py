@@ -1,10 +1,10 @@
-"""A small batch's versions merged into a history table from the driver, by delta-rs.
+"""A small batch's versions merged into a history table by delta-rs, without Spark.
 
 `history.merge_history` is Spark's MERGE: each change of the batch is a version, a
 stored version of the same change (binlog coordinates) wins over a copy, and every
 version of a touched key gets its `_valid_to` (the next version's position, or its
 table's next truncate) and `_is_current` again from the key's whole chain. Here the
-same chains are computed in Python from the batch's changes (`driver.history_changes`)
+same chains are computed in Python from the batch's changes (`arrow_apply.history_changes`)
 and the touched keys' stored versions (read by delta-rs), and one delta-rs MERGE inserts
 the new versions and updates the stored ones whose chain values moved. A batch with a
 truncate (a marker that closes versions of keys it does not touch) stays with Spark.
@@ -16,8 +16,8 @@ from typing import TYPE_CHECKING, Any
 
 from binlog_assets.formats.event import OP_DELETE, OP_TRUNCATE
 from binlog_assets.lakehouse.delta_log import open_log
-from binlog_assets.lakehouse.replica.commit import commit_version, identity_sql
-from binlog_assets.lakehouse.replica.driver import change_identity
+from binlog_assets.lakehouse.replica.arrow_apply import change_identity
+from binlog_assets.lakehouse.replica.arrow_commit import commit_version, identity_sql
 
 if TYPE_CHECKING:
     import pyarrow as pa

@@ -1,7 +1,7 @@
-"""A batch's commit to a replica from the driver by delta-rs, when the batch is small.
+"""A small batch's commit to a replica by delta-rs, as Arrow, without a Spark job.
 
-A batch of at most `lakehouse.driver_commit_rows` changes is reduced to the last change
-of each key and typed in the driver (`driver.py`), or by Spark and collected as
+A batch of at most `lakehouse.arrow_commit_rows` changes is reduced to the last change
+of each key and typed as Arrow (`arrow_apply.py`), or by Spark and collected as
 Arrow where only Spark reproduces its values, and committed by delta-rs in the statement
 Spark would run: a MERGE on the key whose update is guarded by the position, or an
 append (into a replica without data files, or one just created by Spark's CREATE TABLE,
@@ -29,7 +29,7 @@ if TYPE_CHECKING:
 
 
 
-def driver_commits(props: dict[str, str], rows: int, limit: int, *, truncates: bool) -> bool:
+def arrow_commits(props: dict[str, str], rows: int, limit: int, *, truncates: bool) -> bool:
     """Whether a batch of `rows` changelog rows into a replica with table properties
     `props` is committed by delta-rs (`commit_rows`)."""
     return (rows <= limit and not truncates

@@ -1,4 +1,4 @@
-"""Applies reduced and typed in the driver: each value as Spark's cast gives it, the same
+"""Applies reduced and typed as Arrow: each value as Spark's cast gives it, the same
 replica as Spark's apply, no Spark read of the changelog, and Spark's way for what the
 driver does not reproduce."""
 
@@ -21,8 +21,8 @@ from binlog_assets.formats.base import snapshot_end
 from binlog_assets.lakehouse.changelog import ChangelogWriter
 from binlog_assets.lakehouse.changelog_arrow import changes_of
 from binlog_assets.lakehouse.replica import builder as replica_module
+from binlog_assets.lakehouse.replica.arrow_apply import NotInDriver, converter
 from binlog_assets.lakehouse.replica.builder import ReplicaBuilder
-from binlog_assets.lakehouse.replica.driver import NotInDriver, converter
 from binlog_assets.lakehouse.replica.plan import ROW_OPS
 from binlog_assets.lakehouse.replica.rows import cast_text, text_schema
 
@@ -148,11 +148,11 @@ WIDE = [{"source": "shop.wide", "replica": "wide"}]
 
 def test_a_driver_apply_gives_the_replica_sparks_apply_gives_without_a_spark_read(
         spark, make_config: MakeConfig, monkeypatch: pytest.MonkeyPatch) -> None:
-    spark_config = make_config(WIDE, driver_commit_rows=0)
+    spark_config = make_config(WIDE, arrow_commit_rows=0)
     spark_results = _build(spark, spark_config, _batches(Source("shop.wide", dict(TYPES))))
 
     def no_spark_read(*args: Any, **kwargs: Any) -> None:
-        raise AssertionError("a driver apply planned a Spark read of the changelog")
+        raise AssertionError("an Arrow apply planned a Spark read of the changelog")
 
     monkeypatch.setattr(replica_module, "read_changelog", no_spark_read)
     driver_config = make_config(WIDE)
@@ -177,7 +177,7 @@ def test_a_value_the_driver_does_not_type_sends_the_whole_batch_to_spark(
     # A float in a text column: Spark writes it as Java does (1.0E20).
     batches = [[[Source("shop.wide", {"id": "bigint", "s": "string"}).insert(
         {"id": 1, "s": 1e20})]]]
-    spark_config = make_config(WIDE, driver_commit_rows=0)
+    spark_config = make_config(WIDE, arrow_commit_rows=0)
     driver_config = make_config(WIDE)
     _build(spark, spark_config, batches)
     _build(spark, driver_config, batches)
@@ -223,7 +223,7 @@ def test_a_new_replica_built_from_a_snapshot_is_built_in_the_driver(
         return [[[gone], read, [snapshot_end(read[-1])], [after]], [[late]],
                 [src.update({"id": 2, "s": "read"}, {"id": 2, "s": "changed"})]]
 
-    spark_config = make_config(WIDE, driver_commit_rows=0)
+    spark_config = make_config(WIDE, arrow_commit_rows=0)
     _build(spark, spark_config, batches(Source("shop.wide", types)))
 
     def no_spark_read(*args: Any, **kwargs: Any) -> None:
@@ -261,7 +261,7 @@ def test_a_replica_holding_a_truncate_applies_small_batches_in_the_driver(
         rest = [[[late]], [src.update({"id": 5, "s": "after"}, {"id": 5, "s": "changed"})]]
         return first, rest
 
-    spark_config = make_config(WIDE, driver_commit_rows=0)
+    spark_config = make_config(WIDE, arrow_commit_rows=0)
     first, rest = batches(Source("shop.wide", types))
     _build(spark, spark_config, first + rest)
 

@@ -1,9 +1,9 @@
-"""A small batch reduced and typed in the driver, without Spark: the rows a delta-rs
-commit (`commit.py`) writes to the replica.
+"""A small batch reduced and typed as Arrow, without Spark: the rows a delta-rs
+commit (`arrow_commit.py`) writes to the replica.
 
 Spark's apply is a plan built in Python and a job per replica, most of a small apply's
 time whatever its size. For a batch of row changes only (no DDL, truncates, cut-overs,
-history or key override: `in_driver`; truncates only into a new replica, whose marker
+history or key override: `arrow_applies`; truncates only into a new replica, whose marker
 rows it writes as Spark's would), the same result is computed here from the
 changelog rows as Arrow (`changelog_arrow.py`): each key keeps its change of highest
 position, and the winners' JSON images are typed by the replica's columns with Spark's
@@ -27,7 +27,7 @@ from pyspark.sql import types as T
 from binlog_assets.formats.event import OP_DELETE, OP_TRUNCATE
 from binlog_assets.lakehouse.changelog_arrow import changes_of
 from binlog_assets.lakehouse.columns import POSITION_FIELDS, split_table
-from binlog_assets.lakehouse.replica.commit import driver_commits
+from binlog_assets.lakehouse.replica.arrow_commit import arrow_commits
 from binlog_assets.lakehouse.replica.plan import MERGED_OPS, ROW_OPS
 from binlog_assets.lakehouse.replica.routes import SOURCE_KEY_COLUMNS
 from binlog_assets.lakehouse.replica.rows import column_spellings
@@ -39,7 +39,7 @@ if TYPE_CHECKING:
 
     from binlog_assets.config import PipelineConfig
     from binlog_assets.lakehouse.replica.ddl_apply import Sources
-    from binlog_assets.lakehouse.replica.plan import ReplicaTable, RowShape, Rule, Survey
+    from binlog_assets.lakehouse.replica.plan import KeyRule, ReplicaTable, RowShape, Survey
 
 
 class NotInDriver(Exception):  # a decision, not an error
@@ -200,17 +200,17 @@ def _binary(value: Any) -> bytes:
     raise _refuse(value, "base64")
 
 
-def in_driver(rule: Rule, *, shape: RowShape, table: ReplicaTable, sources: Sources,
-              cutovers: list, limit: int) -> bool:
+def arrow_applies(rule: KeyRule, *, shape: RowShape, table: ReplicaTable, sources: Sources,
+                  cutovers: list, limit: int) -> bool:
     """Whether the batch is small, without DDL, into a replica whose commit delta-rs
-    makes: row changes into a keyed replica (`driver_rows`, after `above_marks` of the
+    makes: row changes into a keyed replica (`arrow_rows`, after `above_marks` of the
     truncates it holds), truncates too into a new one without history (nothing below
     them to delete), or any changes into an append-only one (`appended_rows`), computed
     as Spark's apply would."""
     survey, props, new = shape.survey, table.props, table.new
     if (cutovers or survey.ddl or sources.dropped
-            or not driver_commits(props if new is None else new.properties, survey.rows,
-                                  limit, truncates=False)):
+            or not arrow_commits(props if new is None else new.properties, survey.rows,
+                                 limit, truncates=False)):
         return False
     # An append-only replica logs a truncate as a row of its own: no delete below it.
     if rule.append:
@@ -246,7 +246,7 @@ def above_marks(changes: pa.Table, marks: list[tuple[str, str, tuple]]) -> pa.Ta
 
 
 def batch_changes(pipeline: PipelineConfig, after_version: int | None, up_to: int,
-                  survey: Survey, rule: Rule) -> pa.Table:
+                  survey: Survey, rule: KeyRule) -> pa.Table:
     """The batch's changes of the replica's source tables, read once for the replica
     and its history table: row changes, with the truncates where the batch has some,
     or every merged op for an append-only replica."""
@@ -260,8 +260,8 @@ def batch_changes(pipeline: PipelineConfig, after_version: int | None, up_to: in
         raise NotInDriver(f"the changelog's versions: {exc}") from exc
 
 
-def driver_rows(changes: pa.Table, survey: Survey, rule: Rule, columns: dict[str, T.DataType],
-                schema: pa.Schema | T.StructType, now: datetime) -> pa.Table:
+def arrow_rows(changes: pa.Table, survey: Survey, rule: KeyRule, columns: dict[str, T.DataType],
+               schema: pa.Schema | T.StructType, now: datetime) -> pa.Table:
     """The batch's rows for the replica, typed into `schema` (the replica's Arrow
     schema, or the Spark schema of a replica about to be created): reduced to one per
     key, or every change once for an append-only replica."""
