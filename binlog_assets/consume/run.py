@@ -453,6 +453,14 @@ class BoundedRun:
                 events += decoded
             else:
                 done_now.append(offset)  # no handler: the changelog is all it needs
+        self._hand_over(poll, received, done_now, counted, events)
+        poll.next_offset = next_offset
+
+    def _hand_over(self, poll: _Poll, received: list[int], done_now: list[int],
+                   counted: list[ChangeEvent], events: list[ChangeEvent]) -> None:
+        """A slice's records to the tracker and the summary, its events to the lanes:
+        once a slice, after its per-record loop."""
+        summary, tracker = poll.summary, poll.tracker
         summary.records += len(received)
         if counted:
             summary.events += len(counted)
@@ -470,7 +478,6 @@ class BoundedRun:
                 if poll.dispatcher.failure is None:
                     raise
             self.peak_in_flight = max(self.peak_in_flight, poll.dispatcher.in_flight())
-        poll.next_offset = next_offset
 
     def _snapshot_ends(self, decoded: list[ChangeEvent], ended: list) -> list[ChangeEvent]:
         """The record's events and the ends of the tables the snapshots it ended read."""

@@ -42,6 +42,7 @@ from binlog_assets.lakehouse.lineage_log import (
     tail_transactions,
 )
 from binlog_assets.lakehouse.transactions import changelog_app_id
+from binlog_assets.lakehouse.txn_log import AppVersions
 
 if TYPE_CHECKING:
     from deltalake import DeltaTable
@@ -158,6 +159,12 @@ class ChangelogWriter:
         # txn -> the partition's tail as this process last committed it, with its origin
         self._tails: dict[str, Mark] = {}
         self._books: dict[str, ChangelogLineages] = {}
+        self._txns = AppVersions(self.uri)  # every partition's transactions, one read
+
+    def _txn_version(self, table: DeltaTable, app_id: str) -> int | None:
+        """`table.transaction_version(app_id)`, from one read of the log for all ids."""
+        versions = self._txns.of(table)
+        return table.transaction_version(app_id) if versions is None else versions.get(app_id)
 
     def __getstate__(self) -> dict[str, Any]:
         # A worker process gets the table's location alone, and opens the table itself.
@@ -255,7 +262,8 @@ class ChangelogWriter:
             known = self._tails.get(txn)
             if self._table is None and not DeltaTable.is_deltatable(self.uri):
                 return None
-            stored = stored_tail(self._looked(), txn)
+            table = self._looked()
+            stored = stored_tail(lambda app_id: self._txn_version(table, app_id), txn)
             if known is None and stored is not None:
                 # The run's commit compares its tail with this one: read once. A copy: the
                 # run's placer moves the one it is given as it places.
@@ -292,8 +300,9 @@ class ChangelogWriter:
             if self._table is None and not DeltaTable.is_deltatable(self.uri):
                 return dict.fromkeys(partitions)
             table = self._open()
-            return {(topic, partition): table.transaction_version(
-                changelog_app_id(group_id, topic, partition)) for topic, partition in partitions}
+            return {(topic, partition): self._txn_version(
+                table, changelog_app_id(group_id, topic, partition))
+                for topic, partition in partitions}
 
     def write(self, part: PartitionWrite) -> int | None:
         """Append `part.events` (offsets below `part.end_offset`) in one commit; its
@@ -342,7 +351,7 @@ class ChangelogWriter:
             rows: list[tuple] = []
             written: list[int] = []  # indexes of the parts this commit carries
             for i, part in enumerate(parts):
-                done = table.transaction_version(part.txn)
+                done = self._txn_version(table, part.txn)
                 if part.check is not None:
                     try:
                         part.check(done)
@@ -355,7 +364,8 @@ class ChangelogWriter:
                 fresh = [e for e in part.events if done is None or e.offset >= done]
                 rows += [event_row(e, raw.get(e.offset) if raw else None, now) for e in fresh]
                 written.append(i)
-                previous = self._tails.get(part.txn) or stored_tail(table, part.txn)
+                previous = self._tails.get(part.txn) or stored_tail(
+                    lambda app_id: self._txn_version(table, app_id), part.txn)
                 moves, tail = tail_transactions(part.txn, previous, fresh)
                 tails += moves
                 if moves:

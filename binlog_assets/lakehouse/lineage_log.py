@@ -17,7 +17,7 @@ and commit time are columns of its changelog row, looked up only when a rule nee
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 from binlog_assets.consume.lineage import LineageRaced, LineageRecord, Mark
@@ -73,9 +73,10 @@ def commit_record(table: DeltaTable, source: str, record: LineageRecord, expecte
     return records
 
 
-def stored_tail(table: DeltaTable, txn: str) -> Mark | None:
-    """The partition's tail as its last commit recorded it (without its origin)."""
-    found = [table.transaction_version(app_id) for app_id in tail_app_ids(txn)]
+def stored_tail(version_of: Callable[[str], int | None], txn: str) -> Mark | None:
+    """The partition's tail as its last commit recorded it (without its origin), from
+    `version_of` an app id (the changelog's transactions)."""
+    found = [version_of(app_id) for app_id in tail_app_ids(txn)]
     if None in found:
         return None
     lineage, file, pos, server_id = tail_parts(*found)
