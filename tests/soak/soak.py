@@ -147,6 +147,9 @@ EVIDENCE = {
 # Faults whose trace may come after the next fault began: a replica follower's apply
 # waits in the Spark Connect client's retries well past the server's restart.
 LATE_EVIDENCE = ("spark_restart",)
+# A broker freeze strikes a changelog follower run this long after its start: past its
+# set-up, into its rounds.
+FIRST_ROUNDS_SECONDS = 20.0
 # The jobs whose runs hold a Spark Connect session.
 SPARK_JOBS = (FOLLOW_JOB_NAME, MAINTENANCE_JOB_NAME)
 RUNNING = (dg.DagsterRunStatus.QUEUED, dg.DagsterRunStatus.NOT_STARTED,
@@ -669,6 +672,24 @@ class Soak:
                 if (cmd := " ".join(p.cmdline())).startswith("tail ") and storage in cmd}
         return sorted(p for p in pids if p > 1)
 
+    def consuming_through(self, seconds: float, timeout: float = 120.0) -> str | None:
+        """A changelog follower run that has run its first rounds and goes on for
+        `seconds` more (the follow seconds of the shipped config), waiting up to
+        `timeout` for one; its id, or None."""
+        follow = self.pipeline.dagster.changelog_follow_seconds
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            with self.instance() as instance:
+                records = instance.get_run_records(dg.RunsFilter(
+                    job_name=CHANGELOG_FOLLOW_JOB_NAME,
+                    statuses=[dg.DagsterRunStatus.STARTED]))
+            for record in records:
+                age = time.time() - (record.start_time or time.time())
+                if age >= FIRST_ROUNDS_SECONDS and age + seconds + 15 < follow:
+                    return record.dagster_run.run_id
+            time.sleep(1)
+        return None
+
     def running(self, job: str) -> list[dg.DagsterRun]:
         with self.instance() as instance:
             return [r.dagster_run for r in instance.get_run_records(
@@ -739,14 +760,21 @@ def inject(soak: Soak, fault: Fault, rng: random.Random) -> None:
         time.sleep(rng.uniform(2, 8))
         fault.detail = f"broker down, back in {soak.broker.start():.1f}s"
     elif kind == "broker_freeze":
-        pid = soak.broker.running_pid()
         seconds = rng.uniform(10, 30)
+        # Struck while a changelog follower consumes and goes on for the whole freeze:
+        # one struck between two follower runs met neither (the gap was 11 s, the next
+        # run's first wait under the 5 s a run names), and could not be seen.
+        consuming = soak.consuming_through(seconds)
+        pid = soak.broker.running_pid()
+        fault.struck = time.time()
         os.kill(pid, signal.SIGSTOP)
         try:
             time.sleep(seconds)
         finally:
             os.kill(pid, signal.SIGCONT)
-        fault.detail = f"broker pid {pid} stopped {seconds:.1f}s"
+        under = (f"under follower run {consuming[:8]}" if consuming
+                 else "no follower run consuming through it")
+        fault.detail = f"broker pid {pid} stopped {seconds:.1f}s, {under}"
     elif kind == "connect_restart":
         soak.connect.stop()
         fault.detail = f"connect back in {soak.connect.start():.1f}s"
