@@ -619,7 +619,7 @@ def test_key_lane_cache_is_bounded_across_tables_and_agrees_with_the_rule() -> N
                 offset += 1
             dispatcher.submit_many(batch)
         assert dispatcher.drain(timeout=30), dispatcher.failure
-        caches = {table: route.key_lanes for table, route in dispatcher._routes.items()}
+        caches = {table: lanes.key_lanes for table, lanes in dispatcher._tables.items()}
         assert 0 < sum(map(len, caches.values())) <= KEY_LANE_CACHE
         # What submit_many cached (single integers take a shortcut) is the rule's lane.
         for table, cache in caches.items():
@@ -629,7 +629,7 @@ def test_key_lane_cache_is_bounded_across_tables_and_agrees_with_the_rule() -> N
     with LaneDispatcher(registry, DispatchOptions(lanes=64, workers=1)) as dispatcher:
         dispatcher.submit_many([event(o, "db.d", key) for o, key in enumerate(special)])
         assert dispatcher.drain(timeout=30), dispatcher.failure
-        cache = dispatcher._routes["db.d"].key_lanes
+        cache = dispatcher._tables["db.d"].key_lanes
         for o, key in enumerate(special):
             ev = event(o, "db.d", key)
             assert cache[key] == zlib.crc32(ordering_key_bytes(ev, "key")) % 64, key

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import threading
 import uuid
-from collections.abc import Callable
+from dataclasses import replace
 
 import pytest
 from lake_events import Partition, Source, row
@@ -20,6 +20,7 @@ from binlog_assets.config import PipelineConfig, parse_config
 from binlog_assets.dev.s3 import S3Server
 from binlog_assets.lakehouse.changelog import (
     ChangelogWriter,
+    PartitionWrite,
     changelog_uri,
 )
 from binlog_assets.lakehouse.delta_log import delta_rs_uri
@@ -72,13 +73,14 @@ def test_two_runs_racing_on_s3_end_with_one_fenced(s3_config: PipelineConfig) ->
     outcome: dict[str, str] = {}
 
     class RacingWriter(ChangelogWriter):
-        def write(self, *args: object, check: Callable[[int | None], None],
-                  **kwargs: object) -> int | None:
+        def write(self, part: PartitionWrite) -> int | None:
+            check = part.check
+
             def checked(current: int | None) -> None:
                 check(current)
                 both_read.wait(timeout=30)
 
-            return super().write(*args, check=checked, **kwargs)
+            return super().write(replace(part, check=checked))
 
     def run(name: str) -> None:
         events, raw, end = batches[name]
