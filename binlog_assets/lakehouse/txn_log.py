@@ -37,17 +37,24 @@ class AppVersions:
 
     def __init__(self, uri: str) -> None:
         self.uri = delta_rs_uri(uri)
-        self._version: int | None = None
+        self._version: int | None = None  # the version `_versions` holds
         self._versions: dict[str, int] = {}
+        self._asked: tuple[int, bool] | None = None  # last version asked, and if readable
         self._filesystem = None
         self._log = ""
 
     def of(self, table: DeltaTable) -> Mapping[str, int] | None:
         """Each app id's latest version at `table`'s version (the table opened at this
-        reader's `uri`), or None where delta-rs must answer."""
+        reader's `uri`), or None where delta-rs must answer. Asked again at the same
+        version (a round asks once per id), it answers from what it read."""
         version = table.version()
+        if self._asked is None or self._asked[0] != version:
+            self._asked = (version, self._read_at(version, table))
+        return self._versions if self._asked[1] else None
+
+    def _read_at(self, version: int, table: DeltaTable) -> bool:
         if _EXPIRES in table.metadata().configuration:
-            return None
+            return False
         if self._version is not None and version >= self._version:
             try:
                 self._read_commits(self._version + 1, version, self._versions)
@@ -58,9 +65,9 @@ class AppVersions:
                 self._versions = self._read_all(version)
             except (Unreadable, OSError, ValueError, KeyError):
                 self._version = None
-                return None
+                return False
         self._version = version
-        return self._versions
+        return True
 
     # -- reading the log -------------------------------------------------------------
     def _fs(self):  # noqa: ANN202
