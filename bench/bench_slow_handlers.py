@@ -49,8 +49,8 @@ from harness import (
 
 from binlog_assets.consume.defaults import MAX_DEFAULT_WORKERS, default_workers
 from binlog_assets.consume.handlers import HandlerRegistry
-from binlog_assets.consume.lane_routing import ORDERING_KEY, ordering_key_bytes
 from binlog_assets.consume.run import BoundedRun, RunSettings
+from binlog_assets.consume.slot_routing import ORDERING_KEY, ordering_key_bytes
 from binlog_assets.formats import make_decoder
 from binlog_assets.formats.event import ChangeEvent
 

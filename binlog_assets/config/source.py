@@ -16,7 +16,7 @@ from pydantic import (
 from binlog_assets.config.base import ConfigModel, Identifier
 from binlog_assets.config.parity import SourceConnection
 from binlog_assets.consume import defaults
-from binlog_assets.consume.lane_routing import ORDERING_KEY, ORDERING_MODES
+from binlog_assets.consume.slot_routing import ORDERING_KEY, ORDERING_MODES
 
 if TYPE_CHECKING:
     from binlog_assets.consume.handlers import HandlerRegistry

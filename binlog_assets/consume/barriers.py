@@ -2,10 +2,10 @@
 barrier event runs, and every later one waits for it.
 
 Under `table` or `partition` ordering all of a table's events share the barrier event's
-lane, so lane order already is the barrier. Under `key` ordering the table is spread
-over lanes: `Barriers` puts a fence in every busy lane, queues the DDL on the table's
-lane to run once every fence is passed, and gates every lane that receives a later event
-of the table until the DDL is done. A lane waiting at a gate is parked, not blocking a
+slot, so slot order already is the barrier. Under `key` ordering the table is spread
+over slots: `Barriers` puts a fence in every busy slot, queues the DDL on the table's
+slot to run once every fence is passed, and gates every slot that receives a later event
+of the table until the DDL is done. A slot waiting at a gate is parked, not blocking a
 worker, and every wait points at earlier submissions, so the barrier cannot deadlock.
 """
 
@@ -18,16 +18,16 @@ from binlog_assets.consume.scheduling import IDLE, PARKED, SCHEDULED
 from binlog_assets.formats.event import OP_DDL, OP_TRUNCATE, ChangeEvent
 
 if TYPE_CHECKING:
-    from binlog_assets.consume.lane_routing import TableLanes
-    from binlog_assets.consume.scheduling import Lane, ReadyQueue
+    from binlog_assets.consume.scheduling import ReadyQueue, Slot
+    from binlog_assets.consume.slot_routing import TableSlots
 
-# A DDL and a truncate carry no key: each runs on its table's lane, after every earlier
-# event of its table and before every later one, whatever lane those keys hash to.
+# A DDL and a truncate carry no key: each runs on its table's slot, after every earlier
+# event of its table and before every later one, whatever slot those keys hash to.
 BARRIER_OPS = frozenset({OP_DDL, OP_TRUNCATE})
 
-# Barrier control entries, queued in lanes between event batches.
-FENCE = 0  # this lane has finished everything submitted before the DDL
-AWAIT_FENCES = 1  # DDL lane: wait until every fence is passed
+# Barrier control entries, queued in slots between event batches.
+FENCE = 0  # this slot has finished everything submitted before the DDL
+AWAIT_FENCES = 1  # DDL slot: wait until every fence is passed
 GATE = 2  # wait until the DDL is done
 RELEASE = 3  # the DDL is done
 
@@ -42,18 +42,18 @@ class Barrier:
         "fenced",
         "fences_left",
         "gated",
-        "lane",
+        "slot",
         "table",
     )
 
-    def __init__(self, table: str, lane: int) -> None:
+    def __init__(self, table: str, slot: int) -> None:
         self.table = table
-        self.lane = lane  # the DDL's lane: its own order already holds later events back
+        self.slot = slot  # the DDL's slot: its own order already holds later events back
         self.fences_left = 0
         self.fenced = False
         self.done = False
-        self.fence_waiters: list[Lane] = []
-        self.done_waiters: list[Lane] = []
+        self.fence_waiters: list[Slot] = []
+        self.done_waiters: list[Slot] = []
         self.gated: set[int] = set()
 
 
@@ -67,21 +67,21 @@ class Control:
 
 class Barriers:
     """The barriers of one dispatcher, the latest per table in `by_table`, placed and passed
-    through lane entries. Every method runs under the dispatcher lock."""
+    through slot entries. Every method runs under the dispatcher lock."""
 
-    __slots__ = ("_lanes", "_ready", "by_table")
+    __slots__ = ("_slots", "_ready", "by_table")
 
-    def __init__(self, lanes: list[Lane], ready: ReadyQueue) -> None:
+    def __init__(self, slots: list[Slot], ready: ReadyQueue) -> None:
         self.by_table: dict[str, Barrier] = {}
-        self._lanes = lanes
+        self._slots = slots
         self._ready = ready
 
     def enqueue_in_order(self, events: Sequence[ChangeEvent],
-                         tables: Mapping[str, TableLanes]) -> None:
-        """Queue `events` (each table's `TableLanes` known) around the barriers: the slow path for
+                         tables: Mapping[str, TableSlots]) -> None:
+        """Queue `events` (each table's `TableSlots` known) around the barriers: the slow path for
         batches with a key-ordered DDL or truncate, or a table behind a barrier."""
-        by_table, lanes, schedule = self.by_table, self._lanes, self._ready.schedule
-        held: dict[int, list[ChangeEvent]] = {}  # per lane, not yet appended
+        by_table, slots, schedule = self.by_table, self._slots, self._ready.schedule
+        held: dict[int, list[ChangeEvent]] = {}  # per slot, not yet appended
         for event in events:
             table = event.table
             barrier = by_table.get(table)
@@ -90,41 +90,41 @@ class Barriers:
                 barrier = None
             choice = tables[table]
             if event.op in BARRIER_OPS and choice.fixed < 0:
-                # Fences must follow everything submitted before the DDL, in every lane.
+                # Fences must follow everything submitted before the DDL, in every slot.
                 self._schedule_all(held)
                 held = {}
-                self._place(event, choice.table_lane)
+                self._place(event, choice.table_slot)
                 continue
-            lane = choice.lane(event.key, len(lanes))
-            if barrier is not None and lane != barrier.lane and lane not in barrier.gated:
-                if lane in held:
-                    schedule(lanes[lane], held.pop(lane))
-                schedule(lanes[lane], Control(GATE, barrier))
-                barrier.gated.add(lane)
-            held.setdefault(lane, []).append(event)
+            slot = choice.slot(event.key, len(slots))
+            if barrier is not None and slot != barrier.slot and slot not in barrier.gated:
+                if slot in held:
+                    schedule(slots[slot], held.pop(slot))
+                schedule(slots[slot], Control(GATE, barrier))
+                barrier.gated.add(slot)
+            held.setdefault(slot, []).append(event)
         self._schedule_all(held)
 
     def _schedule_all(self, held: dict[int, list[ChangeEvent]]) -> None:
         for index, batch in held.items():
-            self._ready.schedule(self._lanes[index], batch)
+            self._ready.schedule(self._slots[index], batch)
 
-    def _place(self, event: ChangeEvent, ddl_lane: int) -> None:
+    def _place(self, event: ChangeEvent, ddl_slot: int) -> None:
         schedule = self._ready.schedule
-        barrier = Barrier(event.table, ddl_lane)
-        for lane in self._lanes:
-            # An idle lane has finished everything submitted so far: no fence needed.
-            if lane.index != ddl_lane and lane.state != IDLE:
-                schedule(lane, Control(FENCE, barrier))
+        barrier = Barrier(event.table, ddl_slot)
+        for slot in self._slots:
+            # An idle slot has finished everything submitted so far: no fence needed.
+            if slot.index != ddl_slot and slot.state != IDLE:
+                schedule(slot, Control(FENCE, barrier))
                 barrier.fences_left += 1
         barrier.fenced = barrier.fences_left == 0
-        lane = self._lanes[ddl_lane]
-        schedule(lane, Control(AWAIT_FENCES, barrier))
-        schedule(lane, [event])
-        schedule(lane, Control(RELEASE, barrier))
+        slot = self._slots[ddl_slot]
+        schedule(slot, Control(AWAIT_FENCES, barrier))
+        schedule(slot, [event])
+        schedule(slot, Control(RELEASE, barrier))
         self.by_table[event.table] = barrier
 
-    def control(self, lane: Lane, entry: Control, entries: list, i: int) -> bool:
-        """Apply `entry` (`entries[i]` of a run of `lane`); True when the lane was parked to
+    def control(self, slot: Slot, entry: Control, entries: list, i: int) -> bool:
+        """Apply `entry` (`entries[i]` of a run of `slot`); True when the slot was parked to
         wait for the barrier, its entries from `i` on back in its queue."""
         barrier = entry.barrier
         if entry.kind == FENCE:
@@ -143,14 +143,14 @@ class Barriers:
             ready, waiters = barrier.done, barrier.done_waiters
         if ready:
             return False
-        # The entry itself stays first, so the lane re-checks it when woken.
-        lane.entries = entries[i:] + lane.entries
-        lane.state = PARKED
-        waiters.append(lane)
+        # The entry itself stays first, so the slot re-checks it when woken.
+        slot.entries = entries[i:] + slot.entries
+        slot.state = PARKED
+        waiters.append(slot)
         return True
 
-    def _wake(self, lanes: list[Lane]) -> None:
-        for lane in lanes:
-            lane.state = SCHEDULED
-            self._ready.put(lane)
-        lanes.clear()
+    def _wake(self, slots: list[Slot]) -> None:
+        for slot in slots:
+            slot.state = SCHEDULED
+            self._ready.put(slot)
+        slots.clear()

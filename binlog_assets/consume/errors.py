@@ -136,7 +136,7 @@ def dead_letter_reason(error: BaseException) -> str:
 class KeyBreaker:
     """Counts consecutive dead letters per key and opens the key after `threshold`.
 
-    One instance belongs to one lane. A key always maps to the same lane, so the lane's
+    One instance belongs to one key slot. A key always maps to the same slot, so the slot's
     worker is the only caller and no lock is needed. An open key stays open for the rest
     of the run: a bounded run is short, and the next run starts with every key closed.
     """

@@ -27,7 +27,7 @@ from binlog_assets.consume.handlers import Handler
 from binlog_assets.formats.event import ChangeEvent
 
 if TYPE_CHECKING:
-    from binlog_assets.consume.scheduling import Lane
+    from binlog_assets.consume.scheduling import Slot
 
 log = logging.getLogger(__name__)
 
@@ -132,13 +132,13 @@ class Invoker:
         if self._pool is not None:
             self._pool.shutdown(wait=False, cancel_futures=True)
 
-    def handle(self, lane: Lane, event: ChangeEvent, handlers: tuple[Handler, ...],
+    def handle(self, slot: Slot, event: ChangeEvent, handlers: tuple[Handler, ...],
                first_error: BaseException | None, worker: WorkerState) -> bool:
-        """One event through all its handlers; `lane.breaker` is its lane's key breaker
+        """One event through all its handlers; `slot.breaker` is its slot's key breaker
         (created here on the first dead letter). False when the dispatcher stopped and
         the event is not done."""
         key = (event.table, event.key)
-        breaker = lane.breaker
+        breaker = slot.breaker
         if breaker is not None and breaker.is_open(key):
             error = BreakerOpenError(event.table, event.key, breaker.threshold)
             return self.dead_letter_event(event, error, 0, worker)
@@ -180,13 +180,13 @@ class Invoker:
             return False
         if self.policy.breaker_threshold:
             if breaker is None:
-                breaker = lane.breaker = KeyBreaker(self.policy.breaker_threshold)
+                breaker = slot.breaker = KeyBreaker(self.policy.breaker_threshold)
             if breaker.record_dead_letter(key):
                 log.warning("breaker opened for %s key %r: later events of this key are "
                             "dead-lettered without retries", event.table, event.key)
         return True
 
-    def handle_run(self, lane: Lane, batch: list[ChangeEvent], start: int,
+    def handle_run(self, slot: Slot, batch: list[ChangeEvent], start: int,
                    handlers: tuple[Handler, ...], worker: WorkerState, done: list[int]) -> int:
         """The run of `batch[start]`'s table from `start` on (BATCH_MAX_EVENTS at most) through
         handlers of which some take batches; appends its offsets to `done`. Returns where
@@ -198,7 +198,7 @@ class Invoker:
             return end
         # Replayed one at a time: only the events that fail dead-letter.
         for event in run:
-            if not self.handle(lane, event, handlers, None, worker):
+            if not self.handle(slot, event, handlers, None, worker):
                 return -1
             done.append(event.offset)
         return end
@@ -326,7 +326,7 @@ class Invoker:
                 where = (f"{first.table} {first.topic}[{first.partition}]@{first.offset}"
                          if isinstance(first, ChangeEvent) else "?")
                 log.warning("handler %r has been running for %.0fs on %s (timeout %ss): its "
-                            "lane waits for it", name, now - began, where,
+                            "slot waits for it", name, now - began, where,
                             self.timeout_seconds)
 
 

@@ -1,12 +1,12 @@
 """Parallel, per-key ordered dispatch of change events to their handlers: `LaneDispatcher`.
 
-The front over the roles of the consume lanes: `lane_routing` picks an event's lane,
-`scheduling` hands ready lanes to worker threads, `barriers` keeps DDL and truncates in
-order with their table, and `invoke` calls the handlers. A lane is serial, so per
-ordering key handlers observe events in position order (invariant 1) under any lane
-count; a bounded run gives the dispatcher `lanes × key_slots_per_lane` lanes over
-`defaults.default_workers(lanes)` workers, and a lane keeps its worker for a time slice
-at most while others wait.
+The front over the roles of the consume lanes: `slot_routing` picks an event's key slot,
+`scheduling` hands ready slots to worker threads, `barriers` keeps DDL and truncates in
+order with their table, and `invoke` calls the handlers. A lane is a unit of concurrency
+(a worker thread); a key slot is a serial queue of events, so per ordering key handlers
+observe events in position order (invariant 1) under any slot count. A bounded run gives
+the dispatcher `lanes × key_slots_per_lane` slots over `defaults.default_workers(lanes)`
+workers, and a slot keeps its worker for a time slice at most while others wait.
 
 An event is done when all of its table's handlers finished, or when it was
 dead-lettered after its retries. Done offsets go to `on_done_many` in batches; a Kafka
@@ -37,36 +37,36 @@ from binlog_assets.consume.invoke import (
     WorkerState,
     merge_metrics,
 )
-from binlog_assets.consume.lane_routing import (
-    KEY_LANE_CACHE,
+from binlog_assets.consume.scheduling import IDLE, PATROL_SECONDS, ReadyQueue, Slot
+from binlog_assets.consume.slot_routing import (
+    KEY_SLOT_CACHE,
     ORDERING_KEY,
     ORDERING_MODES,
-    TableLanes,
-    table_lanes,
+    TableSlots,
+    table_slots,
 )
-from binlog_assets.consume.scheduling import IDLE, PATROL_SECONDS, Lane, ReadyQueue
 from binlog_assets.formats.event import ChangeEvent
 
 log = logging.getLogger(__name__)
 
 # A worker reports finished events when it has nothing else to run, or after this many
 # events or seconds, whichever comes first: the in-flight count and the commit point lag
-# by at most that much, and a run of cheap handlers pays one report per batch of lanes.
+# by at most that much, and a run of cheap handlers pays one report per batch of slots.
 _REPORT_EVENTS = 1024
 _REPORT_SECONDS = 0.05
-# How long a lane may keep its worker while other lanes wait for one (see `_run_lane`).
+# How long a slot may keep its worker while other slots wait for one (see `_run_slot`).
 _SLICE_SECONDS = 0.01
 
 
 @dataclass(frozen=True)
 class DispatchOptions:
-    """How a dispatcher runs handlers: `lanes` serial lanes served by `workers` threads
+    """How a dispatcher runs handlers: `slots` serial slots served by `workers` threads
     (default `defaults.default_workers`), events of one `ordering` key (per table in
-    `table_ordering`) in one lane, `max_in_flight` events submitted and not done (the
+    `table_ordering`) in one slot, `max_in_flight` events submitted and not done (the
     poll resumes below `low_water`, default half), handler calls on `handler_threads`
     threads (default one per worker) stopped after `handler_timeout_seconds`."""
 
-    lanes: int = defaults.LANES
+    slots: int = defaults.LANES  # one key slot per default lane
     workers: int | None = None
     ordering: str = ORDERING_KEY
     table_ordering: Mapping[str, str] | None = None
@@ -77,7 +77,7 @@ class DispatchOptions:
 
 
 class LaneDispatcher:
-    """Runs each event's handlers on its lane; see the module docstring.
+    """Runs each event's handlers on its slot; see the module docstring.
 
     `submit_many` is called from one thread (the poll thread), after the offsets were
     given to the tracker as received. `on_done_many` and `dead_letter` are called from
@@ -90,10 +90,10 @@ class LaneDispatcher:
                  policy: ErrorPolicy | None = None,
                  dead_letter: DeadLetter | None = None) -> None:
         o = options or DispatchOptions()
-        lanes, workers, ordering = o.lanes, o.workers, o.ordering
+        slots, workers, ordering = o.slots, o.workers, o.ordering
         max_in_flight, low_water, table_ordering = o.max_in_flight, o.low_water, o.table_ordering
-        _require_count("lanes", lanes)
-        workers = defaults.default_workers(lanes) if workers is None else workers
+        _require_count("slots", slots)
+        workers = defaults.default_workers(slots) if workers is None else workers
         _require_count("workers", workers)
         _require_count("max_in_flight", max_in_flight)
         low_water = max_in_flight // 2 if low_water is None else low_water
@@ -107,7 +107,7 @@ class LaneDispatcher:
             _require_ordering(f"table_ordering[{table!r}]", mode)
 
         self._registry = registry
-        self._lane_count = lanes
+        self._slot_count = slots
         self._on_done_many = on_done_many
         self._ordering = ordering
         self._table_ordering = dict(table_ordering or {})
@@ -125,11 +125,11 @@ class LaneDispatcher:
         # Kafka records with several events (a Canal message's rows): offset -> events left.
         self._multi: dict[int, int] = {}
         self._last_offset: int | None = None
-        self._tables: dict[str, TableLanes] = {}
-        self._cached_keys = 0  # keys in the tables' key -> lane caches
-        self._lanes = [Lane(i) for i in range(lanes)]
+        self._tables: dict[str, TableSlots] = {}
+        self._cached_keys = 0  # keys in the tables' key -> slot caches
+        self._slots = [Slot(i) for i in range(slots)]
         self._ready = ReadyQueue(workers)
-        self._barriers = Barriers(self._lanes, self._ready)
+        self._barriers = Barriers(self._slots, self._ready)
         self._invoker = Invoker(
             policy=self._policy, dead_letter=dead_letter, stop=self._stop, halt=self._halt,
             handler_threads=o.handler_threads or workers,
@@ -169,55 +169,55 @@ class LaneDispatcher:
             )
         tables = self._tables
         crc32 = zlib.crc32
-        lanes = self._lane_count
+        slots = self._slot_count
         barriers = self._barriers.by_table
-        per_lane: dict[int, list[ChangeEvent]] = {}
+        per_slot: dict[int, list[ChangeEvent]] = {}
         multi: dict[int, int] = {}
         special = False
         previous = None
         cached = self._cached_keys
         last_table = None
-        fixed = seed = table_lane = 0
-        key_lanes: dict[tuple, int] = {}
+        fixed = seed = table_slot = 0
+        key_slots: dict[tuple, int] = {}
         for event in events:
             table = event.table
             if table != last_table:
-                # Records of one table come in runs: look its lanes up once per run.
+                # Records of one table come in runs: look its slots up once per run.
                 choice = tables.get(table)
                 if choice is None:
-                    choice = self._table_lanes(event)
-                fixed, seed, table_lane, key_lanes = choice
+                    choice = self._table_slots(event)
+                fixed, seed, table_slot, key_slots = choice
                 last_table = table
                 if barriers and table in barriers:
                     special = True
             if fixed >= 0:
-                lane = fixed
+                slot = fixed
             else:
                 key = event.key
-                lane = key_lanes.get(key)
-                if lane is None:
+                slot = key_slots.get(key)
+                if slot is None:
                     if not key:
-                        lane = table_lane
+                        slot = table_slot
                     elif len(key) == 1 and type(key[0]) is int:
                         # The same bytes as repr(key).encode(), at a third of the cost.
-                        lane = crc32(b"(%d,)" % key, seed) % lanes
+                        slot = crc32(b"(%d,)" % key, seed) % slots
                     else:
-                        lane = crc32(repr(key).encode(), seed) % lanes
+                        slot = crc32(repr(key).encode(), seed) % slots
                     cached += 1
-                    if cached > KEY_LANE_CACHE:
+                    if cached > KEY_SLOT_CACHE:
                         for other in tables.values():
-                            other.key_lanes.clear()
+                            other.key_slots.clear()
                         cached = 1
-                    key_lanes[key] = lane
+                    key_slots[key] = slot
                 if event.op in BARRIER_OPS:
                     special = True
             offset = event.offset
             if offset == previous:
                 multi[offset] = multi.get(offset, 1) + 1
             previous = offset
-            batch = per_lane.get(lane)
+            batch = per_slot.get(slot)
             if batch is None:
-                per_lane[lane] = [event]
+                per_slot[slot] = [event]
             else:
                 batch.append(event)
         self._last_offset = previous
@@ -229,7 +229,7 @@ class LaneDispatcher:
             if special:
                 self._barriers.enqueue_in_order(events, tables)
             else:
-                self._enqueue(per_lane)
+                self._enqueue(per_slot)
 
     def handlers_wait(self) -> bool:
         """True while the handlers' measured time per event is at least 100 us (I/O, not
@@ -257,7 +257,7 @@ class LaneDispatcher:
             )
 
     def finishing(self) -> None:
-        """Nothing more will be submitted: run the lanes with the most queued events first
+        """Nothing more will be submitted: run the slots with the most queued events first
         from now on (see `ReadyQueue`), so the drain ends sooner. Submitting still works;
         it only gives up the first-in, first-out order the commit point prefers."""
         with self._lock:
@@ -315,24 +315,24 @@ class LaneDispatcher:
     @property
     def breakers_open(self) -> int:
         """Keys whose later events are dead-lettered without retries."""
-        return sum(len(lane.breaker.open_keys()) for lane in self._lanes
-                   if lane.breaker is not None)
+        return sum(len(slot.breaker.open_keys()) for slot in self._slots
+                   if slot.breaker is not None)
 
     def handler_metrics(self) -> dict[str, HandlerMetrics]:
         """Per handler name: events, errors, retries, dead letters, timeouts, latency."""
         return merge_metrics(self._workers)
 
     # -- queueing (under the lock) ----------------------------------------------------
-    def _table_lanes(self, event: ChangeEvent) -> TableLanes:
+    def _table_slots(self, event: ChangeEvent) -> TableSlots:
         table = event.table
-        choice = self._tables[table] = table_lanes(
-            event, self._table_ordering.get(table, self._ordering), self._lane_count)
+        choice = self._tables[table] = table_slots(
+            event, self._table_ordering.get(table, self._ordering), self._slot_count)
         return choice
 
-    def _enqueue(self, per_lane: dict[int, list[ChangeEvent]]) -> None:
-        lanes, schedule = self._lanes, self._ready.schedule
-        for index, batch in per_lane.items():
-            schedule(lanes[index], batch)
+    def _enqueue(self, per_slot: dict[int, list[ChangeEvent]]) -> None:
+        slots, schedule = self._slots, self._ready.schedule
+        for index, batch in per_slot.items():
+            schedule(slots[index], batch)
 
     def _halt(self, failure: BaseException | None) -> None:
         with self._lock:
@@ -343,7 +343,7 @@ class LaneDispatcher:
             self._changed.notify_all()
 
     def _run_patrol(self) -> None:
-        """Every PATROL_SECONDS until stopped: wake an idle worker for ready lanes that
+        """Every PATROL_SECONDS until stopped: wake an idle worker for ready slots that
         no worker takes (see `ReadyQueue.patrol`)."""
         while not self._stop.wait(PATROL_SECONDS):
             self._ready.patrol()
@@ -359,28 +359,28 @@ class LaneDispatcher:
         try:
             while True:
                 # Finished events are reported in batches: one tracker call and one
-                # in-flight update for several lanes rather than one per lane. They are
-                # reported before this worker would wait, and before it runs another lane
+                # in-flight update for several slots rather than one per slot. They are
+                # reported before this worker would wait, and before it runs another slot
                 # once they are _REPORT_SECONDS old or _REPORT_EVENTS many.
                 if not done:
-                    lane = get(wake)
+                    slot = get(wake)
                     since = monotonic()
                 else:
                     try:
-                        lane = get_nowait()
+                        slot = get_nowait()
                     except Empty:
                         self._report(done)
-                        lane = get(wake)
+                        slot = get(wake)
                         since = monotonic()
                     else:
                         if (len(done) >= _REPORT_EVENTS
                                 or monotonic() - since >= _REPORT_SECONDS):
                             self._report(done)
                             since = monotonic()
-                if lane is None:
+                if slot is None:
                     break
                 try:
-                    self._run_lane(lane, worker, done)
+                    self._run_slot(slot, worker, done)
                 except BaseException as exc:
                     # A dispatcher bug: stop rather than hang. Once stopping, an interrupted
                     # fan-out (its pool futures cancelled by close) is expected, not a
@@ -391,13 +391,13 @@ class LaneDispatcher:
             if done:
                 self._report(done)
 
-    def _run_lane(self, lane: Lane, worker: WorkerState, done: list[int]) -> None:
+    def _run_slot(self, slot: Slot, worker: WorkerState, done: list[int]) -> None:
         with self._lock:
-            entries, lane.entries = lane.entries, []
+            entries, slot.entries = slot.entries, []
         parked = False
-        rest: list = []  # entries not run when the lane gave its worker up
-        # A lane keeps its worker for one time slice while other lanes wait: slow handlers
-        # then take turns, and a long lane does not hold the run's tail on one thread.
+        rest: list = []  # entries not run when the slot gave its worker up
+        # A slot keeps its worker for one time slice while other slots wait: slow handlers
+        # then take turns, and a long slot does not hold the run's tail on one thread.
         began = monotonic()
         deadline = began + _SLICE_SECONDS
         finished = len(done)
@@ -406,13 +406,13 @@ class LaneDispatcher:
                 if self._halted:
                     break
                 if type(entry) is list:
-                    stopped = self._run_batch(lane, entry, done, worker, deadline)
+                    stopped = self._run_batch(slot, entry, done, worker, deadline)
                     if stopped is not None:
                         rest = [entry[stopped:], *entries[i + 1 :]]
                         break
                 else:
                     with self._lock:
-                        parked = self._barriers.control(lane, entry, entries, i)
+                        parked = self._barriers.control(slot, entry, entries, i)
                     if parked:
                         break
         except Stopping:
@@ -425,16 +425,16 @@ class LaneDispatcher:
                 if not parked:
                     if rest:
                         # Back to the end of the ready queue, its order kept: it is still
-                        # this lane's turn only, and no other worker can have run it.
-                        lane.entries = rest + lane.entries
-                    if lane.entries and not self._halted:
-                        self._ready.put(lane)
+                        # this slot's turn only, and no other worker can have run it.
+                        slot.entries = rest + slot.entries
+                    if slot.entries and not self._halted:
+                        self._ready.put(slot)
                     else:
-                        lane.state = IDLE
+                        slot.state = IDLE
 
     def _run_batch(
         self,
-        lane: Lane,
+        slot: Slot,
         batch: list[ChangeEvent],
         done: list[int],
         worker: WorkerState,
@@ -442,7 +442,7 @@ class LaneDispatcher:
     ) -> int | None:
         """Run `batch` in order. Returns None when it ran to its end (or the dispatcher
         stopped), else the index of the first event not run: the time slice is over and
-        other lanes are waiting for a worker."""
+        other slots are waiting for a worker."""
         handlers_for = self._registry.handlers_for
         invoker = self._invoker
         waiting = self._ready.qsize
@@ -473,7 +473,7 @@ class LaneDispatcher:
                     if single is not None:
                         name, tally = single.name, worker.tally(single)
                     batched = any(h.batch for h in handlers)
-                if fn is not None and lane.breaker is None:
+                if fn is not None and slot.breaker is None:
                     # The common case: one handler, no failure, no breaker to consult.
                     current[0], current[1] = name, event
                     began = current[2] = perf_counter()
@@ -482,18 +482,18 @@ class LaneDispatcher:
                     except BaseException as exc:
                         current[2] = 0.0
                         tally.timed(perf_counter() - began)
-                        if not invoker.handle(lane, event, handlers, exc, worker):
+                        if not invoker.handle(slot, event, handlers, exc, worker):
                             break
                     else:
                         current[2] = 0.0
                         tally.timed(perf_counter() - began)
                         fast += 1
-                elif batched and lane.breaker is None:
-                    resume = invoker.handle_run(lane, batch, index, handlers, worker, done)
+                elif batched and slot.breaker is None:
+                    resume = invoker.handle_run(slot, batch, index, handlers, worker, done)
                     if resume < 0:
                         return None
                     continue
-                elif not invoker.handle(lane, event, handlers, None, worker):
+                elif not invoker.handle(slot, event, handlers, None, worker):
                     break
                 append(event.offset)
         finally:

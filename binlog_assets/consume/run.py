@@ -228,7 +228,7 @@ class BoundedRun:
     def _dispatcher(self) -> LaneDispatcher:
         s = self.settings
         options = DispatchOptions(
-            lanes=s.lanes * s.key_slots_per_lane,
+            slots=s.lanes * s.key_slots_per_lane,
             workers=s.workers or defaults.default_workers(s.lanes),
             ordering=s.ordering,
             table_ordering=s.table_ordering or None,

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from binlog_assets.consume import defaults
 from binlog_assets.consume.checkpoint import CheckpointSource
 from binlog_assets.consume.errors import ErrorPolicy
-from binlog_assets.consume.lane_routing import ORDERING_KEY
+from binlog_assets.consume.slot_routing import ORDERING_KEY
 
 if TYPE_CHECKING:
     from binlog_assets.consume.lineage import Placer

@@ -184,7 +184,7 @@ def _check_log(table: SourceTable, chunk: ChunkChecksum, report: ParityReport, *
                checked: CheckedSource) -> None:
     """A keyless table, one chunk: its rows against the replica's log replayed as a
     multiset; taken again when they differ, as a keyed chunk is."""
-    from binlog_assets.lakehouse.replica.arrow_apply import NotInDriver
+    from binlog_assets.lakehouse.replica.arrow_apply import NeedsSpark
     from binlog_assets.parity.replay import replayed
 
     db = checked.db
@@ -193,7 +193,7 @@ def _check_log(table: SourceTable, chunk: ChunkChecksum, report: ParityReport, *
         began = time.monotonic()
         try:
             out = replayed(checked.pipeline, checked.route.replica, table)
-        except NotInDriver as exc:
+        except NeedsSpark as exc:
             raise NotCheckable(f"{table.name}: an update's before-image in the changelog "
                                f"cannot be typed as the replica's: {exc}") from exc
         report.replica_seconds += time.monotonic() - began

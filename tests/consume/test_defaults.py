@@ -7,9 +7,9 @@ from binlog_assets.config import parse_config
 from binlog_assets.consume import defaults
 from binlog_assets.consume.errors import ErrorPolicy
 from binlog_assets.consume.handlers import HandlerRegistry
-from binlog_assets.consume.lane_routing import ORDERING_KEY
 from binlog_assets.consume.lanes import DispatchOptions, LaneDispatcher
 from binlog_assets.consume.run import RunSettings
+from binlog_assets.consume.slot_routing import ORDERING_KEY
 from binlog_assets.environment import REPO_ROOT
 
 
@@ -27,7 +27,7 @@ def test_config_run_settings_policy_and_lanes_share_the_defaults() -> None:
         defaults.HANDLER_TIMEOUT_SECONDS)
     assert source.ordering == settings.ordering == ORDERING_KEY
     with LaneDispatcher(HandlerRegistry()) as dispatcher:
-        assert dispatcher._lane_count == defaults.LANES
+        assert dispatcher._slot_count == defaults.LANES
         assert dispatcher._max_in_flight == defaults.MAX_IN_FLIGHT
 
 
@@ -50,7 +50,7 @@ def test_one_default_worker_count() -> None:
     assert defaults.default_workers(4) == 4
     assert defaults.default_workers(10_000) == defaults.MAX_DEFAULT_WORKERS
     with LaneDispatcher(HandlerRegistry(),
-                        DispatchOptions(lanes=defaults.MAX_DEFAULT_WORKERS + 1)) as many:
+                        DispatchOptions(slots=defaults.MAX_DEFAULT_WORKERS + 1)) as many:
         assert len(many._workers) == defaults.MAX_DEFAULT_WORKERS
 
 

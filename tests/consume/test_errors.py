@@ -108,7 +108,7 @@ def test_transient_failure_is_retried_then_handled() -> None:
     registry.register("db.t", flaky)
     letters = Letters()
     policy = ErrorPolicy(max_retries=3, **FAST)
-    with LaneDispatcher(registry, DispatchOptions(lanes=2), policy=policy,
+    with LaneDispatcher(registry, DispatchOptions(slots=2), policy=policy,
                         dead_letter=letters) as dispatcher:
         dispatcher.submit(event(0))
         assert dispatcher.drain(timeout=5)
@@ -132,7 +132,7 @@ def test_exhausted_retries_dead_letter_the_event_and_it_counts_as_done() -> None
     letters = Letters()
     tracker = OffsetTracker(0)
     policy = ErrorPolicy(max_retries=2, **FAST)
-    with LaneDispatcher(registry, DispatchOptions(lanes=4), policy=policy, dead_letter=letters,
+    with LaneDispatcher(registry, DispatchOptions(slots=4), policy=policy, dead_letter=letters,
                         on_done_many=tracker.done_many) as dispatcher:
         tracker.received_many([0, 1, 2])
         dispatcher.submit_many([event(0), event(1), event(2)])
@@ -165,7 +165,7 @@ def test_one_of_several_handlers_failing_dead_letters_once_and_reruns_only_itsel
     registry.register("db.t", bad, name="bad")
     letters = Letters()
     policy = ErrorPolicy(max_retries=1, **FAST)
-    with LaneDispatcher(registry, DispatchOptions(lanes=1), policy=policy,
+    with LaneDispatcher(registry, DispatchOptions(slots=1), policy=policy,
                         dead_letter=letters) as dispatcher:
         dispatcher.submit(event(0))
         assert dispatcher.drain(timeout=5)
@@ -188,7 +188,7 @@ def test_open_breaker_dead_letters_a_poison_key_without_retries_while_others_flo
     policy = ErrorPolicy(max_retries=2, breaker_threshold=2, **FAST)
     events = [event(o, key=("poison",) if o % 2 else ("fine",)) for o in range(12)]
     # One lane: the poison key and the healthy one share it.
-    with LaneDispatcher(registry, DispatchOptions(lanes=1), policy=policy,
+    with LaneDispatcher(registry, DispatchOptions(slots=1), policy=policy,
                         dead_letter=letters) as dispatcher:
         dispatcher.submit_many(events)
         assert dispatcher.drain(timeout=5)
@@ -218,7 +218,7 @@ def test_strict_mode_stops_and_the_commit_stays_before_the_failed_offset() -> No
     tracker = OffsetTracker(0)
     policy = ErrorPolicy(max_retries=1, strict=True, **FAST)
     events = [event(o, key=(o % 4,)) for o in range(60)]
-    with LaneDispatcher(registry, DispatchOptions(lanes=4), policy=policy, dead_letter=letters,
+    with LaneDispatcher(registry, DispatchOptions(slots=4), policy=policy, dead_letter=letters,
                         on_done_many=tracker.done_many) as dispatcher:
         tracker.received_many(range(60))
         dispatcher.submit_many(events)
@@ -245,7 +245,7 @@ def test_a_failing_dead_letter_callback_stops_the_dispatcher() -> None:
     registry = HandlerRegistry()
     registry.register("db.t", handler)
     tracker = OffsetTracker(0)
-    with LaneDispatcher(registry, DispatchOptions(lanes=1), policy=ErrorPolicy(max_retries=0),
+    with LaneDispatcher(registry, DispatchOptions(slots=1), policy=ErrorPolicy(max_retries=0),
                         dead_letter=dead_letter, on_done_many=tracker.done_many) as dispatcher:
         tracker.received(0)
         dispatcher.submit(event(0))
@@ -264,7 +264,7 @@ def test_system_exit_from_a_handler_stops_without_retries() -> None:
     registry = HandlerRegistry()
     registry.register("db.t", handler)
     letters = Letters()
-    with LaneDispatcher(registry, DispatchOptions(lanes=1), dead_letter=letters) as dispatcher:
+    with LaneDispatcher(registry, DispatchOptions(slots=1), dead_letter=letters) as dispatcher:
         dispatcher.submit(event(0))
         assert dispatcher.drain(timeout=5) is False
         assert isinstance(dispatcher.failure, SystemExit)
@@ -276,7 +276,7 @@ def test_close_interrupts_a_retry_backoff() -> None:
     registry = HandlerRegistry()
     registry.register("db.t", lambda ev: 1 / 0)
     policy = ErrorPolicy(max_retries=5, backoff_initial=10.0, backoff_max=10.0)
-    dispatcher = LaneDispatcher(registry, DispatchOptions(lanes=1), policy=policy)
+    dispatcher = LaneDispatcher(registry, DispatchOptions(slots=1), policy=policy)
     dispatcher.submit(event(0))
     time.sleep(0.05)
     began = time.monotonic()

@@ -45,7 +45,7 @@ def test_batch_handler_gets_lists_in_key_order_and_every_event_is_done() -> None
     rng = random.Random(7)
     events = [event(o, rng.randrange(50)) for o in range(3000)]
     tracker = OffsetTracker(0)
-    with LaneDispatcher(registry, DispatchOptions(lanes=4),
+    with LaneDispatcher(registry, DispatchOptions(slots=4),
                         on_done_many=tracker.done_many) as dispatcher:
         tracker.received_many([e.offset for e in events])
         for i in range(0, len(events), 500):
@@ -74,7 +74,7 @@ def test_a_failing_batch_is_replayed_one_event_at_a_time() -> None:
     registry.register("db.t", many, name="bulk", batch=True)
     letters: list[tuple[int, BaseException]] = []
     tracker = OffsetTracker(0)
-    with LaneDispatcher(registry, DispatchOptions(lanes=1), on_done_many=tracker.done_many,
+    with LaneDispatcher(registry, DispatchOptions(slots=1), on_done_many=tracker.done_many,
                         policy=ErrorPolicy(max_retries=1, **FAST), dead_letter=lambda e, err,
                         n: letters.append((e.offset, err))) as d:
         tracker.received_many(range(10))
@@ -98,7 +98,7 @@ def test_strict_mode_never_commits_past_an_event_of_a_failed_batch() -> None:
     registry = HandlerRegistry()
     registry.register("db.t", many, batch=True)
     tracker = OffsetTracker(0)
-    with LaneDispatcher(registry, DispatchOptions(lanes=1), on_done_many=tracker.done_many,
+    with LaneDispatcher(registry, DispatchOptions(slots=1), on_done_many=tracker.done_many,
                         policy=ErrorPolicy(max_retries=0, strict=True, **FAST)) as d:
         tracker.received_many(range(8))
         d.submit_many([event(o, o) for o in range(8)])
@@ -119,7 +119,7 @@ def test_batch_and_single_handlers_of_one_table_both_see_every_event() -> None:
     registry = HandlerRegistry()
     registry.register("db.t", many, batch=True)
     registry.register("db.t", one)
-    with LaneDispatcher(registry, DispatchOptions(lanes=1)) as d:
+    with LaneDispatcher(registry, DispatchOptions(slots=1)) as d:
         d.submit_many([event(o, 1) for o in range(100)])
         assert d.drain(timeout=10)
     assert got == {"bulk": list(range(100)), "one": list(range(100))}
@@ -132,7 +132,7 @@ def test_a_handler_past_its_timeout_is_named(caplog: pytest.LogCaptureFixture) -
     registry = HandlerRegistry()
     registry.register("db.t", stuck, name="slow-index")
     caplog.set_level(logging.WARNING, logger="binlog_assets.consume.invoke")
-    with LaneDispatcher(registry, DispatchOptions(lanes=1, handler_timeout_seconds=0.1)) as d:
+    with LaneDispatcher(registry, DispatchOptions(slots=1, handler_timeout_seconds=0.1)) as d:
         d.submit_many([event(0, 1), event(1, 1)])
         assert d.drain(timeout=10)
         metrics = d.handler_metrics()["slow-index"]

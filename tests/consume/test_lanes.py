@@ -1,4 +1,4 @@
-"""LaneDispatcher: per-key order under any lane count (invariant 1), commits that never pass
+"""LaneDispatcher: per-key order under any slot count (invariant 1), commits that never pass
 an undone event (invariant 2), DDL barriers, concurrent handlers, backpressure."""
 
 from __future__ import annotations
@@ -23,14 +23,14 @@ from binlog_assets.consume.errors import (
     dead_letter_reason,
 )
 from binlog_assets.consume.handlers import HandlerRegistry
-from binlog_assets.consume.lane_routing import (
-    KEY_LANE_CACHE,
-    ORDERING_MODES,
-    ordering_key_bytes,
-    table_lanes,
-)
 from binlog_assets.consume.lanes import DispatchOptions, LaneDispatcher
 from binlog_assets.consume.offsets import OffsetTracker
+from binlog_assets.consume.slot_routing import (
+    KEY_SLOT_CACHE,
+    ORDERING_MODES,
+    ordering_key_bytes,
+    table_slots,
+)
 from binlog_assets.formats.event import OP_DDL, ChangeEvent, Position
 
 THREADED = settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -139,13 +139,13 @@ def streams(draw: st.DrawFn, with_ddl: bool = True) -> dict:
         if batch:
             batches.append(batch)
         start = cut
-    lanes = draw(st.integers(1, 64))
+    slots = draw(st.integers(1, 64))
     return {
         "events": events,
         "batches": batches,
         "delays": delays,
-        "lanes": lanes,
-        "workers": draw(st.integers(1, min(lanes, 16))),
+        "slots": slots,
+        "workers": draw(st.integers(1, min(slots, 16))),
         "ordering": draw(st.sampled_from(ORDERING_MODES)),
         "table_ordering": draw(
             st.dictionaries(st.sampled_from(TABLES), st.sampled_from(ORDERING_MODES))
@@ -156,9 +156,9 @@ def streams(draw: st.DrawFn, with_ddl: bool = True) -> dict:
 @given(stream=streams())
 @THREADED
 def test_per_key_order_and_ddl_barriers_under_any_lane_count(stream: dict) -> None:
-    """Invariant 1, and the DDL barrier, with random lanes, workers, modes and timings."""
+    """Invariant 1, and the DDL barrier, with random slots, workers, modes and timings."""
     journal = Journal(stream["delays"])
-    options = DispatchOptions(lanes=stream["lanes"], workers=stream["workers"],
+    options = DispatchOptions(slots=stream["slots"], workers=stream["workers"],
                               ordering=stream["ordering"],
                               table_ordering=stream["table_ordering"])
     with LaneDispatcher(journal_registry(journal), options) as dispatcher:
@@ -229,7 +229,7 @@ def test_commit_never_passes_an_event_that_is_not_done(stream: dict, data: st.Da
     registry = HandlerRegistry()
     registry.register(r"db\..*", handler)
     policy = ErrorPolicy(max_retries=1, backoff_initial=0.0, breaker_threshold=2)
-    options = DispatchOptions(lanes=stream["lanes"], workers=stream["workers"],
+    options = DispatchOptions(slots=stream["slots"], workers=stream["workers"],
                               ordering=stream["ordering"],
                               table_ordering=stream["table_ordering"])
     with LaneDispatcher(registry, options, on_done_many=on_done_many, policy=policy,
@@ -252,25 +252,25 @@ def test_commit_never_passes_an_event_that_is_not_done(stream: dict, data: st.Da
     key=st.tuples(st.integers() | st.text(max_size=8) | st.binary(max_size=8)),
     table=st.sampled_from(["db.t", "shop_1.orders", "société.clients"]),
     mode=st.sampled_from(ORDERING_MODES),
-    lanes=st.integers(1, 1024),
+    slots=st.integers(1, 1024),
 )
 @settings(max_examples=100, deadline=None)
-def test_lane_is_crc32_of_the_ordering_key_bytes(key, table, mode, lanes) -> None:
+def test_slot_is_crc32_of_the_ordering_key_bytes(key, table, mode, slots) -> None:
     ev = event(3, table, key)
     with LaneDispatcher(HandlerRegistry(),
-                        DispatchOptions(lanes=lanes, workers=1, ordering=mode)) as dispatcher:
+                        DispatchOptions(slots=slots, workers=1, ordering=mode)) as dispatcher:
         assert lanes_taken(dispatcher, [ev]) == {3: zlib.crc32(ordering_key_bytes(ev, mode))
-                                                 % lanes}
+                                                 % slots}
 
 
 def lanes_taken(dispatcher: LaneDispatcher, events: list[ChangeEvent]) -> dict[int, int]:
-    """Each event's lane (by offset) as `submit_many` queues it."""
+    """Each event's slot (by offset) as `submit_many` queues it."""
     taken: dict[int, int] = {}
     queue = dispatcher._enqueue
 
-    def watched(per_lane: dict[int, list[ChangeEvent]]) -> None:
-        taken.update((e.offset, lane) for lane, batch in per_lane.items() for e in batch)
-        queue(per_lane)
+    def watched(per_slot: dict[int, list[ChangeEvent]]) -> None:
+        taken.update((e.offset, slot) for slot, batch in per_slot.items() for e in batch)
+        queue(per_slot)
 
     with patch.object(dispatcher, "_enqueue", watched):
         dispatcher.submit_many(events)
@@ -286,7 +286,7 @@ def test_ordering_key_bytes_are_canonical() -> None:
         ordering_key_bytes(event(1), "row")
 
 
-def ddl_run(ordering: str, lanes: int, workers: int, barrier_op: str = OP_DDL
+def ddl_run(ordering: str, slots: int, workers: int, barrier_op: str = OP_DDL
             ) -> tuple[Journal, list[ChangeEvent]]:
     delays = {(o, 0): 0.002 * (o % 3) for o in range(200)}
     journal = Journal(delays)
@@ -298,7 +298,7 @@ def ddl_run(ordering: str, lanes: int, workers: int, barrier_op: str = OP_DDL
     events += [event(o, "db.t" if o % 2 else "db.other", (o % 20,)) for o in range(41, 80)]
     events += [event(80, "db.t", (), barrier_op), event(81, "db.t", (), barrier_op)]
     events += [event(o, "db.t", (o % 20,)) for o in range(82, 120)]
-    options = DispatchOptions(lanes=lanes, workers=workers, ordering=ordering)
+    options = DispatchOptions(slots=slots, workers=workers, ordering=ordering)
     with LaneDispatcher(registry, options) as dispatcher:
         dispatcher.submit_many(events[:30])
         dispatcher.submit_many(events[30:45])  # the first DDL arrives mid-batch
@@ -309,12 +309,12 @@ def ddl_run(ordering: str, lanes: int, workers: int, barrier_op: str = OP_DDL
 
 @pytest.mark.parametrize("barrier_op", [OP_DDL, "t"])  # a truncate orders like DDL
 @pytest.mark.parametrize(
-    ("ordering", "lanes", "workers"),
+    ("ordering", "slots", "workers"),
     [("key", 16, 16), ("key", 64, 4), ("key", 8, 1), ("table", 16, 16), ("partition", 4, 4)],
 )
-def test_ddl_is_a_barrier_for_its_table(ordering: str, lanes: int, workers: int,
+def test_ddl_is_a_barrier_for_its_table(ordering: str, slots: int, workers: int,
                                         barrier_op: str) -> None:
-    journal, events = ddl_run(ordering, lanes, workers, barrier_op)
+    journal, events = ddl_run(ordering, slots, workers, barrier_op)
     spans = journal.spans()
     assert len(spans) == len(events)
     ddls = [ev for ev in events if ev.op == barrier_op]
@@ -349,7 +349,7 @@ def test_several_handlers_run_concurrently_and_the_event_is_done_when_all_are() 
     def on_done_many(offsets: list[int]) -> None:
         reported.extend((o, slow_finished.is_set()) for o in offsets)
 
-    with LaneDispatcher(registry, DispatchOptions(lanes=2),
+    with LaneDispatcher(registry, DispatchOptions(slots=2),
                         on_done_many=on_done_many) as dispatcher:
         dispatcher.submit(event(0))
         assert dispatcher.drain(timeout=10)
@@ -369,7 +369,7 @@ def test_a_records_offset_is_done_when_its_last_event_is() -> None:
     registry = HandlerRegistry()
     registry.register("db.t", handler)
     rows = [event(5, key=(k,), row=k) for k in range(3)]  # one Canal message, three rows
-    with LaneDispatcher(registry, DispatchOptions(lanes=8),
+    with LaneDispatcher(registry, DispatchOptions(slots=8),
                         on_done_many=reported.extend) as dispatcher:
         dispatcher.submit_many([event(4, key=(9,)), *rows, event(6, key=(9,))])
         time.sleep(0.1)
@@ -380,7 +380,7 @@ def test_a_records_offset_is_done_when_its_last_event_is() -> None:
 
 
 def test_a_records_events_must_be_submitted_together() -> None:
-    with LaneDispatcher(HandlerRegistry(), DispatchOptions(lanes=2)) as dispatcher:
+    with LaneDispatcher(HandlerRegistry(), DispatchOptions(slots=2)) as dispatcher:
         dispatcher.submit(event(5, row=0))
         with pytest.raises(ValueError, match="submitted together"):
             dispatcher.submit(event(5, row=1))
@@ -392,7 +392,7 @@ def test_backpressure_bounds_what_is_in_flight() -> None:
     registry.register("db.t", lambda ev: gate.wait(10))
     batch, max_in_flight = 20, 50
     offsets = itertools.count()
-    options = DispatchOptions(lanes=8, max_in_flight=max_in_flight, low_water=10)
+    options = DispatchOptions(slots=8, max_in_flight=max_in_flight, low_water=10)
     with LaneDispatcher(registry, options) as dispatcher:
         peak = 0
         for _ in range(10):  # the poll loop: pause while full
@@ -426,7 +426,7 @@ def test_handler_exceptions_never_kill_a_lane() -> None:
     registry = HandlerRegistry()
     registry.register("db.t", handler)
     letters: list[int] = []
-    dispatcher = LaneDispatcher(registry, DispatchOptions(lanes=1),
+    dispatcher = LaneDispatcher(registry, DispatchOptions(slots=1),
                                 policy=ErrorPolicy(max_retries=0, breaker_threshold=0),
                                 dead_letter=lambda ev, error, attempts: letters.append(ev.offset))
     with dispatcher:
@@ -448,7 +448,7 @@ def test_close_stops_workers_and_drops_what_has_not_started() -> None:
 
     registry = HandlerRegistry()
     registry.register("db.t", handler)
-    dispatcher = LaneDispatcher(registry, DispatchOptions(lanes=1), on_done_many=reported.extend)
+    dispatcher = LaneDispatcher(registry, DispatchOptions(slots=1), on_done_many=reported.extend)
     dispatcher.submit_many([event(o) for o in range(10)])
     assert started.wait(5)
     dispatcher.close()
@@ -459,14 +459,14 @@ def test_close_stops_workers_and_drops_what_has_not_started() -> None:
 
 
 def test_metrics_count_per_handler_and_skipped_tables(monkeypatch: pytest.MonkeyPatch) -> None:
-    # The handlers' time on a clock of the test's own, one lane: a busy machine's
+    # The handlers' time on a clock of the test's own, one slot: a busy machine's
     # scheduling cannot move the latencies asserted below.
     now = [0.0]
     monkeypatch.setattr("binlog_assets.consume.lanes.perf_counter", lambda: now[0])
     registry = HandlerRegistry()
     registry.register("db.t", lambda ev: now.__setitem__(0, now[0] + 0.002), name="sleepy")
     registry.register("db.u", lambda ev: None, name="quick")
-    with LaneDispatcher(registry, DispatchOptions(lanes=1)) as dispatcher:
+    with LaneDispatcher(registry, DispatchOptions(slots=1)) as dispatcher:
         dispatcher.submit_many(
             [event(0, op="c"), event(1, op="u"), event(2, op="u"), event(3, "db.unhandled"),
              event(4, "db.u")]
@@ -485,7 +485,7 @@ def test_metrics_count_per_handler_and_skipped_tables(monkeypatch: pytest.Monkey
 @pytest.mark.parametrize(
     ("kwargs", "field"),
     [
-        ({"lanes": 0}, "lanes"),
+        ({"slots": 0}, "slots"),
         ({"workers": 0}, "workers"),
         ({"max_in_flight": 0}, "max_in_flight"),
         ({"max_in_flight": 10, "low_water": 10}, "low_water"),
@@ -520,7 +520,7 @@ def test_slow_io_handlers_run_on_every_worker_at_once() -> None:
     registry = HandlerRegistry()
     registry.register("db.t", handler)
     events = [event(o, key=(o,)) for o in range(1000)]
-    with LaneDispatcher(registry, DispatchOptions(lanes=512, workers=64)) as dispatcher:
+    with LaneDispatcher(registry, DispatchOptions(slots=512, workers=64)) as dispatcher:
         dispatcher.submit_many(events)
         assert dispatcher.drain(timeout=60)
     assert peak >= 48, peak  # 64 on an idle machine; a serializing dispatcher gives 1
@@ -531,7 +531,7 @@ def test_ordering_is_per_key_across_many_keys_and_lanes() -> None:
     registry = HandlerRegistry()
     registry.register("db.t", lambda ev: seen[ev.key].append(ev.offset))
     events = [event(o, key=(o % 37,)) for o in range(5000)]
-    with LaneDispatcher(registry, DispatchOptions(lanes=64, workers=8)) as dispatcher:
+    with LaneDispatcher(registry, DispatchOptions(slots=64, workers=8)) as dispatcher:
         for start in range(0, len(events), 300):
             dispatcher.submit_many(events[start : start + 300])
         assert dispatcher.drain(timeout=30)
@@ -555,7 +555,7 @@ def test_a_keyless_tables_events_keep_their_order_on_its_table_lane() -> None:
         else:
             events.append(event(o, "db.t", (o % 41,)))
     taken: dict[int, int] = {}
-    with LaneDispatcher(registry, DispatchOptions(lanes=64, workers=8)) as dispatcher:
+    with LaneDispatcher(registry, DispatchOptions(slots=64, workers=8)) as dispatcher:
         for start in range(0, len(events), 250):
             taken |= lanes_taken(dispatcher, events[start : start + 250])
         assert dispatcher.drain(timeout=30)
@@ -567,8 +567,8 @@ def test_a_keyless_tables_events_keep_their_order_on_its_table_lane() -> None:
 
 
 def test_invariants_hold_when_lanes_take_turns_after_every_event() -> None:
-    """With a zero time slice a lane gives its worker up after each event whenever another
-    lane waits, so lanes are requeued mid-batch all the time: invariants 1 and 2 and the
+    """With a zero time slice a slot gives its worker up after each event whenever another
+    slot waits, so slots are requeued mid-batch all the time: invariants 1 and 2 and the
     DDL barrier must hold exactly as with whole batches (the same property tests)."""
     with patch.object(lanes_module, "_SLICE_SECONDS", 0.0):
         test_per_key_order_and_ddl_barriers_under_any_lane_count()
@@ -576,8 +576,8 @@ def test_invariants_hold_when_lanes_take_turns_after_every_event() -> None:
 
 
 def test_a_long_lane_takes_turns_with_waiting_lanes_and_keeps_its_order() -> None:
-    """One worker, two busy lanes: the time slice makes them alternate instead of running
-    one lane to its end first, and each lane's events still run in submission order."""
+    """One worker, two busy slots: the time slice makes them alternate instead of running
+    one slot to its end first, and each slot's events still run in submission order."""
     seen: list[tuple] = []
     registry = HandlerRegistry()
 
@@ -587,11 +587,11 @@ def test_a_long_lane_takes_turns_with_waiting_lanes_and_keeps_its_order() -> Non
 
     registry.register("db.t", handler)
     with patch.object(lanes_module, "_SLICE_SECONDS", 0.0), LaneDispatcher(
-            registry, DispatchOptions(lanes=2, workers=1)) as dispatcher:
+            registry, DispatchOptions(slots=2, workers=1)) as dispatcher:
         keys = {}
-        for k in range(100):  # one key per lane
+        for k in range(100):  # one key per slot
             probe = event(0, key=(k,))
-            keys.setdefault(table_lanes(probe, "key", 2).lane(probe.key, 2), (k,))
+            keys.setdefault(table_slots(probe, "key", 2).slot(probe.key, 2), (k,))
             if len(keys) == 2:
                 break
         a, b = keys.values()
@@ -602,7 +602,7 @@ def test_a_long_lane_takes_turns_with_waiting_lanes_and_keeps_its_order() -> Non
     for key in (a, b):
         offsets = [o for k, o in seen if k == key]
         assert offsets == sorted(offsets) and len(offsets) == 20
-    # Lane b started long before lane a was through: the lanes took turns.
+    # Slot b started long before slot a was through: the slots took turns.
     first_b = next(i for i, (k, _) in enumerate(seen) if k == b)
     assert first_b < 5, seen
 
@@ -610,35 +610,35 @@ def test_a_long_lane_takes_turns_with_waiting_lanes_and_keeps_its_order() -> Non
 def test_key_lane_cache_is_bounded_across_tables_and_agrees_with_the_rule() -> None:
     registry = HandlerRegistry()
     registry.register(r"db\..*", lambda ev: None)
-    with LaneDispatcher(registry, DispatchOptions(lanes=64, workers=2)) as dispatcher:
+    with LaneDispatcher(registry, DispatchOptions(slots=64, workers=2)) as dispatcher:
         offset = 0
         for table in ("db.a", "db.b", "db.c"):
             batch = []
-            for k in range(KEY_LANE_CACHE):
+            for k in range(KEY_SLOT_CACHE):
                 batch.append(event(offset, table, (k, "x") if k % 2 else (k,)))
                 offset += 1
             dispatcher.submit_many(batch)
         assert dispatcher.drain(timeout=30), dispatcher.failure
-        caches = {table: lanes.key_lanes for table, lanes in dispatcher._tables.items()}
-        assert 0 < sum(map(len, caches.values())) <= KEY_LANE_CACHE
-        # What submit_many cached (single integers take a shortcut) is the rule's lane.
+        caches = {table: slots.key_slots for table, slots in dispatcher._tables.items()}
+        assert 0 < sum(map(len, caches.values())) <= KEY_SLOT_CACHE
+        # What submit_many cached (single integers take a shortcut) is the rule's slot.
         for table, cache in caches.items():
-            for key, lane in cache.items():
-                assert lane == zlib.crc32(ordering_key_bytes(event(0, table, key), "key")) % 64
+            for key, slot in cache.items():
+                assert slot == zlib.crc32(ordering_key_bytes(event(0, table, key), "key")) % 64
     special = [(7,), (-3,), (2**70,), (True,), (0,), (8, "x"), ("7",)]
-    with LaneDispatcher(registry, DispatchOptions(lanes=64, workers=1)) as dispatcher:
+    with LaneDispatcher(registry, DispatchOptions(slots=64, workers=1)) as dispatcher:
         dispatcher.submit_many([event(o, "db.d", key) for o, key in enumerate(special)])
         assert dispatcher.drain(timeout=30), dispatcher.failure
-        cache = dispatcher._tables["db.d"].key_lanes
+        cache = dispatcher._tables["db.d"].key_slots
         for o, key in enumerate(special):
             ev = event(o, "db.d", key)
             assert cache[key] == zlib.crc32(ordering_key_bytes(ev, "key")) % 64, key
 
 
 def test_finishing_runs_the_longest_lanes_first_and_keeps_each_lanes_order() -> None:
-    """One worker held on a gate while three lanes queue 1, 6 and 3 events; after
-    `finishing()` the lane with the most events runs first (it bounds the drain), and
-    every lane's events still run in submission order."""
+    """One worker held on a gate while three slots queue 1, 6 and 3 events; after
+    `finishing()` the slot with the most events runs first (it bounds the drain), and
+    every slot's events still run in submission order."""
     gate, entered = threading.Event(), threading.Event()
     seen: list[tuple] = []
     registry = HandlerRegistry()
@@ -650,11 +650,11 @@ def test_finishing_runs_the_longest_lanes_first_and_keeps_each_lanes_order() -> 
         seen.append((ev.key, ev.offset))
 
     registry.register("db.t", handler)
-    with LaneDispatcher(registry, DispatchOptions(lanes=64, workers=1)) as dispatcher:
+    with LaneDispatcher(registry, DispatchOptions(slots=64, workers=1)) as dispatcher:
         by_lane: dict[int, tuple] = {}
         for k in range(1000):
             probe = event(0, key=(k,))
-            by_lane.setdefault(table_lanes(probe, "key", 64).lane(probe.key, 64), (k,))
+            by_lane.setdefault(table_slots(probe, "key", 64).slot(probe.key, 64), (k,))
             if len(by_lane) == 4:
                 break
         gate_key, short, long, middle = by_lane.values()
@@ -674,9 +674,9 @@ def test_finishing_runs_the_longest_lanes_first_and_keeps_each_lanes_order() -> 
 
 def test_a_handler_blocked_in_one_lane_does_not_hold_back_the_others_when_cheap() -> None:
     """Cheap handlers measured (not eager), then one handler call blocks (a slow I/O call,
-    a retry's backoff): the lanes that become ready meanwhile still get the idle workers.
+    a retry's backoff): the slots that become ready meanwhile still get the idle workers.
     A put wakes nobody while a worker runs, expecting the running one to take the next
-    lane within microseconds; the patrol wakes an idle worker when ready lanes have waited
+    slot within microseconds; the patrol wakes an idle worker when ready slots have waited
     a patrol interval with no worker taking any."""
     release = threading.Event()
     done: list[int] = []
@@ -688,7 +688,7 @@ def test_a_handler_blocked_in_one_lane_does_not_hold_back_the_others_when_cheap(
         done.append(ev.offset)
 
     registry.register("db.t", handler)
-    with LaneDispatcher(registry, DispatchOptions(lanes=64, workers=4)) as dispatcher:
+    with LaneDispatcher(registry, DispatchOptions(slots=64, workers=4)) as dispatcher:
         offset = 0
         while offset < 1000 or dispatcher.handlers_wait():  # until measured cheap
             assert offset < 50_000

@@ -152,7 +152,7 @@ def test_lanes_are_the_parallelism_over_finer_key_slots(
     fake_kafka, dispatchers, lanes: int, workers: int | None, slots: int, threads: int
 ) -> None:
     run(50, fake_kafka, lanes=lanes, workers=workers, key_slots_per_lane=slots)
-    assert dispatchers[0].lanes == lanes * slots
+    assert dispatchers[0].slots == lanes * slots
     assert dispatchers[0].workers == threads
 
 

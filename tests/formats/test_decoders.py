@@ -11,7 +11,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from binlog_assets.consume.lane_routing import ORDERING_KEY, table_lanes
+from binlog_assets.consume.slot_routing import ORDERING_KEY, table_slots
 from binlog_assets.formats import (
     DECODERS,
     CanalDecoder,
@@ -194,10 +194,10 @@ def _corrupt(base: Any, overrides: dict[str, Any], inner: dict[str, Any], depth:
     return base
 
 
-def lane_of(event: ChangeEvent, lanes: int = 8) -> int:
-    """The lane the dispatcher's key ordering routes `event` to, which every decoded
+def slot_of(event: ChangeEvent, slots: int = 8) -> int:
+    """The key slot the dispatcher's key ordering routes `event` to, which every decoded
     event must have."""
-    return table_lanes(event, ORDERING_KEY, lanes).lane(event.key, lanes)
+    return table_slots(event, ORDERING_KEY, slots).slot(event.key, slots)
 
 
 def _decode_is_total(name: str, value: bytes) -> None:
@@ -216,7 +216,7 @@ def _decode_is_total(name: str, value: bytes) -> None:
         return
     assert all(isinstance(e, ChangeEvent) and e.op in OPS for e in events)
     for event in events:
-        lane_of(event)
+        slot_of(event)
 
 
 @pytest.mark.parametrize(("name", "record", "message"), [
@@ -286,7 +286,7 @@ def test_a_change_of_a_keyless_table_has_no_key_and_orders_by_its_table(name):
     assert (event.table, event.key, event.key_columns) == ("shop_1.logs", (), ())
     # The lanes keep a keyless table's events in order on its table's lane.
     truncate = ChangeEvent("shop_1.logs", "t", (), (), None, None, event.position, None)
-    assert lane_of(event) == lane_of(truncate)
+    assert slot_of(event) == slot_of(truncate)
 
 
 @pytest.mark.parametrize("name", sorted(DECODERS))

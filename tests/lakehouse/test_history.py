@@ -91,7 +91,7 @@ def test_history_keeps_columns_named_like_its_working_columns(
 @pytest.mark.parametrize("by", ["delta-rs", pytest.param("spark", marks=pytest.mark.long)])
 def test_a_small_batch_gives_the_history_spark_would(spark, make_config: MakeConfig,
                                                      by: str) -> None:
-    """Small batches by the driver (delta-rs, `history_arrow.py`), or all by Spark's
+    """Small batches by Arrow (delta-rs, `history_arrow.py`), or all by Spark's
     MERGE (`arrow_commit_rows` 0): re-sent copies, a late update placed in its chain, a
     late change closed by a truncate stored before it, deletes and re-inserts."""
     pipeline = make_config([{"source": "shop.orders", "replica": "orders", "history": True}],

@@ -21,7 +21,7 @@ from binlog_assets.formats.base import snapshot_end
 from binlog_assets.lakehouse.changelog import ChangelogWriter
 from binlog_assets.lakehouse.changelog_arrow import changes_of
 from binlog_assets.lakehouse.replica import builder as replica_module
-from binlog_assets.lakehouse.replica.arrow_apply import NotInDriver, converter
+from binlog_assets.lakehouse.replica.arrow_apply import NeedsSpark, converter
 from binlog_assets.lakehouse.replica.builder import ReplicaBuilder
 from binlog_assets.lakehouse.replica.plan import ROW_OPS
 from binlog_assets.lakehouse.replica.rows import cast_text, text_schema
@@ -73,7 +73,7 @@ def _name(data_type: T.DataType, value: Any) -> str:
     (t, v) for t, values in REFUSED for v in values], ids=lambda x: repr(x)[:30])
 def test_values_the_driver_cannot_type_as_spark_does_send_the_batch_to_spark(
         data_type: T.DataType, value: Any) -> None:
-    with pytest.raises(NotInDriver):
+    with pytest.raises(NeedsSpark):
         converter(data_type)(value)
 
 

@@ -9,7 +9,7 @@ changelog rows as Arrow (`changelog_arrow.py`): each key keeps its change of hig
 position, and the winners' JSON images are typed by the replica's columns with Spark's
 rules (`rows.cast_text` under ANSI casts, the session time zone UTC). An append-only
 replica takes every change of a batch without DDL once, truncates included. A value
-whose Spark cast this module does not reproduce exactly raises `NotInDriver`, and the
+whose Spark cast this module does not reproduce exactly raises `NeedsSpark`, and the
 apply goes the Spark way for the whole batch: the two ways never mix in one commit.
 """
 
@@ -42,7 +42,7 @@ if TYPE_CHECKING:
     from binlog_assets.lakehouse.replica.plan import KeyRule, ReplicaTable, RowShape, Survey
 
 
-class NotInDriver(Exception):  # a decision, not an error
+class NeedsSpark(Exception):  # a decision, not an error
     """The batch holds something only Spark's apply reproduces; says what."""
 
 
@@ -64,7 +64,7 @@ _FALSE = frozenset({"f", "false", "n", "no", "0"})
 
 def converter(data_type: T.DataType) -> Callable[[Any], Any]:
     """A JSON-decoded value -> the value Spark's `cast_text` gives `data_type` from its
-    JSON text (None stays None); raises `NotInDriver` where the two could differ."""
+    JSON text (None stays None); raises `NeedsSpark` where the two could differ."""
     kind = type(data_type)
     if kind in _INT_RANGES:
         low, high = _INT_RANGES[kind]
@@ -83,15 +83,15 @@ def converter(data_type: T.DataType) -> Callable[[Any], Any]:
         return _nullable(_timestamp)
     if kind is T.BinaryType:
         return _nullable(_binary)
-    raise NotInDriver(f"column type {data_type.simpleString()}")
+    raise NeedsSpark(f"column type {data_type.simpleString()}")
 
 
 def _nullable(convert: Callable[[Any], Any]) -> Callable[[Any], Any]:
     return lambda v: None if v is None else convert(v)
 
 
-def _refuse(value: Any, what: str) -> NotInDriver:
-    return NotInDriver(f"{type(value).__name__} value as {what}")
+def _refuse(value: Any, what: str) -> NeedsSpark:
+    return NeedsSpark(f"{type(value).__name__} value as {what}")
 
 
 def _integer(value: Any, low: int, high: int) -> int:
@@ -240,7 +240,7 @@ def above_marks(changes: pa.Table, marks: list[tuple[str, str, tuple]]) -> pa.Ta
     for table, op, position in zip(tables, data["op"], positions, strict=True):
         mark = latest.get(split_table(table))
         if mark is not None and None in position:
-            raise NotInDriver(f"a change of {table} without a position")
+            raise NeedsSpark(f"a change of {table} without a position")
         keep.append(mark is None or op == OP_TRUNCATE or position > mark)
     return changes if all(keep) else changes.filter(pa.array(keep))
 
@@ -257,7 +257,7 @@ def batch_changes(pipeline: PipelineConfig, after_version: int | None, up_to: in
                           MERGED_OPS if rule.append or survey.truncates else ROW_OPS)
     except DeltaError as exc:
         # Versions no longer in the log, say: Spark's read of them checks and says so.
-        raise NotInDriver(f"the changelog's versions: {exc}") from exc
+        raise NeedsSpark(f"the changelog's versions: {exc}") from exc
 
 
 def arrow_rows(changes: pa.Table, survey: Survey, rule: KeyRule, columns: dict[str, T.DataType],
@@ -323,7 +323,7 @@ def reduced_rows(changes: pa.Table, survey: Survey, key: list[str],
 
     source_key = [k for k in key if k not in SOURCE_KEY_COLUMNS]
     if not source_key and survey.truncates:
-        raise NotInDriver("a truncate into a replica without a key")
+        raise NeedsSpark("a truncate into a replica without a key")
     sharded = len(key) > len(source_key)
     spellings = column_spellings(columns, survey)
     convert = {name: converter(t) for name, t in columns.items()}
@@ -364,7 +364,7 @@ def _keyed(data: dict[str, list], positions: list[tuple], source_key: list[str],
     key_spellings = [(k, spellings[k.lower()], convert[k]) for k in source_key]
     for i, record_text in enumerate(data["key"]):
         if None in positions[i]:
-            raise NotInDriver(f"a change at offset {offsets[i]} without a position")
+            raise NeedsSpark(f"a change at offset {offsets[i]} without a position")
         if ops[i] == OP_TRUNCATE:
             yield i, [None] * len(key_spellings), {}
             continue
@@ -382,7 +382,7 @@ def _keyed(data: dict[str, list], positions: list[tuple], source_key: list[str],
                 value = _first(image, names)
             value = cast(value)
             if value is None:
-                raise NotInDriver(f"a change at offset {offsets[i]} without its key")
+                raise NeedsSpark(f"a change at offset {offsets[i]} without its key")
             values.append(value)
         yield i, values, image
 
@@ -425,7 +425,7 @@ def _column_plan(schema: pa.Schema, spellings: dict[str, list[str]],
         elif name in convert:
             plan.append(("image", spellings[name.lower()], convert[name]))
         else:
-            raise NotInDriver(f"replica column {name!r} the batch does not shape")
+            raise NeedsSpark(f"replica column {name!r} the batch does not shape")
     return plan
 
 
@@ -466,7 +466,7 @@ def _json(text: str | None) -> dict | None:
     try:
         doc = orjson.loads(text)
     except orjson.JSONDecodeError as exc:
-        raise NotInDriver("an image or key that is not JSON") from exc
+        raise NeedsSpark("an image or key that is not JSON") from exc
     if doc is not None and not isinstance(doc, dict):
-        raise NotInDriver("an image or key that is not a JSON object")
+        raise NeedsSpark("an image or key that is not a JSON object")
     return doc

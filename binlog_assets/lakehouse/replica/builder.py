@@ -49,7 +49,7 @@ from binlog_assets.lakehouse.delta_log import (
 from binlog_assets.lakehouse.maintenance import PURGED_PROPERTY, purge_tombstones
 from binlog_assets.lakehouse.replica import merge as replica_merge
 from binlog_assets.lakehouse.replica.arrow_apply import (
-    NotInDriver,
+    NeedsSpark,
     above_marks,
     arrow_applies,
     arrow_rows,
@@ -177,7 +177,7 @@ class ReplicaBuilder:
         route = replica_route(self.pipeline, replica)
         with self._lock, log_scope():
             # Spark SQL, dbt and users name the changelog in the catalog, which an apply
-            # by the driver alone would never register (once per catalog and process).
+            # by Arrow alone would never register (once per catalog and process).
             register_changelog(self.spark, self.pipeline)
             try:
                 return self._apply(route, up_to_version)
@@ -223,7 +223,7 @@ class ReplicaBuilder:
         shape = RowShape(route, survey, rule.key, columns)
         if arrow_applies(rule, shape=shape, table=table, sources=sources, cutovers=cutovers,
                          limit=self.pipeline.lakehouse.arrow_commit_rows):
-            with suppress(NotInDriver):  # else Spark's way below, for the whole batch
+            with suppress(NeedsSpark):  # else Spark's way below, for the whole batch
                 counts = self._arrow_apply(rule, shape=shape, table=table, versions=versions)
                 return self._result(route, survey, up_to, rule, changes, **counts)
         if rule.append:
