@@ -60,11 +60,11 @@ def register_changelog(spark: SparkSession, pipeline: PipelineConfig) -> bool:
     from deltalake import DeltaTable
 
     database, table = changelog_name(pipeline)
+    uri = changelog_uri(pipeline)
     with _REGISTER_LOCK:
         if table_exists(spark, database, table):
             table_location(spark, database, table)  # remembered: later calls ask no one
             return True
-        uri = changelog_uri(pipeline)
         if not DeltaTable.is_deltatable(delta_rs_uri(uri)):
             return False
         ensure_database(spark, database)

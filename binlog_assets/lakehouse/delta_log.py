@@ -231,6 +231,13 @@ def table_detail(spark: SparkSession, database: str, table: str) -> dict:
             "location": table_location(spark, database, table)}
 
 
+def found_detail(spark: SparkSession, database: str, table: str) -> dict | None:
+    """`table_detail` of the table; None where the catalog has no such table."""
+    if not table_exists(spark, database, table):
+        return None
+    return table_detail(spark, database, table)
+
+
 def table_schema(spark: SparkSession, database: str, table: str) -> T.StructType:
     """The table's schema as Spark types, from its log by delta-rs: a Spark lookup of a
     table whose last commit delta-rs wrote reconstructs its metadata in a job first. The

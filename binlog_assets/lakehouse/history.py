@@ -78,23 +78,24 @@ def merge_history(
     incoming = (rows.withColumnRenamed("_position", "_valid_from")
                 .withColumn("_applied_at", F.lit(now)).withColumn(from_table, F.lit(False)))
     is_marker = F.col("_op") == OP_TRUNCATE
+    key_columns = [col(k) for k in key]
 
     # Every stored version of the keys this batch touches: their chains are recomputed.
-    touched = incoming.where(~is_marker).select(*[col(k) for k in key]).distinct()
+    touched = incoming.where(~is_marker).select(*key_columns).distinct()
     stored = (history.alias("h").where(~is_marker)
               .join(touched.alias("s"), key_match(key, "h", "s"), "left_semi"))
-    stored = stored.select(*[col(k) for k in key], *[col(c) for c in keep if c != from_table],
+    stored = stored.select(*key_columns, *[col(c) for c in keep if c != from_table],
                            F.lit(True).alias(from_table))
 
     # One row per (key, change): a stored version wins over a re-delivered copy, so its
     # `_valid_from` and `_applied_at` stay as first written.
     versions = first_per_group(
-        incoming.select(*[col(k) for k in key], *[col(c) for c in keep]).unionByName(stored)
+        incoming.select(*key_columns, *[col(c) for c in keep]).unionByName(stored)
         .withColumn(change, change_identity(F.col("_valid_from"))),
-        [*[col(k) for k in key], col(change)],
+        [*key_columns, col(change)],
         [col(from_table).desc(), F.col("_valid_from.offset").asc()]).drop(change)
     following = F.lead("_valid_from").over(
-        Window.partitionBy(*[col(k) for k in key]).orderBy("_valid_from"))
+        Window.partitionBy(*key_columns).orderBy("_valid_from"))
     valid_to = F.least(following, first_truncate_after(all_truncates, F.col("_valid_from")))
     chain = (versions.where(~is_marker).withColumn("_valid_to", valid_to)
              .withColumn("_is_current", F.col("_valid_to").isNull()

@@ -392,7 +392,7 @@ def test_a_new_small_replica_is_created_by_spark_and_filled_by_delta_rs(
     replica that the next apply fills, exactly once."""
     from binlog_assets.lakehouse import delta_log
     from binlog_assets.lakehouse.delta_log import open_log, table_location
-    from binlog_assets.lakehouse.replica import builder as builder_module
+    from binlog_assets.lakehouse.replica import arrow_write
     from binlog_assets.lakehouse.replica import merge as merge_module
     from binlog_assets.lakehouse.replica.plan import KEY_PROPERTY, TRUNCATED_PROPERTY
     from binlog_assets.lakehouse.transactions import APP_ID
@@ -407,9 +407,9 @@ def test_a_new_small_replica_is_created_by_spark_and_filled_by_delta_rs(
     def crash(*args, **kwargs) -> int:
         raise RuntimeError("killed between the create and the rows")
 
-    # The driver's way or Spark's: either commits the rows by delta-rs after the CREATE.
+    # The Arrow way or Spark's: either commits the rows by delta-rs after the CREATE.
     monkeypatch.setattr(merge_module, "commit_rows", crash)
-    monkeypatch.setattr(builder_module, "commit_arrow", crash)
+    monkeypatch.setattr(arrow_write, "commit_arrow", crash)
     with pytest.raises(RuntimeError, match="killed"):
         builder.apply("orders")
     # Remembered at its creation, where the catalog says it is: its commits ask no one.
@@ -515,10 +515,10 @@ def test_a_replica_created_by_another_builder_meanwhile_is_applied_on_top(
     looked refuses nothing and loses nothing; it applies what the other did not. Its
     rows by delta-rs after Spark's CREATE TABLE, or (lakehouse.arrow_commit_rows 0) in
     Spark's CTAS."""
-    from binlog_assets.lakehouse.replica import builder, merge
+    from binlog_assets.lakehouse.replica import arrow_write, merge
 
-    # The driver's apply creates the table in the builder; Spark's CTAS in its merge.
-    replica_module = builder if creates == "create_table" else merge
+    # The Arrow way creates the table in arrow_write; Spark's CTAS in its merge.
+    replica_module = arrow_write if creates == "create_table" else merge
     pipeline = make_config(ORDERS, arrow_commit_rows=arrow_rows)
     part, first = setup(spark, pipeline)
     other = ReplicaBuilder(spark, pipeline)

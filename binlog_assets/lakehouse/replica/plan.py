@@ -109,6 +109,27 @@ class ReplicaResult:
     last_gtid: str | None = None
 
 
+def applied_result(route: ReplicaRoute, survey: Survey, up_to: int, rule: KeyRule,
+                   changes: list[str], **counts: int) -> ReplicaResult:
+    """The result of an apply that wrote the batch: what it read and `counts` of what it
+    wrote."""
+    return ReplicaResult(
+        route.replica,
+        rows=survey.rows,
+        applied_version=up_to,
+        last_position=survey.last_position,
+        upserts=survey.upserts,
+        deletes=survey.deletes,
+        schema_changes=tuple(changes),
+        key_rule=rule.name,
+        warning=rule.warning,
+        last_source_ts=survey.last_source_ts,
+        last_server_id=survey.last_origin[1] if survey.last_origin else None,
+        last_gtid=survey.last_origin[2] if survey.last_origin else None,
+        **counts,
+    )
+
+
 class ReplicaError(RuntimeError):
     """A replica that cannot be built from its changelog as configured; says why."""
 
