@@ -3,7 +3,7 @@
 A batch with at least `lakehouse.rewrite_ratio` changes per stored row touches every
 file anyway, so MERGE's reduce, materialized source, two joins and deletion vectors buy
 nothing: the stored rows and the batch go through one ranking per key and one
-overwrite instead. `rewrites` tells which path a batch takes; the MERGE is `builder.py`'s.
+overwrite instead. `rewrites` tells which path a batch takes; the MERGE is `merge.py`'s.
 """
 
 from __future__ import annotations
