@@ -14,6 +14,7 @@ from binlog_assets.lakehouse.replica.cutover import CUTOVERS_PROPERTY, Cutover, 
 from binlog_assets.lakehouse.replica.ddl_apply import note_adds, read_ddl
 from binlog_assets.lakehouse.replica.plan import (
     APPEND_ONLY,
+    Found,
     KeyRule,
     Survey,
     Versions,
@@ -27,7 +28,6 @@ if TYPE_CHECKING:
 
     from binlog_assets.config import PipelineConfig
     from binlog_assets.lakehouse.changelog_reader import LazyRange
-    from binlog_assets.lakehouse.replica.tables import Found
 
 
 @dataclass(frozen=True)

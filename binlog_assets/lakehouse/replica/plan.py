@@ -199,6 +199,19 @@ class ReplicaTable:
 
 
 @dataclass(frozen=True)
+class Found:
+    """What an apply finds before it reads the batch: the replica's route and table, the
+    key rule it was built with (None before its first apply), and the changelog version
+    each table it writes (the replica, its history) reflects (None before its first
+    apply)."""
+
+    route: ReplicaRoute
+    table: ReplicaTable
+    stored_rule: str | None
+    applied: dict[tuple[str, str], int | None]
+
+
+@dataclass(frozen=True)
 class Versions:
     """The changelog versions an apply reads, after `start` (None: from the first) up to
     `up_to`, and the tables (the replica, its history) not at `up_to` yet."""

@@ -46,6 +46,7 @@ from binlog_assets.lakehouse.replica.plan import (
     RULE_PROPERTY,
     SHARDED_PROPERTY,
     TRUNCATED_PROPERTY,
+    Found,
     KeyRule,
     ReplicaError,
     ReplicaResult,
@@ -84,19 +85,6 @@ def history_name(database: str, replica: str) -> tuple[str, str]:
 
 def view_name(database: str, replica: str) -> tuple[str, str]:
     return database, f"{replica}_current"
-
-
-@dataclass(frozen=True)
-class Found:
-    """What an apply finds before it reads the batch: the replica's route and table, the
-    key rule it was built with (None before its first apply), and the changelog version
-    each table it writes (the replica, its history) reflects (None before its first
-    apply)."""
-
-    route: ReplicaRoute
-    table: ReplicaTable
-    stored_rule: str | None
-    applied: dict[tuple[str, str], int | None]
 
 
 def find_table(spark: SparkSession, database: str, route: ReplicaRoute) -> Found:
