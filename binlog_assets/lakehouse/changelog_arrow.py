@@ -1,9 +1,10 @@
 """The changelog's row changes as Arrow, read by delta-rs: what an Arrow apply reduces.
 
 A follower cycle or a replica build applies many replicas to the same changelog
-versions. Each used to plan and run a Spark read of its own; here the versions are read
-once (the change feed of the append-only table, by delta-rs, no JVM), kept for the next
-replica of the same range, and each replica takes the rows of its own tables from them.
+versions. A Spark read per replica plans and runs a job of its own; here the versions
+are read once (the change feed of the append-only table, by delta-rs, no JVM), kept for
+the next replica of the same range, and each replica takes the rows of its own tables
+from them.
 """
 
 from __future__ import annotations
