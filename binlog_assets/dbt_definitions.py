@@ -6,8 +6,8 @@ the replica assets of the `binlake` location, so the asset graph stays one piece
 """
 
 from binlog_assets.orchestration.dbt import build_dbt_assets
+from binlog_assets.orchestration.dbt_follow import dbt_follow_sensor
 from binlog_assets.orchestration.location import location_config, location_definitions
-from binlog_assets.orchestration.sensors import dbt_follow_sensor
 from jobs import dbt_build_job, dbt_hourly_schedule
 
 PIPELINE = location_config()
@@ -18,6 +18,6 @@ defs = location_definitions(
     assets=[dbt_models],
     jobs=[dbt_build_job],
     schedules=[dbt_hourly_schedule],
-    sensors=[dbt_follow_sensor],
+    sensors=[dbt_follow_sensor(dbt_models.asset_deps)],
     resources={"dbt": dbt_resource},
 )

@@ -6,8 +6,9 @@
 - `build_replicas_job`: apply new changelog data to the replicas (launchpad config
   `ops.replicas.config.rebuild: true` rebuilds them from the whole changelog).
 - `dbt_build_job`: dbt build (models and tests) over the replicas; `dbt_follow_sensor`
-  launches it when replicas change (at most every 5 minutes). `dbt_hourly_schedule`
-  would rebuild hourly too, but is off until turned on in the UI.
+  launches it for the models downstream of the replicas that change (at most once per
+  `dagster.dbt_follow_seconds`). `dbt_hourly_schedule` would rebuild them all hourly
+  too, but is off until turned on in the UI.
 """
 
 import dagster as dg

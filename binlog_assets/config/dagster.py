@@ -64,6 +64,11 @@ class DagsterConfig(ConfigModel):
         description="a replica's `source_delay` check warns when the newest change an apply "
                     "wrote reached the replica more than this many seconds after its "
                     "source commit")
+    dbt_follow_seconds: float = Field(
+        300.0, ge=0, le=86_400,
+        description="`dbt_follow_sensor` builds the dbt models downstream of the replicas "
+                    "that changed as soon as one changes, and at most once per this many "
+                    "seconds (0: after every change, one build at a time)")
     owners: list[str] = Field(
         default_factory=list,
         description="owners of binlake's assets in the UI: emails or `team:<name>`")

@@ -44,7 +44,8 @@ DBT_PROJECT_DIR = REPO_ROOT / "dbt"
 
 class BinlakeDbtTranslator(DagsterDbtTranslator):
     """dbt models in binlake's group. They carry no automation condition: one
-    `dbt_build_job` run builds them all when replicas change (`dbt_follow_sensor`)."""
+    `dbt_build_job` run builds those downstream of the replicas that changed
+    (`dbt_follow_sensor`)."""
 
     def get_automation_condition(self, dbt_resource_props: Mapping[str, Any]
                                  ) -> dg.AutomationCondition | None:

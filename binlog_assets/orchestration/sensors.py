@@ -24,7 +24,6 @@ import dagster as dg
 from dagster._core.storage.tags import RUN_KEY_TAG, SENSOR_NAME_TAG
 
 from binlog_assets.consume.lag import PartitionLag, measure_lag
-from binlog_assets.orchestration.parity_checks import failed_parity, parity_held_message
 from binlog_assets.orchestration.partitions import (
     CHANGELOG_ASSET_KEY,
     KAFKA_PARTITIONS_NAME,
@@ -34,10 +33,7 @@ from binlog_assets.orchestration.partitions import (
 from binlog_assets.orchestration.resources import BinlakeResource
 from binlog_assets.orchestration.shared import (
     CONSUME_JOB_NAME,
-    DBT_FOLLOW_INTERVAL_SECONDS,
-    DBT_JOB_NAME,
     EVERY_DAEMON_PASS,
-    IN_SYNC_TAG,
     LAG_TAG,
     PARTITION_TAG,
     RANGE_END_TAG,
@@ -283,40 +279,3 @@ binlake_automation_sensor = dg.AutomationConditionSensorDefinition(
     minimum_interval_seconds=EVERY_DAEMON_PASS,
     description="Replicas follow new changelog data.",
 )
-
-
-@dg.sensor(
-    name="dbt_follow_sensor",
-    job_name=DBT_JOB_NAME,
-    minimum_interval_seconds=DBT_FOLLOW_INTERVAL_SECONDS,
-    default_status=dg.DefaultSensorStatus.RUNNING,
-    description="Builds every dbt model in one run when a replica changed since the last "
-                f"build, at most every {DBT_FOLLOW_INTERVAL_SECONDS} s.",
-)
-def dbt_follow_sensor(
-    context: dg.SensorEvaluationContext, binlake: BinlakeResource
-) -> dg.SensorResult | dg.SkipReason:
-    # One dbt build at a time, all models together (dbt orders them): per-model automation
-    # started a build per replica change, each holding the one Spark slot of the local
-    # catalog for a minute while the next replica build (the freshness users feel) waited.
-    names = sorted({t.replica for s in binlake.pipeline.sources for t in s.tables})
-    latest = 0
-    for name in names:
-        # A follower's "in sync" report changed no data (replica_versions.py).
-        records = context.instance.fetch_materializations(
-            dg.AssetKey(["replica", name]), limit=50).records
-        changed = [r for r in records if IN_SYNC_TAG not in (r.event_log_entry.tags or {})]
-        if changed and changed[0].storage_id > latest:
-            latest = changed[0].storage_id
-    seen = int(context.cursor or 0)
-    if latest <= seen:
-        return dg.SkipReason("no replica changed since the last dbt build")
-    if context.instance.get_runs(filters=dg.RunsFilter(job_name=DBT_JOB_NAME,
-                                                       statuses=UNFINISHED), limit=1):
-        return dg.SkipReason("a dbt build is queued or running; the next tick follows up")
-    # The cursor stays: the build follows once the replicas check equal again.
-    if binlake.pipeline.parity.block_dbt and (
-            failed := failed_parity(context.instance, binlake.pipeline)):
-        return dg.SkipReason(parity_held_message(failed))
-    return dg.SensorResult(run_requests=[dg.RunRequest(run_key=f"replicas@{latest}")],
-                           cursor=str(latest))

@@ -19,7 +19,6 @@ BUILD_JOB_NAME = "build_replicas_job"
 # this long; a replica or partition that failed in a follower is retried after RETRY.
 FOLLOW_RUN_SECONDS = 300.0
 FOLLOW_RETRY_SECONDS = 30.0
-DBT_FOLLOW_INTERVAL_SECONDS = 300
 # The tags by which Dagster runs a partitioned asset over a range of its partitions.
 RANGE_START_TAG = "dagster/asset_partition_range_start"
 RANGE_END_TAG = "dagster/asset_partition_range_end"

@@ -22,6 +22,7 @@ from lake_events import Partition, Source, row
 
 from binlog_assets.lakehouse.changelog import ChangelogWriter
 from binlog_assets.orchestration.changelog_asset import changelog
+from binlog_assets.orchestration.dbt_follow import dbt_follow_sensor
 from binlog_assets.orchestration.partitions import (
     CHANGELOG_ASSET_KEY,
     KAFKA_PARTITIONS_NAME,
@@ -31,7 +32,6 @@ from binlog_assets.orchestration.replica_assets import build_replica_assets
 from binlog_assets.orchestration.replica_follower import follow_replicas_job
 from binlog_assets.orchestration.replica_reports import replica_key
 from binlog_assets.orchestration.resources import BinlakeResource
-from binlog_assets.orchestration.sensors import dbt_follow_sensor
 from binlog_assets.orchestration.shared import IN_SYNC_TAG, SPARK_POOL
 
 NAMES = ("orders", "products")
@@ -139,8 +139,9 @@ def test_only_a_replica_behind_its_tables_shows_unsynced(spark, make_config, tmp
         assert _materializations(instance, "orders", in_sync=False) == 2
 
         # dbt follows data changes, not in-sync reports.
-        tick = dbt_follow_sensor(dg.build_sensor_context(instance=instance,
-                                                         resources=resources))
+        models = {dg.AssetKey("mart"): {replica_key(name) for name in NAMES}}
+        tick = dbt_follow_sensor(models)(dg.build_sensor_context(instance=instance,
+                                                                 resources=resources))
         latest = max(instance.fetch_materializations(replica_key(name), limit=1)
                      .records[0].storage_id for name in NAMES)
         changed = max(r.storage_id for name in NAMES for r in instance.fetch_materializations(

@@ -210,30 +210,55 @@ def test_batches_never_span_or_include_a_held_partition() -> None:
 
 
 def test_dbt_follows_replica_changes_in_one_run_at_a_time(topic_config) -> None:
-    from binlog_assets.orchestration.sensors import dbt_follow_sensor
+    from binlog_assets.orchestration.dbt_follow import dbt_follow_sensor
     from binlog_assets.orchestration.shared import DBT_JOB_NAME
 
     _topic, binlake, _kafka = topic_config
+    orders = dg.AssetKey(["replica", "orders"])
+    models = {dg.AssetKey("stg_orders"): {orders},
+              dg.AssetKey("stg_customers"): {dg.AssetKey(["replica", "customers"])},
+              dg.AssetKey("revenue"): {dg.AssetKey("stg_orders"), dg.AssetKey("stg_customers")}}
+    sensor = dbt_follow_sensor(models)
     with dg.instance_for_test() as instance:
         def tick(cursor: str | None):
-            return dbt_follow_sensor(dg.build_sensor_context(
+            return sensor(dg.build_sensor_context(
                 instance=instance, resources={"binlake": binlake}, cursor=cursor))
 
         assert isinstance(tick(None), dg.SkipReason)  # no replica built yet
-        instance.report_runless_asset_event(dg.AssetMaterialization(["replica", "orders"]))
+        instance.report_runless_asset_event(dg.AssetMaterialization(orders))
         first = tick(None)
         (request,) = first.run_requests
-        # Nothing new since: skip. A replica changes while dbt runs: wait for it.
+        # What reads orders, directly or through a model: not stg_customers.
+        assert request.asset_selection == [dg.AssetKey("revenue"), dg.AssetKey("stg_orders")]
+        # Nothing new since: skip.
         assert isinstance(tick(first.cursor), dg.SkipReason)
+        # A change within dagster.dbt_follow_seconds (300) of the last launch waits for it.
+        instance.report_runless_asset_event(dg.AssetMaterialization(orders))
+        soon = tick(first.cursor)
+        assert isinstance(soon, dg.SkipReason) and "next dbt build in" in soon.skip_message
+        # Past the interval, a build in flight still holds the next one back.
+        past = json.dumps({**json.loads(first.cursor), "at": time.time() - 301})
         instance.add_run(dg.DagsterRun(job_name=DBT_JOB_NAME, run_id=uuid.uuid4().hex,
                                        status=dg.DagsterRunStatus.STARTED))
-        instance.report_runless_asset_event(dg.AssetMaterialization(["replica", "orders"]))
-        busy = tick(first.cursor)
+        busy = tick(past)
         assert isinstance(busy, dg.SkipReason) and "queued or running" in busy.skip_message
         for run in instance.get_runs():
             instance.report_run_canceled(run)
-        (again,) = tick(first.cursor).run_requests
+        (again,) = tick(past).run_requests
         assert again.run_key != request.run_key
+
+
+def test_a_replica_no_model_reads_moves_the_dbt_cursor_without_a_build(topic_config) -> None:
+    from binlog_assets.orchestration.dbt_follow import dbt_follow_sensor
+
+    _topic, binlake, _kafka = topic_config
+    sensor = dbt_follow_sensor({dg.AssetKey("stg"): {dg.AssetKey(["replica", "other"])}})
+    with dg.instance_for_test() as instance:
+        instance.report_runless_asset_event(dg.AssetMaterialization(["replica", "orders"]))
+        result = sensor(dg.build_sensor_context(instance=instance,
+                                                resources={"binlake": binlake}))
+        assert isinstance(result, dg.SensorResult) and not result.run_requests
+        assert json.loads(result.cursor)["built"] > 0
 
 
 def test_sensors_that_launch_fresh_work_tick_on_every_daemon_pass() -> None:

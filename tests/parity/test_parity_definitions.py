@@ -8,6 +8,7 @@ import dagster as dg
 import yaml
 
 from binlog_assets.config import parse_config
+from binlog_assets.orchestration.dbt_follow import dbt_follow_sensor
 from binlog_assets.orchestration.parity_checks import (
     PARITY_CHECK,
     PARITY_JOB_NAME,
@@ -19,7 +20,6 @@ from binlog_assets.orchestration.parity_checks import (
 )
 from binlog_assets.orchestration.replica_assets import build_replica_assets
 from binlog_assets.orchestration.resources import BinlakeResource
-from binlog_assets.orchestration.sensors import dbt_follow_sensor
 
 CONNECTION = {"host": "db.example.com", "user": "binlake_check"}
 
@@ -80,8 +80,8 @@ def test_a_failed_parity_check_holds_dbt_back_until_one_passes(tmp_path: Path) -
                               (("on", True), ("off", False)))
     with dg.instance_for_test() as instance:
         def tick(binlake: BinlakeResource):
-            return dbt_follow_sensor(dg.build_sensor_context(
-                instance=instance, resources={"binlake": binlake}))
+            return dbt_follow_sensor({dg.AssetKey("mart"): {dg.AssetKey(["replica", "a"])}})(
+                dg.build_sensor_context(instance=instance, resources={"binlake": binlake}))
 
         instance.report_runless_asset_event(dg.AssetMaterialization(["replica", "a"]))
         _parity(instance, "c", passed=False)  # `c` has no parity check: not counted
