@@ -17,7 +17,14 @@ and a delete of a fresh id, in turn), one after the other, and for each measures
 It prints every change and the p50/p95 of both against the targets (p50 <= 5 s,
 p95 <= 30 s) as ratios. The first change (the replica's first build) is reported apart.
 
+E8 (`--mart`): each change is also timed to the dbt mart `customer_revenue` (the dbt
+location's `dbt_follow_sensor` builds it; `--dbt-follow-seconds` is
+`dagster.dbt_follow_seconds`), read with delta-rs outside Spark: the customer's row there,
+its name, or its absence. Its baseline is the physical limit in the same run: the mart
+reads the replica, so it cannot be fresher; the ratio mart / replica is printed.
+
     .venv/bin/python bench/bench_freshness.py [--changes 20] [--pause 2] [--spark connect]
+    .venv/bin/python bench/bench_freshness.py --mart --changes 6 --dbt-follow-seconds 0
 """
 
 from __future__ import annotations
@@ -141,7 +148,7 @@ def _steps(points: list[float]) -> list[float]:
 def measure(conn, watcher: Watcher, ident: int, sql: str, args: tuple, op: str,
             timeout: float) -> tuple[float, float, dict[str, float]]:
     """Commit one change; seconds until it is in the changelog, and in the replica, and
-    the stages between."""
+    the stages between (with `committed`, the commit's time)."""
     with conn.cursor() as cur:
         cur.execute(sql, args)
     committed = time.time()
@@ -156,10 +163,32 @@ def measure(conn, watcher: Watcher, ident: int, sql: str, args: tuple, op: str,
             replica = watcher.replica_covering(version)
             if replica is not None:
                 return (to_changelog, max(replica.timestamp - committed, to_changelog),
-                        watcher.stages(committed, version, replica))
+                        {**watcher.stages(committed, version, replica),
+                         "committed": committed})
         time.sleep(POLL)
     raise TimeoutError(f"change {op} id={ident} not in the replica after {timeout:.0f}s "
                        f"(changelog: {to_changelog})")
+
+
+def mart_shows(work: Path, ident: int, op: str, name: str) -> bool:
+    """Whether `customer_revenue`, read by delta-rs, shows the change of customer `ident`."""
+    log = next(work.rglob("customer_revenue/_delta_log"), None)
+    if log is None:
+        return False
+    rows = DeltaTable(str(log.parent)).to_pyarrow_table(
+        columns=["customer_id", "customer_name"]).to_pylist()
+    names = {r["customer_id"]: r["customer_name"] for r in rows}
+    return ident not in names if op == "d" else names.get(ident) == name
+
+
+def wait_for_mart(work: Path, ident: int, op: str, name: str, committed: float,
+                  timeout: float) -> float:
+    deadline = committed + timeout
+    while time.time() < deadline:
+        if mart_shows(work, ident, op, name):
+            return time.time() - committed
+        time.sleep(POLL)
+    raise TimeoutError(f"change {op} id={ident} not in customer_revenue after {timeout:.0f}s")
 
 
 def stop_stack(daemon: subprocess.Popen | None, connect: KafkaConnect | None,
@@ -200,6 +229,10 @@ def main() -> int:
                         help="dagster.changelog_follow_seconds: a follower run consumes "
                              "each partition's records as they arrive (binlake.yaml's "
                              "setting); 0: the lag sensor launches a run per batch")
+    parser.add_argument("--mart", action="store_true",
+                        help="E8: time each change to the dbt mart customer_revenue too")
+    parser.add_argument("--dbt-follow-seconds", type=float, default=300.0,
+                        help="dagster.dbt_follow_seconds (the shipped default 300)")
     parser.add_argument("--spark", choices=["connect", "in-process"], default="connect",
                         help="replica builds and dbt on a warm Spark Connect server, or a "
                              "Spark started by each run")
@@ -233,7 +266,8 @@ def main() -> int:
                       "auto.offset.reset": "earliest", "isolation.level": "read_committed"},
             "lakehouse": {"path": str(work / "lakehouse"), "database": "fresh"},
             "dagster": {"replica_follow_seconds": args.follow_seconds,
-                        "changelog_follow_seconds": args.changelog_follow_seconds},
+                        "changelog_follow_seconds": args.changelog_follow_seconds,
+                        "dbt_follow_seconds": args.dbt_follow_seconds},
             "sources": [{"name": "shop", "topics": TOPICS, "format": "debezium",
                          "tables": [{"source": "shop.customers", "replica": "customers"},
                                     {"source": "shop.products", "replica": "products"},
@@ -265,8 +299,13 @@ def main() -> int:
             print(f"first change (the replica's first build), daemon up "
                   f"{time.monotonic() - began:.0f}s before: changelog {first[0]:.1f}s, "
                   f"replica {first[1]:.1f}s", flush=True)
+            if args.mart:  # the mart's first build, reported apart too
+                built = wait_for_mart(work, 2, "c", "second", first[2]["committed"],
+                                      args.timeout)
+                print(f"first change in the mart: {built:.1f}s", flush=True)
             to_changelog: list[float] = []
             to_replica: list[float] = []
+            to_mart: list[float] = []
             stages: list[dict[str, float]] = []
             for i in range(args.changes):
                 ident = 100 + i // 3
@@ -275,17 +314,23 @@ def main() -> int:
                     change = ("INSERT INTO shop.customers VALUES (%s, %s, %s)",
                               (ident, f"n{i}", f"{i}@example.com"), "c")
                 elif kind == 1:
-                    change = ("UPDATE shop.customers SET email = %s WHERE id = %s",
-                              (f"u{i}@example.com", ident), "u")
+                    change = ("UPDATE shop.customers SET name = %s WHERE id = %s",
+                              (f"n{i}", ident), "u")
                 else:
                     change = ("DELETE FROM shop.customers WHERE id = %s", (ident,), "d")
                 time.sleep(args.pause)
                 c, r, st = measure(conn, watcher, ident, *change, args.timeout)
+                committed = st.pop("committed")
+                m = (wait_for_mart(work, ident, change[2], f"n{i}", committed, args.timeout)
+                     if args.mart else None)
                 to_changelog.append(c)
                 to_replica.append(r)
+                if m is not None:
+                    to_mart.append(m)
                 stages.append(st)
                 print(f"change {i + 1:2d} ({change[2]} id={ident}): changelog {c:5.1f}s, "
-                      f"replica {r:5.1f}s; load {os.getloadavg()[0]:.2f}; "
+                      f"replica {r:5.1f}s" + (f", mart {m:5.1f}s" if m is not None else "")
+                      + f"; load {os.getloadavg()[0]:.2f}; "
                       + ", ".join(f"{k} {v}" for k, v in st.items()), flush=True)
     finally:
         stop_stack(daemon, connect, spark, mariadb, broker)
@@ -297,6 +342,10 @@ def main() -> int:
     print(f"commit -> replica: p50 {p50:.1f}s (target {TARGET_P50:.0f}s, ratio "
           f"{p50 / TARGET_P50:.2f}), p95 {p95:.1f}s (target {TARGET_P95:.0f}s, ratio "
           f"{p95 / TARGET_P95:.2f}): {'met' if met else 'MISSED'}")
+    if to_mart:
+        m50, m95 = statistics.median(to_mart), percentile(to_mart, 0.95)
+        print(f"commit -> mart customer_revenue: p50 {m50:.1f}s, p95 {m95:.1f}s; against "
+              f"the replica it reads: p50 ratio {m50 / p50:.2f}, p95 ratio {m95 / p95:.2f}")
     print("median seconds per stage: " + ", ".join(
         f"{k} {statistics.median(st[k] for st in stages if k in st):.1f}" for k in ALL_STAGES
         if any(k in st for st in stages)))

@@ -94,11 +94,13 @@ def test_soak_quick(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     assert report["maintenance"]["off"] and "maintenance_ran" not in report["checks"]
 
 
-# About 8.5 minutes (the stack's start and the first build of 20 replicas, then a
+# About 8.5 minutes alone (the stack's start and the first build of 20 replicas, then a
 # maintenance run of 20 replicas, are most of it): past the default suite's budget, so
-# in `make test-long`.
+# in `make test-long`. There a Spark-heavy test on the other worker stretched the
+# maintenance run to 400-525 s and the whole past the suite's 900 s hang guard.
 @pytest.mark.integration
 @pytest.mark.long
+@pytest.mark.timeout(1800)
 def test_soak_short(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     run_soak(tmp_path, monkeypatch, SHORT_FAULTS, minutes=1.5, seed=7, tables=20,
              drain_timeout=600.0, maintenance_every=40.0)
