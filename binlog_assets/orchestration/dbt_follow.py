@@ -1,6 +1,7 @@
 """`dbt_follow_sensor`: the dbt models follow the replicas. When a replica changed since
 the last build, it launches one `dbt_build_job` run of the models downstream of the
-replicas that changed (dbt tests of those models included, as asset checks): at once
+replicas that changed (dbt tests of those models included, as asset checks; models they
+read that were never built join them; a model over a replica never built waits): at once
 when the last build was launched `dagster.dbt_follow_seconds` or more ago, else when
 that interval is up; never while a build is queued or running.
 
@@ -42,6 +43,30 @@ def downstream_models(models: ModelDeps, changed: Set[dg.AssetKey]) -> list[dg.A
                 reached.add(key)
                 grew = True
     return sorted(picked, key=lambda k: k.to_user_string())
+
+
+def upstream(models: ModelDeps, key: dg.AssetKey) -> set[dg.AssetKey]:
+    """Every key `key` reads, directly or through another model."""
+    found: set[dg.AssetKey] = set()
+    todo = list(models.get(key, ()))
+    while todo:
+        k = todo.pop()
+        if k not in found:
+            found.add(k)
+            todo.extend(models.get(k, ()))
+    return found
+
+
+def models_to_build(models: ModelDeps, changed: Set[dg.AssetKey],
+                    materialized: Set[dg.AssetKey]) -> list[dg.AssetKey]:
+    """The models downstream of the `changed` replicas, with the models they read that
+    were never built; a model over a replica never built waits for it."""
+    picked = set(downstream_models(models, changed))
+    for key in list(picked):
+        picked |= {k for k in upstream(models, key) if k in models and k not in materialized}
+    ready = [k for k in picked
+             if all(u in materialized for u in upstream(models, k) if u not in models)]
+    return sorted(ready, key=lambda k: k.to_user_string())
 
 
 def changed_replicas(instance: dg.DagsterInstance, replicas: list[str], after: int
@@ -107,7 +132,11 @@ def dbt_follow_sensor(models: ModelDeps) -> dg.SensorDefinition:
         # The cursor stays: the build follows once the replicas check equal again.
         if pipeline.parity.block_dbt and (failed := failed_parity(context.instance, pipeline)):
             return dg.SkipReason(parity_held_message(failed))
-        selected = downstream_models(models, set(changed))
+        keys = {*models, *(u for deps in models.values() for u in deps)}
+        built_keys = {r.asset_entry.asset_key
+                      for r in context.instance.get_asset_records(list(keys))
+                      if r.asset_entry.last_materialization_record is not None}
+        selected = models_to_build(models, set(changed), built_keys)
         cursor = json.dumps({"built": latest, "at": time.time() if selected else launched})
         if not selected:
             return dg.SensorResult(cursor=cursor)  # no model reads those replicas

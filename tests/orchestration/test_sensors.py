@@ -228,8 +228,8 @@ def test_dbt_follows_replica_changes_in_one_run_at_a_time(topic_config) -> None:
         instance.report_runless_asset_event(dg.AssetMaterialization(orders))
         first = tick(None)
         (request,) = first.run_requests
-        # What reads orders, directly or through a model: not stg_customers.
-        assert request.asset_selection == [dg.AssetKey("revenue"), dg.AssetKey("stg_orders")]
+        # What reads orders and nothing never built: revenue waits for customers.
+        assert request.asset_selection == [dg.AssetKey("stg_orders")]
         # Nothing new since: skip.
         assert isinstance(tick(first.cursor), dg.SkipReason)
         # A change within dagster.dbt_follow_seconds (300) of the last launch waits for it.
@@ -246,6 +246,21 @@ def test_dbt_follows_replica_changes_in_one_run_at_a_time(topic_config) -> None:
             instance.report_run_canceled(run)
         (again,) = tick(past).run_requests
         assert again.run_key != request.run_key
+
+
+def test_a_build_takes_never_built_models_it_reads_and_waits_for_missing_replicas() -> None:
+    from binlog_assets.orchestration.dbt_follow import models_to_build
+
+    orders, customers = dg.AssetKey(["replica", "orders"]), dg.AssetKey(["replica", "customers"])
+    stg_o, stg_c, mart = dg.AssetKey("stg_orders"), dg.AssetKey("stg_customers"), dg.AssetKey("m")
+    models = {stg_o: {orders}, stg_c: {customers}, mart: {stg_o, stg_c}}
+    # customers was never built: stg_customers and the mart over it wait.
+    assert models_to_build(models, {orders}, {orders}) == [stg_o]
+    # Both replicas built, the staging models never: the mart's build takes them.
+    assert models_to_build(models, {orders}, {orders, customers}) == [mart, stg_c, stg_o]
+    # Everything built once: only what reads orders.
+    assert models_to_build(models, {orders}, {orders, customers, stg_o, stg_c, mart}) == [
+        mart, stg_o]
 
 
 def test_a_replica_no_model_reads_moves_the_dbt_cursor_without_a_build(topic_config) -> None:
