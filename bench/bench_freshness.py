@@ -173,7 +173,7 @@ def measure(conn, watcher: Watcher, ident: int, sql: str, args: tuple, op: str,
 def mart_shows(work: Path, ident: int, op: str, name: str) -> bool:
     """Whether `customer_revenue`, read by delta-rs, shows the change of customer `ident`."""
     log = next(work.rglob("customer_revenue/_delta_log"), None)
-    if log is None:
+    if log is None or not DeltaTable.is_deltatable(str(log.parent)):  # not created yet
         return False
     rows = DeltaTable(str(log.parent)).to_pyarrow_table(
         columns=["customer_id", "customer_name"]).to_pylist()
