@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 JARS := .cache/jars
 export DAGSTER_HOME := $(CURDIR)/var/dagster
 
-.PHONY: setup registry class-archive demo test test-long drills-long soak test-unit stack-up stack-down stack-status source-up source-down source-status dev lint bench bench-catchup
+.PHONY: setup registry class-archive demo test test-long drills-long soak test-unit stack-up stack-down stack-status source-up source-down source-status dev lint bench bench-catchup bench-load
 
 setup: .cache/apt.stamp $(VENV)/.installed $(JARS)/kafka/.stamp $(JARS)/delta/.stamp $(JARS)/connect/.stamp $(JARS)/s3/.stamp $(DAGSTER_HOME)/dagster.yaml class-archive
 
@@ -119,6 +119,11 @@ lint: setup
 bench: setup $(JARS)/spark-kafka/.stamp
 	$(PY) bench/bench_pipeline.py && $(PY) bench/bench_slow_handlers.py && $(PY) bench/bench_memory.py \
 	  && $(PY) bench/bench_merge.py
+
+## L1: a big table's initial load beside a plain Spark JDBC copy (MariaDB Connector/J,
+## bench only, .cache/jars/jdbc).
+bench-load: setup $(JARS)/jdbc/.stamp
+	$(PY) bench/bench_load.py
 
 ## E3, quick: binlake's catch-up beside the baseline and the Spark job one would write instead.
 bench-catchup: setup $(JARS)/spark-kafka/.stamp

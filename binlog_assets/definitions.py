@@ -13,6 +13,7 @@ from binlog_assets.orchestration.changelog_follower import (
 )
 from binlog_assets.orchestration.checks import changelog_lag_check, checkpoint_agreement_check
 from binlog_assets.orchestration.kafka_sources import kafka_source_key, kafka_source_specs
+from binlog_assets.orchestration.load_job import initial_load_sensor, load_replica_job
 from binlog_assets.orchestration.location import location_config, location_definitions
 from binlog_assets.orchestration.maintenance import (
     lakehouse_maintenance_job,
@@ -65,6 +66,7 @@ with warnings.catch_warnings():
 PARITY_JOB = parity_job(PIPELINE)
 PARITY_SCHEDULE = parity_schedule(PIPELINE, PARITY_JOB)
 PARITY_RESYNC_SENSOR = parity_resync_sensor(PIPELINE)
+INITIAL_LOAD_SENSOR = initial_load_sensor(PIPELINE)
 
 defs = location_definitions(
     PIPELINE,
@@ -72,10 +74,11 @@ defs = location_definitions(
     asset_checks=[changelog_lag_check, checkpoint_agreement_check,
                   *build_parity_checks(PIPELINE)],
     jobs=[consume_changelog_job, follow_changelog_job, build_replicas_job,
-          follow_replicas_job, lakehouse_maintenance_job, resync_replica_job,
+          follow_replicas_job, lakehouse_maintenance_job, resync_replica_job, load_replica_job,
           *([PARITY_JOB] if PARITY_JOB else [])],
     schedules=[lakehouse_maintenance_schedule, *([PARITY_SCHEDULE] if PARITY_SCHEDULE else [])],
     sensors=[kafka_partition_discovery_sensor, kafka_lag_sensor, changelog_follower_sensor,
              binlake_automation_sensor, replica_follower_sensor,
-             *([PARITY_RESYNC_SENSOR] if PARITY_RESYNC_SENSOR else [])],
+             *([PARITY_RESYNC_SENSOR] if PARITY_RESYNC_SENSOR else []),
+             *([INITIAL_LOAD_SENSOR] if INITIAL_LOAD_SENSOR else [])],
 )

@@ -172,7 +172,8 @@ def debezium_fence(debezium_connect: KafkaConnect, mariadb: MariaDBServer) -> De
 # short tests last. `--dist loadfile` hands out the files with the most tests first (xdist
 # reorders by count; this order breaks ties); kept in this order instead
 # (`--no-loadscope-reorder`), the suite took as long (docs/testing.md).
-FOLDER_ORDER = ("soak", "drills", "parity", "lakehouse", "orchestration", "dev", "consume")
+FOLDER_ORDER = ("soak", "drills", "parity", "load", "lakehouse", "orchestration", "dev",
+                "consume")
 
 
 def _folder_rank(item: pytest.Item) -> int:

@@ -26,6 +26,7 @@ from pydantic import (
 from binlog_assets.config.base import ConfigError, ConfigModel
 from binlog_assets.config.dagster import DagsterConfig
 from binlog_assets.config.lakehouse import LakehouseConfig, SparkConfig
+from binlog_assets.config.load import LoadConfig
 from binlog_assets.config.parity import ParityConfig
 from binlog_assets.config.source import REPLICA_SETTINGS, SourceConfig, TableConfig
 from binlog_assets.environment import REPO_ROOT
@@ -56,6 +57,8 @@ class PipelineConfig(ConfigModel):
         (), description="the change streams: Kafka topics in one format, and their tables")
     parity: ParityConfig = Field(
         ParityConfig(), description="how the parity check reads its sources and when it runs")
+    load: LoadConfig = Field(
+        LoadConfig(), description="how an initial load reads its source tables")
 
     @field_validator("kafka")
     @classmethod

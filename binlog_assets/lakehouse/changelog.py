@@ -410,16 +410,30 @@ class ChangelogWriter:
         """Append `events` that no Kafka partition carried (a re-sync's rows) in one
         commit tagged `tag`; its version. No transaction: a retried append adds the same
         changes again at the same positions, which the position guard applies once."""
-        from deltalake import CommitProperties, write_deltalake
-
         now = datetime.now(UTC)
-        rows = [event_row(e, None, now) for e in events]
+        version = self.append_rows([event_row(e, None, now) for e in events], tag, now)
+        assert version is not None  # no transaction: always written
+        return version
+
+    def append_rows(self, rows: Sequence[tuple], tag: str, now: datetime,
+                    txn: tuple[str, int] | None = None) -> int | None:
+        """Append `event_row` tuples ingested at `now` in one commit tagged `tag`; its
+        version. With `txn` (app id, version), the commit carries that transaction and is
+        skipped (None) when the table holds the app id at that version or past it: an
+        initial load's worker resumes after its last committed chunk, exactly once."""
+        from deltalake import CommitProperties, Transaction, write_deltalake
+
         with self._lock:
             table = self._open()
+            if txn is not None:
+                done = table.transaction_version(txn[0])
+                if done is not None and done >= txn[1]:
+                    return None
             write_deltalake(
                 table, arrow_table(rows, now), mode="append",
-                commit_properties=CommitProperties(custom_metadata={
-                    "userMetadata": commit_metadata(f"{tag}#{uuid.uuid4().hex}",
-                                                    survey_of_rows(rows), source_times(rows))}),
+                commit_properties=CommitProperties(
+                    custom_metadata={"userMetadata": commit_metadata(
+                        f"{tag}#{uuid.uuid4().hex}", survey_of_rows(rows), source_times(rows))},
+                    app_transactions=None if txn is None else [Transaction(*txn)]),
             )
             return table.version()

@@ -93,50 +93,43 @@ def resync_replica(context: dg.OpExecutionContext, config: ResyncConfig,
 
 
 def _placer(pipeline, source, db, binlake: BinlakeResource):  # noqa: ANN001, ANN202
-    """The lineage of a re-sync's snapshot position: where the source's partitions place
-    it (`parity/lineage.py`); a position with no place yet fails the re-sync, saying why."""
-    from binlog_assets.parity.lake import high_watermarks
-    from binlog_assets.parity.lineage import place_position
+    """The lineage of a re-sync's snapshot position (`parity/lineage.py`)."""
+    from binlog_assets.parity.lineage import lineage_placer
 
-    kafka_conf, group = binlake.kafka_conf(), pipeline.kafka["group.id"]
-
-    def lineage(position) -> int:  # noqa: ANN001
-        partitions = list(high_watermarks(kafka_conf, group, source))
-        placed = place_position(pipeline, source, db, position, partitions, group)
-        if placed.lineage is None:
-            raise ValueError(f"the re-sync's snapshot at {position.name}:{position.pos} "
-                             f"cannot be placed in the source's order: {placed.reason}; "
-                             f"run it again once the changelog has caught up")
-        return placed.lineage
-
-    return lineage
+    return lineage_placer(pipeline, source, db, binlake.kafka_conf(), pipeline.kafka["group.id"])
 
 
 @dg.op(name="apply_resynced", pool=SPARK_POOL,
        description="Apply the re-synced rows to the replica and check its row count.")
 def apply_resynced(context: dg.OpExecutionContext, resynced: dict, binlake: BinlakeResource
                    ) -> Iterator[dg.AssetMaterialization | dg.AssetCheckEvaluation | dg.Output]:
+    yield from applied_events(binlake, resynced["replica"], "re-synced from the source", {
+        "resync_chunks": dg.MetadataValue.int(resynced["chunks"]),
+        "resync_source_rows": dg.MetadataValue.int(resynced["source_rows"]),
+        "resync_rows_deleted": dg.MetadataValue.int(resynced["deleted"]),
+        "resync_ranges": dg.MetadataValue.json(resynced["ranges"])}, context.log)
+    yield dg.Output(None)
+
+
+def applied_events(binlake: BinlakeResource, name: str, description: str,
+                   metadata: dict[str, dg.MetadataValue], log: dg.DagsterLogManager
+                   ) -> Iterator[dg.AssetMaterialization | dg.AssetCheckEvaluation]:
+    """The replica applied as a replica run would (rows a re-sync or a load appended),
+    reported with its row-count check, which counts those rows on both sides."""
     from binlog_assets.lakehouse.replica.builder import ReplicaBuilder
 
-    name = resynced["replica"]
     builder = ReplicaBuilder(binlake.spark(), binlake.pipeline)
-    # A follower may have applied the re-synced rows first: this apply then finds the
-    # replica at the changelog's version and reports it as it stands.
+    # A follower may have applied the rows first: this apply then finds the replica at
+    # the changelog's version and reports it as it stands.
     result = builder.apply(name)
-    context.log.info(f"replica {name}: {result}")
+    log.info(f"replica {name}: {result}")
     live = counted_rows(builder, name, result.key_rule)
-    yield dg.AssetMaterialization(
-        asset_key=replica_key(name), description="re-synced from the source",
-        metadata=replica_metadata(result, live) | {
-            "resync_chunks": dg.MetadataValue.int(resynced["chunks"]),
-            "resync_source_rows": dg.MetadataValue.int(resynced["source_rows"]),
-            "resync_rows_deleted": dg.MetadataValue.int(resynced["deleted"]),
-            "resync_ranges": dg.MetadataValue.json(resynced["ranges"])})
+    yield dg.AssetMaterialization(asset_key=replica_key(name), description=description,
+                                  metadata=replica_metadata(result, live) | metadata)
     check = row_count_check(builder, name, result.key_rule, live, result.applied_version)
     yield dg.AssetCheckEvaluation(
         asset_key=check.asset_key, check_name=check.check_name, passed=check.passed,
         severity=check.severity, metadata=check.metadata, description=check.description)
-    yield dg.Output(None)
 
 
 @dg.job(name=RESYNC_JOB_NAME, executor_def=dg.in_process_executor,

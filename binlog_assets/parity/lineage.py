@@ -14,6 +14,7 @@ the one the stream follows (a lagging replica, the old primary), P has no place 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -103,3 +104,21 @@ def _origin(db: pymysql.Connection, position: BinlogPosition
     if not gtids:
         return server_id, None
     return server_id, max(gtids, key=lambda g: int(g.rsplit("-", 1)[1]))
+
+
+def lineage_placer(pipeline: PipelineConfig, source: SourceConfig, db: pymysql.Connection,
+                   kafka_conf: dict, group: str) -> Callable[[BinlogPosition], int]:
+    """The lineage of a position read on `db` for a re-sync or a load, where the source's
+    partitions place it; a position with no place yet raises, saying why."""
+    from binlog_assets.parity.lake import high_watermarks
+
+    def lineage(position: BinlogPosition) -> int:
+        partitions = list(high_watermarks(kafka_conf, group, source))
+        placed = place_position(pipeline, source, db, position, partitions, group)
+        if placed.lineage is None:
+            raise ValueError(f"the snapshot at {position.name}:{position.pos} cannot be "
+                             f"placed in the source's order: {placed.reason}; run it again "
+                             f"once the changelog has caught up")
+        return placed.lineage
+
+    return lineage

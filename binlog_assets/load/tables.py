@@ -1,0 +1,77 @@
+"""The tables a replica loads, and one table's load from plan to its last chunk: where
+its chunks' positions count (the source's lineage, placed before the load and checked
+after it), and what the load did."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from binlog_assets.lakehouse.changelog import ChangelogWriter
+from binlog_assets.lakehouse.replica.routes import replica_route
+from binlog_assets.load.loader import ChunkDone, LoadProgress, run_load
+from binlog_assets.load.plan import LoadPlan, plan_load
+from binlog_assets.parity.source import BinlogPosition, Snapshot, SourceTable, source_tables
+
+if TYPE_CHECKING:
+    import pymysql
+
+    from binlog_assets.config import PipelineConfig, SourceConfig
+
+
+@dataclass(frozen=True)
+class TableLoad:
+    table: str
+    load_id: str
+    chunks: int
+    rows: int
+    resumed_chunks: int
+    seconds: float
+    rows_per_second: float
+    lineage: int
+    highest: BinlogPosition | None
+
+
+def replica_tables(pipeline: PipelineConfig, replica: str, db: pymysql.Connection,
+                   source: SourceConfig) -> list[SourceTable]:
+    """The tables of `source` that `replica` reads, as the server describes them."""
+    from binlog_assets.parity.check import own_route
+
+    return source_tables(db, own_route(replica_route(pipeline, replica), source))
+
+
+def new_plan(pipeline: PipelineConfig, db: pymysql.Connection, table: SourceTable
+             ) -> LoadPlan:
+    settings = pipeline.load
+    return plan_load(db, table, settings.chunk_rows, settings.workers)
+
+
+def load_table(pipeline: PipelineConfig, source: SourceConfig, db: pymysql.Connection,
+               table: SourceTable, plan: LoadPlan, *,
+               lineage: Callable[[BinlogPosition], int],
+               progress: Callable[[LoadProgress, ChunkDone], None] = lambda p, c: None
+               ) -> TableLoad:
+    """Load `plan`'s chunks of `table` not committed yet. `lineage` places a position
+    read on `db` in the source's lineages: the load's chunks count in the lineage of
+    the source's position before the load, and a load whose last position is in
+    another (the source failed over meanwhile) fails, saying so."""
+    if source.connection is None:
+        raise ValueError(f"source {source.name!r} has no `connection` to load from")
+    if plan.table != table.name:
+        raise ValueError(f"the plan {plan.load_id} is for {plan.table}, not {table.name}")
+    with Snapshot(db) as before:
+        pass
+    placed = lineage(before)
+    state = run_load(ChangelogWriter(pipeline), source.connection, table, plan,
+                     pipeline.load, placed, progress)
+    if state.highest is not None and state.highest.file > 0:
+        after = lineage(state.highest)
+        if after != placed:
+            raise RuntimeError(
+                f"{table.name}: the source moved from lineage {placed} to {after} during "
+                f"the load (a failover): its chunks count in lineage {placed}; load it again")
+    seconds = time.monotonic() - state.started
+    return TableLoad(table.name, plan.load_id, state.chunks, state.rows, state.skipped,
+                     seconds, state.rows_per_second, placed, state.highest)

@@ -1,0 +1,187 @@
+"""`load_replica_job`: a replica's initial load from the launchpad (README: Initial load),
+while streaming goes on. Three ops, so a run re-executed from its failure resumes where
+it stopped:
+
+- `plan_load` walks each source table's primary key on the source's read-only
+  connection into chunks; its output (the plans) is kept by the run's IO manager;
+- `load_chunks` reads the chunks in parallel (`load.workers`), each in its own consistent
+  snapshot, into the changelog (`binlog_assets/load`); every chunk is committed once,
+  whatever attempt commits it, and the replica's asset gets an observation per step of
+  progress (rows, chunks, rows/s, time to go: the UI plots them);
+- `apply_loaded` applies the replica as a replica run would, in the `spark` pool, and
+  reports it with its row-count check.
+"""
+
+import json
+import time
+from collections.abc import Iterator
+
+import dagster as dg
+from pydantic import Field
+
+from binlog_assets.config import PipelineConfig
+from binlog_assets.orchestration.replica_reports import replica_key
+from binlog_assets.orchestration.resources import BinlakeResource
+from binlog_assets.orchestration.resync_job import applied_events
+from binlog_assets.orchestration.shared import SPARK_POOL
+
+LOAD_JOB_NAME = "load_replica_job"
+# At most one progress observation per this many seconds (and one at the end).
+PROGRESS_SECONDS = 10.0
+
+
+class LoadJobConfig(dg.Config):
+    replica: str = Field(description="the replica to load (as in `replica/<name>`)")
+    table: str = Field("", description="one source table `db.table` (empty: every source "
+                                       "table of the replica)")
+
+
+@dg.op(name="plan_load", out=dg.Out(dict),
+       description="Walk each source table's primary key into the load's chunks.")
+def plan_load(context: dg.OpExecutionContext, config: LoadJobConfig,
+              binlake: BinlakeResource) -> dict:
+    from binlog_assets.load.tables import new_plan, replica_tables
+    from binlog_assets.parity.check import sources_of
+    from binlog_assets.parity.source import connect
+
+    pipeline = binlake.pipeline
+    plans = []
+    for source in sources_of(pipeline, config.replica):
+        if source.connection is None:
+            raise ValueError(f"source {source.name!r} has no `connection` to load from")
+        db = connect(source.connection)
+        try:
+            for table in replica_tables(pipeline, config.replica, db, source):
+                if config.table and table.name != config.table:
+                    continue
+                plan = new_plan(pipeline, db, table)
+                context.log.info(f"{table.name}: load {plan.load_id}, {len(plan.uppers)} "
+                                 f"chunks of up to {pipeline.load.chunk_rows:,} keys, "
+                                 f"{plan.workers} workers")
+                plans.append({"source": source.name, "plan": plan.to_json()})
+        finally:
+            db.close()
+    if not plans:
+        raise ValueError(f"no source table {config.table!r} of replica {config.replica!r}")
+    return {"replica": config.replica, "plans": plans}
+
+
+@dg.op(name="load_chunks", out=dg.Out(dict),
+       description="Read the planned chunks in parallel into the changelog.")
+def load_chunks(context: dg.OpExecutionContext, planned: dict,
+                binlake: BinlakeResource) -> dict:
+    from binlog_assets.load.plan import LoadPlan
+    from binlog_assets.load.tables import load_table, replica_tables
+    from binlog_assets.parity.lineage import lineage_placer
+    from binlog_assets.parity.source import connect
+
+    pipeline, replica = binlake.pipeline, planned["replica"]
+    sources = {s.name: s for s in pipeline.sources}
+    loads = []
+    for entry in planned["plans"]:
+        source, plan = sources[entry["source"]], LoadPlan.from_json(entry["plan"])
+        db = connect(source.connection)
+        try:
+            [table] = [t for t in replica_tables(pipeline, replica, db, source)
+                       if t.name == plan.table]
+            placer = lineage_placer(pipeline, source, db, binlake.kafka_conf(),
+                                    pipeline.kafka["group.id"])
+            done = load_table(pipeline, source, db, table, plan, lineage=placer,
+                              progress=_progress(context, replica, table.name))
+        finally:
+            db.close()
+        context.log.info(f"{done.table}: {done.rows:,} rows in {done.chunks} chunks "
+                         f"({done.resumed_chunks} committed by an earlier attempt), "
+                         f"{done.rows_per_second:,.0f} rows/s, lineage {done.lineage}")
+        loads.append({"table": done.table, "load_id": done.load_id, "rows": done.rows,
+                      "chunks": done.chunks, "resumed_chunks": done.resumed_chunks,
+                      "seconds": round(done.seconds, 1)})
+    return {"replica": replica, "loads": loads}
+
+
+def _progress(context: dg.OpExecutionContext, replica: str, table: str):  # noqa: ANN202
+    shown = [0.0]
+
+    def progress(state, chunk) -> None:  # noqa: ANN001
+        if chunk.version is None:
+            return  # committed by an earlier attempt
+        context.log.info(f"{table}: {state.describe()}")
+        if time.monotonic() - shown[0] < PROGRESS_SECONDS and \
+                state.chunks_done < state.chunks:
+            return
+        shown[0] = time.monotonic()
+        context.log_event(dg.AssetObservation(
+            asset_key=replica_key(replica), metadata={
+                "load_table": table,
+                "load_rows": dg.MetadataValue.int(state.rows),
+                "load_chunks_done": dg.MetadataValue.int(state.chunks_done),
+                "load_chunks": dg.MetadataValue.int(state.chunks),
+                "load_rows_per_second": dg.MetadataValue.float(
+                    round(state.rows_per_second, 1)),
+                "load_seconds_to_go": dg.MetadataValue.float(
+                    round(state.eta_seconds or 0.0, 1))}))
+
+    return progress
+
+
+@dg.op(name="apply_loaded", pool=SPARK_POOL,
+       description="Apply the loaded rows to the replica and check its row count.")
+def apply_loaded(context: dg.OpExecutionContext, loaded: dict, binlake: BinlakeResource
+                 ) -> Iterator[dg.AssetMaterialization | dg.AssetCheckEvaluation | dg.Output]:
+    yield from applied_events(binlake, loaded["replica"], "loaded from the source", {
+        "load_rows": dg.MetadataValue.int(sum(lo["rows"] for lo in loaded["loads"])),
+        "load_chunks": dg.MetadataValue.int(sum(lo["chunks"] for lo in loaded["loads"])),
+        "loads": dg.MetadataValue.json(loaded["loads"])}, context.log)
+    yield dg.Output(None)
+
+
+@dg.job(name=LOAD_JOB_NAME, executor_def=dg.in_process_executor,
+        description="Load a replica's source tables (launchpad: replica, and one table or "
+                    "all), chunk by chunk in parallel without locks, while streaming goes "
+                    "on; re-executed from a failure, it resumes after the last committed "
+                    "chunk.")
+def load_replica_job() -> None:
+    apply_loaded(load_chunks(plan_load()))
+
+
+def initial_load_sensor(pipeline: PipelineConfig) -> dg.SensorDefinition | None:
+    """With `load.new_replicas`: a load of each replica that binlake.yaml gained since
+    the sensor's last tick (its stream may have built it from a first change already:
+    the load brings the rows that were there before), and, at its first tick, of each
+    replica never materialized. Once per replica (the run key)."""
+    from binlog_assets.parity.check import sources_of
+
+    if not pipeline.load.new_replicas:
+        return None
+    names = sorted({t.replica for s in pipeline.sources if s.connection is not None
+                    for t in s.tables})
+    names = [n for n in names if all(s.connection is not None
+                                     for s in sources_of(pipeline, n))]
+    if not names:
+        return None
+
+    @dg.sensor(name="initial_load_sensor", job_name=LOAD_JOB_NAME,
+               minimum_interval_seconds=30, default_status=dg.DefaultSensorStatus.RUNNING,
+               description="Launches load_replica_job for each replica new to binlake.yaml "
+                           "(load.new_replicas).")
+    def sensor(context: dg.SensorEvaluationContext) -> Iterator[dg.RunRequest | dg.SkipReason]:
+        known = None if context.cursor is None else set(json.loads(context.cursor))
+        wanted = []
+        for name in names:
+            if known is None:
+                if context.instance.get_latest_materialization_event(
+                        replica_key(name)) is None:
+                    wanted.append(name)
+            elif name not in known:
+                wanted.append(name)
+        for name in wanted:
+            context.log.info(f"replica {name}: new, loading its source tables")
+            yield dg.RunRequest(
+                run_key=f"initial-load-{name}",
+                run_config={"ops": {"plan_load": {"config": {"replica": name}}}},
+                tags={"binlake/load": name})
+        if not wanted:
+            yield dg.SkipReason("no replica new since the last tick")
+        context.update_cursor(json.dumps(sorted(set(names) | (known or set()))))
+
+    return sensor

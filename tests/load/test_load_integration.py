@@ -1,0 +1,353 @@
+"""The initial load on the real stack: MariaDB, Debezium, Kafka, the changelog and Spark's
+replica build. A loaded row must equal the row the stream brings; a load while the
+source changes must end equal to the source (its parity check passes); a load killed
+mid-way resumes and commits each chunk once."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from datetime import datetime, timedelta
+from decimal import Decimal
+from pathlib import Path
+
+import pytest
+
+from binlog_assets.config import PipelineConfig, parse_config
+from binlog_assets.consume.handlers import HandlerRegistry
+from binlog_assets.dev.connect import DebeziumFence
+from binlog_assets.dev.demo import wait_for_debezium
+from binlog_assets.dev.mariadb import MariaDBServer
+from binlog_assets.lakehouse.changelog import changelog_uri
+from binlog_assets.lakehouse.replica.builder import ReplicaBuilder
+from binlog_assets.load.plan import LoadPlan
+from binlog_assets.load.tables import load_table, new_plan, replica_tables
+from binlog_assets.orchestration.changelog_run_config import ChangelogRunConfig
+from binlog_assets.orchestration.partitions import partition_key
+from binlog_assets.parity.check import check_replica
+from binlog_assets.parity.lake import replica_uri
+from binlog_assets.parity.lineage import lineage_placer
+from binlog_assets.parity.source import connect
+from binlog_assets.rounds.round import consume_partition
+
+pytestmark = pytest.mark.integration
+
+DB = "loadt"
+TABLES = ("wide", "pairs", "names", "coded")
+SHARDS = (f"{DB}_1", f"{DB}_2")
+REPLICAS = (*TABLES, "orders")
+TOPICS = (*(f"shop.{DB}.{t}" for t in TABLES), *(f"shop.{s}.orders" for s in SHARDS),
+          f"shop.{DB}.logs")
+USER, PASSWORD = "binlake_load", "load-pw"
+ROWS = 240
+SCHEMA = [
+    f"CREATE DATABASE IF NOT EXISTS {DB}",
+    f"""CREATE TABLE IF NOT EXISTS {DB}.wide (
+        id INT PRIMARY KEY, name VARCHAR(50), price DECIMAL(10,2), weight DOUBLE,
+        ratio FLOAT, qty INT UNSIGNED, big BIGINT UNSIGNED, created DATETIME(3),
+        seen TIMESTAMP(6) NULL, dur TIME(3), day DATE, payload VARBINARY(16), doc JSON,
+        size ENUM('s','m','l'), tags SET('a','b','c'), flag TINYINT(1), yr YEAR,
+        note TEXT)""",
+    # A composite key.
+    f"""CREATE TABLE IF NOT EXISTS {DB}.pairs (
+        order_id INT NOT NULL, line SMALLINT NOT NULL, sku VARCHAR(20) NOT NULL,
+        amount DECIMAL(12,4), PRIMARY KEY (order_id, line))""",
+    # A string key of a case-insensitive collation: chunked by the server's order.
+    f"""CREATE TABLE IF NOT EXISTS {DB}.names (
+        code VARCHAR(20) COLLATE utf8mb4_general_ci PRIMARY KEY, n INT NOT NULL)""",
+    # A replica keyed by `key_columns` (a unique code), not by the primary key.
+    f"""CREATE TABLE IF NOT EXISTS {DB}.coded (
+        id INT PRIMARY KEY, code CHAR(6) NOT NULL UNIQUE, qty INT)""",
+    # Shards with overlapping ids, gathered into one replica by a regex.
+    *(f"""CREATE DATABASE IF NOT EXISTS {s}""" for s in SHARDS),
+    *(f"""CREATE TABLE IF NOT EXISTS {s}.orders (
+        id INT PRIMARY KEY, status VARCHAR(10) NOT NULL)""" for s in SHARDS),
+    # No key at all: its replica is a log of changes.
+    f"""CREATE TABLE IF NOT EXISTS {DB}.logs (level VARCHAR(10), msg VARCHAR(50))""",
+]
+
+
+def _fill(conn) -> None:
+    t0 = datetime(2026, 3, 1, 12, 0, 0)
+    with conn.cursor() as cur:
+        for statement in SCHEMA:
+            cur.execute(statement)
+        for i in range(1, ROWS + 1):
+            cur.execute(
+                f"INSERT INTO {DB}.wide VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, "
+                "%s, %s, %s, %s, %s, %s, %s)",
+                (i, None if i % 7 == 0 else f"item {i} é", Decimal(i * 37) / 100, i / 3,
+                 i / 8, 4_000_000_000 + i, 18_000_000_000_000_000_000 + i,
+                 t0 + timedelta(seconds=i, milliseconds=i), t0 + timedelta(minutes=i),
+                 timedelta(hours=i % 30, milliseconds=i) * (-1 if i % 11 == 0 else 1),
+                 (t0 + timedelta(days=i)).date(), bytes([i % 256, 0, 255]),
+                 f'{{"k": {i}, "s": "v{i}"}}', "sml"[i % 3], "a,c" if i % 2 else "b",
+                 i % 2, 1990 + i % 50, "x" * (i % 40)))
+            cur.execute(f"INSERT INTO {DB}.pairs VALUES (%s, %s, %s, %s)",
+                        (i // 3, i % 3, f"sku-{i}", Decimal(i) / 7))
+            cur.execute(f"INSERT INTO {DB}.names VALUES (%s, %s)",
+                        (f"{'Ab'[i % 2]}-{i:04d}", i))
+            cur.execute(f"INSERT INTO {DB}.coded VALUES (%s, %s, %s)", (i, f"c{i:05d}", i % 9))
+            for n, shard in enumerate(SHARDS):
+                if i <= 100 + 40 * n:
+                    cur.execute(f"INSERT INTO {shard}.orders VALUES (%s, %s)", (i, f"s{n}-{i}"))
+        cur.execute(f"INSERT INTO {DB}.logs VALUES ('info', 'start'), ('info', 'start')")
+        cur.execute("CREATE USER IF NOT EXISTS %s@'%%' IDENTIFIED BY %s", (USER, PASSWORD))
+        for database in (DB, *SHARDS):
+            cur.execute(f"GRANT SELECT ON {database}.* TO %s@'%%'", (USER,))
+        cur.execute("GRANT BINLOG MONITOR ON *.* TO %s@'%%'", (USER,))
+
+
+def _pipeline(base: PipelineConfig, port: int, **load) -> PipelineConfig:
+    data = base.model_dump(mode="json", exclude_none=True)
+    suffix = uuid.uuid4().hex[:6]
+    data["kafka"]["group.id"] = f"load-{suffix}"
+    data["lakehouse"] = {**data["lakehouse"], "database": f"load_{suffix}"}
+    data["parity"] = {"chunk_rows": 50, "wait_seconds": 60}
+    data["load"] = {"workers": 2, "chunk_rows": 50, **load}
+    data["sources"] = [{
+        "name": "loadt", "topics": list(TOPICS), "format": "debezium",
+        "connection": {"host": "127.0.0.1", "port": port, "user": USER, "password": PASSWORD},
+        "tables": [*({"source": f"{DB}.{t}", "replica": t} for t in TABLES if t != "coded"),
+                   {"source": f"{DB}.coded", "replica": "coded", "key_columns": ["code"]},
+                   {"source": rf"{DB}_\d+\.orders", "replica": "orders"},
+                   {"source": f"{DB}.logs", "replica": "logs"}]}]
+    return parse_config(data)
+
+
+def _consume(pipeline: PipelineConfig) -> None:
+    for topic in TOPICS:
+        consume_partition(pipeline, dict(pipeline.kafka), partition_key(topic, 0),
+                          ChangelogRunConfig(), HandlerRegistry(),
+                          group=pipeline.kafka["group.id"])
+
+
+def _load(pipeline: PipelineConfig, replica: str, plan: LoadPlan | None = None):
+    """The replica's source tables loaded, one after another; the last one's load."""
+    source = pipeline.sources[0]
+    db = connect(source.connection)
+    try:
+        placer = lineage_placer(pipeline, source, db, dict(pipeline.kafka),
+                                pipeline.kafka["group.id"])
+        for table in replica_tables(pipeline, replica, db, source):
+            done = load_table(pipeline, source, db, table,
+                              plan or new_plan(pipeline, db, table), lineage=placer)
+        return done
+    finally:
+        db.close()
+
+
+def _children(pid: int) -> list[int]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            status = (entry / "status").read_text()
+        except (OSError, ValueError):
+            continue
+        if entry.name.isdigit() and f"\nPPid:\t{pid}\n" in status:
+            found.append(int(entry.name))
+    return found
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return "State:\tZ" not in (Path("/proc") / str(pid) / "status").read_text()
+    except OSError:
+        return False
+
+
+def _rows(pipeline: PipelineConfig, replica: str) -> list:
+    """The replica's live rows in order, with the source table each came from, without
+    binlake's other columns."""
+    import pyarrow as pa
+    from deltalake import DeltaTable
+
+    table = pa.table(DeltaTable(replica_uri(pipeline, replica)).to_pyarrow_table())
+    kept = [c for c in table.column_names
+            if not c.startswith("_") or c in ("_source_db", "_source_table")]
+    rows = [{c: r[c] for c in kept} for r in table.to_pylist() if r["_op"] in ("c", "u", "r")]
+    return sorted(rows, key=lambda r: [repr(r[c]) for c in kept])
+
+
+@pytest.fixture(scope="module")
+def streamed(debezium_fence: DebeziumFence, mariadb: MariaDBServer,
+             pipeline_config: PipelineConfig, spark) -> PipelineConfig:
+    """The tables as the stream brings them: every row an insert Debezium published."""
+    _fill(mariadb.connect())
+    pipeline = _pipeline(pipeline_config, mariadb.port)
+    wait_for_debezium(dict(pipeline.kafka), list(TOPICS), fence=debezium_fence)
+    _consume(pipeline)
+    builder = ReplicaBuilder(spark, pipeline)
+    for name in (*REPLICAS, "logs"):
+        builder.apply(name)
+    return pipeline
+
+
+def test_a_keyless_table_is_refused_naming_the_rule(streamed: PipelineConfig,
+                                                    mariadb: MariaDBServer) -> None:
+    with pytest.raises(ValueError, match="loadt.logs has no primary key: a load reads a "
+                                         "table by chunks of its primary key"):
+        _load(_pipeline(streamed, mariadb.port), "logs")
+
+
+def test_a_loaded_replica_equals_the_streamed_one(streamed: PipelineConfig,
+                                                  mariadb: MariaDBServer, spark) -> None:
+    pipeline = _pipeline(streamed, mariadb.port)
+    loads = {name: _load(pipeline, name) for name in REPLICAS}
+    assert {n: (lo.rows, lo.resumed_chunks) for n, lo in loads.items()} == {
+        **{n: (ROWS, 0) for n in TABLES}, "orders": (140, 0)}  # the second shard's
+    assert all(loads[n].chunks == ROWS // 50 + 1 for n in TABLES)  # the last one open
+    builder = ReplicaBuilder(spark, pipeline)
+    for name in REPLICAS:
+        builder.apply(name)
+        loaded, stream = _rows(pipeline, name), _rows(streamed, name)
+        assert len(loaded) == (240 if name == "orders" else ROWS)
+        assert loaded == stream, name
+    # Typed as the stream types them: the replica's columns are the streamed replica's.
+    from deltalake import DeltaTable
+    for name in REPLICAS:
+        assert DeltaTable(replica_uri(pipeline, name)).schema() == \
+            DeltaTable(replica_uri(streamed, name)).schema()
+
+
+def test_a_load_while_the_source_changes_ends_equal(streamed: PipelineConfig,
+                                                    mariadb: MariaDBServer,
+                                                    debezium_fence: DebeziumFence,
+                                                    spark) -> None:
+    """Inserts, updates and deletes inside the chunks being read; then the stream is
+    consumed and applied over the load, whatever order: the parity check passes."""
+    pipeline = _pipeline(streamed, mariadb.port, chunk_rows=20, pause_seconds=0.05)
+    stop = threading.Event()
+    changes = []
+
+    def workload() -> None:
+        conn = mariadb.connect()
+        i = 0
+        with conn.cursor() as cur:
+            while not stop.is_set() and i < 400:
+                i += 1
+                key = 1 + (i * 37) % ROWS
+                cur.execute(f"UPDATE {DB}.wide SET name = %s, price = price + 1 WHERE id = %s",
+                            (f"changed {i}", key))
+                cur.execute(f"DELETE FROM {DB}.pairs WHERE order_id = %s AND line = %s",
+                            (key // 3, key % 3))
+                cur.execute(f"INSERT INTO {DB}.names VALUES (%s, %s) "
+                            "ON DUPLICATE KEY UPDATE n = n + 1000", (f"c-{i:04d}", i))
+                changes.append(i)
+                time.sleep(0.005)
+
+    worker = threading.Thread(target=workload)
+    worker.start()
+    try:
+        for name in REPLICAS:
+            _load(pipeline, name)
+    finally:
+        stop.set()
+        worker.join()
+    assert changes, "the workload changed nothing during the load"
+    wait_for_debezium(dict(pipeline.kafka), list(TOPICS), fence=debezium_fence)
+    _consume(pipeline)
+    builder = ReplicaBuilder(spark, pipeline)
+    for name in REPLICAS:
+        builder.apply(name)
+        report = check_replica(pipeline, name, dict(pipeline.kafka),
+                               pipeline.kafka["group.id"])
+        assert report.passed, (name, report.summary(), report.mismatches)
+
+
+def test_a_killed_load_resumes_and_commits_each_chunk_once(
+        streamed: PipelineConfig, mariadb: MariaDBServer, debezium_fence: DebeziumFence,
+        spark, tmp_path: Path) -> None:
+    import yaml
+    from deltalake import DeltaTable
+
+    pipeline = _pipeline(streamed, mariadb.port, chunk_rows=10, pause_seconds=0.3)
+    source = pipeline.sources[0]
+    db = connect(source.connection)
+    [table] = replica_tables(pipeline, "wide", db, source)
+    plan = new_plan(pipeline, db, table)
+    db.close()
+    assert len(plan.uppers) == ROWS // 10 + 1 and plan.workers == 2
+    config = tmp_path / "binlake.yaml"
+    config.write_text(yaml.safe_dump(pipeline.model_dump(mode="json", exclude_none=True)))
+    (tmp_path / "plan.json").write_text(plan.to_json())
+    script = (
+        "import sys; from pathlib import Path\n"
+        "from binlog_assets.config import load_config\n"
+        "from binlog_assets.load.plan import LoadPlan\n"
+        "from tests.load.test_load_integration import _load\n"
+        "plan = LoadPlan.from_json(Path(sys.argv[2]).read_text())\n"
+        "_load(load_config(sys.argv[1]), 'wide', plan)\n")
+    proc = subprocess.Popen([sys.executable, "-c", script, str(config),
+                             str(tmp_path / "plan.json")], cwd=Path(__file__).parents[2])
+    uri = changelog_uri(pipeline)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        if DeltaTable.is_deltatable(uri) and len(
+                [h for h in DeltaTable(uri).history() if "load/" in str(h)]) >= 4:
+            break
+        assert proc.poll() is None, "the load ended before it was killed"
+        time.sleep(0.1)
+    workers = _children(proc.pid)
+    assert len(workers) == 2, workers
+    os.kill(proc.pid, signal.SIGKILL)  # the run's process dies; its workers die with it
+    proc.wait()
+    deadline = time.monotonic() + 10
+    while any(_alive(w) for w in workers) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not any(_alive(w) for w in workers), "a load worker outlived its parent"
+    committed = DeltaTable(uri).to_pyarrow_table(columns=["op"]).num_rows
+    assert 0 < committed < ROWS
+
+    resumed = _load(pipeline, "wide", plan)
+    assert resumed.resumed_chunks >= 4
+    assert resumed.rows == ROWS - committed  # only the chunks not committed were read
+    rows = DeltaTable(uri).to_pyarrow_table(columns=["key"]).column("key").to_pylist()
+    assert len(rows) == len(set(rows)) == ROWS  # every key once: no chunk committed twice
+    wide = ReplicaBuilder(spark, pipeline).apply("wide")
+    assert len(_rows(pipeline, "wide")) == ROWS, wide
+    # With the stream consumed over it, the replica is its source's.
+    wait_for_debezium(dict(pipeline.kafka), list(TOPICS), fence=debezium_fence)
+    _consume(pipeline)
+    ReplicaBuilder(spark, pipeline).apply("wide")
+    report = check_replica(pipeline, "wide", dict(pipeline.kafka), pipeline.kafka["group.id"])
+    assert report.passed, (report.summary(), report.mismatches)
+
+
+def test_the_load_job_loads_a_replica_and_reports_its_progress(
+        streamed: PipelineConfig, mariadb: MariaDBServer, tmp_path: Path) -> None:
+    """From the launchpad: the plan, the chunks (an observation of progress at the end),
+    the replica applied and its row-count check passed."""
+    import dagster as dg
+    import yaml
+
+    from binlog_assets.orchestration.load_job import LOAD_JOB_NAME, load_replica_job
+    from binlog_assets.orchestration.replica_assets import build_replica_assets
+    from binlog_assets.orchestration.resources import BinlakeResource
+
+    pipeline = _pipeline(streamed, mariadb.port)
+    path = tmp_path / "binlake.yaml"
+    path.write_text(yaml.safe_dump(pipeline.model_dump(mode="json", exclude_none=True)))
+    defs = dg.Definitions(assets=[build_replica_assets(pipeline)], jobs=[load_replica_job],
+                          resources={"binlake": BinlakeResource(config_path=str(path))})
+    result = defs.resolve_job_def(LOAD_JOB_NAME).execute_in_process(run_config={
+        "ops": {"plan_load": {"config": {"replica": "names"}}}})
+    assert result.success
+    observed = [e.event_specific_data.asset_observation.metadata for e in result.all_events
+                if e.event_type_value == "ASSET_OBSERVATION"]
+    # The first chunk's, then the end's (the load takes less than 10 s).
+    done = [(m["load_chunks_done"].value, m["load_chunks"].value) for m in observed]
+    total = done[-1][1]
+    assert total >= ROWS // 50 + 1 and done == [(1, total), (total, total)]
+    assert observed[-1]["load_chunks"].value >= ROWS // 50 + 1
+    [materialized] = result.asset_materializations_for_node("apply_loaded")
+    assert materialized.asset_key == dg.AssetKey(["replica", "names"])
+    live = len(_rows(pipeline, "names"))
+    assert materialized.metadata["load_rows"].value == live > 0
+    [check] = result.get_asset_check_evaluations()
+    assert check.passed, check.metadata
