@@ -14,7 +14,8 @@ Timed, each side in turn (`--order` says which first):
 - the Spark copy, in a process of its own: the product's Spark settings (master, driver
   memory, Delta jars) plus MariaDB Connector/J (`.cache/jars/jdbc`, `make bench-load`
   resolves it); Spark's start, then `spark.read.jdbc` with `--spark-partitions` ranges
-  of the key and a Delta write by path;
+  of the key and a Delta write by path (then, untimed in the ratio, the JDBC read alone
+  into Spark's `noop` sink: Spark's read against binlake's);
 - binlake, as `load_replica_job` runs it: the plan (the key walked), the load
   (`load.workers` processes into the changelog; its peak RSS, parent and workers), the
   replica build by Spark (its start timed apart), then the replica's row count checked.
@@ -80,7 +81,10 @@ frame = spark.read.jdbc(args["url"], "bench.wide", column="id", lowerBound=1,
 frame.write.format("delta").mode("overwrite").save(args["path"])
 copied = time.perf_counter() - t
 rows = spark.read.format("delta").load(args["path"]).count()
-print(json.dumps({"start": started, "copy": copied, "rows": rows}))
+t = time.perf_counter()
+frame.write.format("noop").mode("overwrite").save()  # the read alone, every column
+read = time.perf_counter() - t
+print(json.dumps({"start": started, "copy": copied, "rows": rows, "read": read}))
 """
 
 
@@ -200,11 +204,12 @@ def main() -> None:
                 figures[side] = binlake_load(pipeline, args.rows)
             print(f"{side} done, load average {load_average()}")
         s, b = figures["spark"], figures["binlake"]
-        spark_total = s["wall"]
+        spark_total = s["wall"] - s["read"]  # the copy as its own process, without the extra read
         binlake_total = b["plan"] + b["load"] + b["spark_start"] + b["build"]
         print(f"spark copy: {spark_total:.1f}s as a process (Spark start {s['start']:.1f}s, "
               f"read.jdbc x{args.spark_partitions} + Delta write {s['copy']:.1f}s, "
-              f"{args.rows / s['copy']:,.0f} rows/s)")
+              f"{args.rows / s['copy']:,.0f} rows/s; the JDBC read alone, after it, "
+              f"{s['read']:.1f}s, {args.rows / s['read']:,.0f} rows/s)")
         print(f"binlake: {binlake_total:.1f}s (plan {b['plan']:.1f}s, load {b['load']:.1f}s "
               f"in {b['chunks']} chunks by {args.workers} workers, "
               f"{args.rows / b['load']:,.0f} rows/s; Spark start {b['spark_start']:.1f}s, "
