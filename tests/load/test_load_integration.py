@@ -351,3 +351,79 @@ def test_the_load_job_loads_a_replica_and_reports_its_progress(
     assert materialized.metadata["load_rows"].value == live > 0
     [check] = result.get_asset_check_evaluations()
     assert check.passed, check.metadata
+
+
+def test_a_table_added_while_streaming_is_loaded_and_followed(
+        streamed: PipelineConfig, mariadb: MariaDBServer, debezium_fence: DebeziumFence,
+        spark, tmp_path: Path) -> None:
+    """`loadt.late` held rows before binlake followed it (its stream starts at the
+    topic's end, as a connector with `snapshot.mode: no_data` would). binlake.yaml gains
+    it: `initial_load_sensor` launches its load, the job loads it, and the stream goes
+    on into the same replica: it ends equal to its source, twice."""
+    import dagster as dg
+    import yaml
+    from confluent_kafka import Consumer, TopicPartition
+
+    from binlog_assets.orchestration.load_job import (
+        LOAD_JOB_NAME,
+        initial_load_sensor,
+        load_replica_job,
+    )
+    from binlog_assets.orchestration.replica_assets import build_replica_assets
+    from binlog_assets.orchestration.resources import BinlakeResource
+
+    topic = f"shop.{DB}.late"
+    with mariadb.connect().cursor() as cur:
+        cur.execute(f"CREATE TABLE {DB}.late (id INT PRIMARY KEY, v VARCHAR(20))")
+        cur.executemany(f"INSERT INTO {DB}.late VALUES (%s, %s)",
+                        [(i, f"before {i}") for i in range(1, 121)])
+    wait_for_debezium(dict(streamed.kafka), [topic], fence=debezium_fence)
+    consumer = Consumer({**streamed.kafka, "group.id": "load-late-probe"})
+    _, end = consumer.get_watermark_offsets(TopicPartition(topic, 0), timeout=10)
+    consumer.close()
+
+    before = _pipeline(streamed, mariadb.port, new_replicas=True)
+    sensor = initial_load_sensor(before)
+    data = before.model_dump(mode="json", exclude_none=True)
+    data["sources"][0]["topics"].append(topic)
+    data["sources"][0]["tables"].append({"source": f"{DB}.late", "replica": "late"})
+    after = parse_config(data)
+    path = tmp_path / "binlake.yaml"
+    path.write_text(yaml.safe_dump(after.model_dump(mode="json", exclude_none=True)))
+    with dg.instance_for_test() as instance:
+        for name in (*REPLICAS, "logs"):  # built before: the first tick takes none of them
+            instance.report_runless_asset_event(dg.AssetMaterialization(
+                asset_key=dg.AssetKey(["replica", name])))
+        first = dg.build_sensor_context(instance=instance)
+        assert [r for r in sensor(first) if isinstance(r, dg.RunRequest)] == []
+        later = dg.build_sensor_context(instance=instance, cursor=first.cursor)
+        [request] = [r for r in initial_load_sensor(after)(later)
+                     if isinstance(r, dg.RunRequest)]
+    assert request.run_config["ops"]["plan_load"]["config"] == {"replica": "late"}
+    with mariadb.connect().cursor() as cur:  # changes the stream brings
+        cur.execute(f"UPDATE {DB}.late SET v = 'changed' WHERE id <= 10")
+        cur.execute(f"DELETE FROM {DB}.late WHERE id > 110")
+    wait_for_debezium(dict(after.kafka), [*TOPICS, topic], fence=debezium_fence)
+    # The new table's stream from where its connector would have begun.
+    consume_partition(after, dict(after.kafka), partition_key(topic, 0),
+                      ChangelogRunConfig(start_offset=end), HandlerRegistry(),
+                      group=after.kafka["group.id"])
+    _consume(after)
+    defs = dg.Definitions(assets=[build_replica_assets(after)], jobs=[load_replica_job],
+                          resources={"binlake": BinlakeResource(config_path=str(path))})
+    result = defs.resolve_job_def(LOAD_JOB_NAME).execute_in_process(
+        run_config=request.run_config)
+    assert result.success
+    for round_ in range(2):
+        wait_for_debezium(dict(after.kafka), [*TOPICS, topic], fence=debezium_fence)
+        consume_partition(after, dict(after.kafka), partition_key(topic, 0),
+                          ChangelogRunConfig(), HandlerRegistry(),
+                          group=after.kafka["group.id"])
+        _consume(after)
+        ReplicaBuilder(spark, after).apply("late")
+        report = check_replica(after, "late", dict(after.kafka), after.kafka["group.id"])
+        assert report.passed, (round_, report.summary(), report.mismatches)
+        assert report.source_rows == (110 if round_ == 0 else 111)
+        if round_ == 0:
+            with mariadb.connect().cursor() as cur:  # followed: a change after the load
+                cur.execute(f"INSERT INTO {DB}.late VALUES (500, 'after the load')")
