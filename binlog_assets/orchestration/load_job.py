@@ -20,9 +20,8 @@ import dagster as dg
 from pydantic import Field
 
 from binlog_assets.config import PipelineConfig
-from binlog_assets.orchestration.replica_reports import replica_key
+from binlog_assets.orchestration.replica_reports import applied_events, replica_key
 from binlog_assets.orchestration.resources import BinlakeResource
-from binlog_assets.orchestration.resync_job import applied_events
 from binlog_assets.orchestration.shared import SPARK_POOL
 
 LOAD_JOB_NAME = "load_replica_job"

@@ -1,8 +1,10 @@
-"""What a replica build reports, for the replica assets and the follower run alike: the
-assets' keys, the metadata of an apply, and the row-count check (the replica's rows
-against what the changelog says at the applied version)."""
+"""What a replica build reports, for the replica assets, the follower run and the
+re-sync and load jobs alike: the assets' keys, the metadata of an apply, and the
+row-count check (the replica's rows against what the changelog says at the applied
+version)."""
 
 import time
+from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 import dagster as dg
@@ -14,6 +16,7 @@ if TYPE_CHECKING:
     from binlog_assets.lakehouse.audit_arrow import LiveKeys
     from binlog_assets.lakehouse.replica.builder import ReplicaBuilder
     from binlog_assets.lakehouse.replica.plan import ReplicaResult
+    from binlog_assets.orchestration.resources import BinlakeResource
 
 ROW_COUNT_CHECK = "row_count_matches_changelog"
 SOURCE_DELAY_CHECK = "source_delay"
@@ -206,3 +209,24 @@ def replicas_failed(failed: list[tuple[str, Exception]], total: int) -> RuntimeE
                          + "; ".join(f"{name}: {failure_line(exc)}" for name, exc in failed))
     error.__cause__ = failed[0][1]
     return error
+
+
+def applied_events(binlake: "BinlakeResource", name: str, description: str,
+                   metadata: dict[str, dg.MetadataValue], log: dg.DagsterLogManager
+                   ) -> Iterator[dg.AssetMaterialization | dg.AssetCheckEvaluation]:
+    """The replica applied as a replica run would (rows a re-sync or a load appended),
+    reported with its row-count check, which counts those rows on both sides."""
+    from binlog_assets.lakehouse.replica.builder import ReplicaBuilder
+
+    builder = ReplicaBuilder(binlake.spark(), binlake.pipeline)
+    # A follower may have applied the rows first: this apply then finds the replica at
+    # the changelog's version and reports it as it stands.
+    result = builder.apply(name)
+    log.info(f"replica {name}: {result}")
+    live = counted_rows(builder, name, result.key_rule)
+    yield dg.AssetMaterialization(asset_key=replica_key(name), description=description,
+                                  metadata=replica_metadata(result, live) | metadata)
+    check = row_count_check(builder, name, result.key_rule, live, result.applied_version)
+    yield dg.AssetCheckEvaluation(
+        asset_key=check.asset_key, check_name=check.check_name, passed=check.passed,
+        severity=check.severity, metadata=check.metadata, description=check.description)

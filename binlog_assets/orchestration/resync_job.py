@@ -20,12 +20,7 @@ from pydantic import Field
 
 from binlog_assets.config import PipelineConfig
 from binlog_assets.orchestration.parity_checks import PARITY_CHECK, checked_replicas
-from binlog_assets.orchestration.replica_reports import (
-    counted_rows,
-    replica_key,
-    replica_metadata,
-    row_count_check,
-)
+from binlog_assets.orchestration.replica_reports import applied_events, replica_key
 from binlog_assets.orchestration.resources import BinlakeResource
 from binlog_assets.orchestration.shared import SPARK_POOL
 
@@ -109,27 +104,6 @@ def apply_resynced(context: dg.OpExecutionContext, resynced: dict, binlake: Binl
         "resync_rows_deleted": dg.MetadataValue.int(resynced["deleted"]),
         "resync_ranges": dg.MetadataValue.json(resynced["ranges"])}, context.log)
     yield dg.Output(None)
-
-
-def applied_events(binlake: BinlakeResource, name: str, description: str,
-                   metadata: dict[str, dg.MetadataValue], log: dg.DagsterLogManager
-                   ) -> Iterator[dg.AssetMaterialization | dg.AssetCheckEvaluation]:
-    """The replica applied as a replica run would (rows a re-sync or a load appended),
-    reported with its row-count check, which counts those rows on both sides."""
-    from binlog_assets.lakehouse.replica.builder import ReplicaBuilder
-
-    builder = ReplicaBuilder(binlake.spark(), binlake.pipeline)
-    # A follower may have applied the rows first: this apply then finds the replica at
-    # the changelog's version and reports it as it stands.
-    result = builder.apply(name)
-    log.info(f"replica {name}: {result}")
-    live = counted_rows(builder, name, result.key_rule)
-    yield dg.AssetMaterialization(asset_key=replica_key(name), description=description,
-                                  metadata=replica_metadata(result, live) | metadata)
-    check = row_count_check(builder, name, result.key_rule, live, result.applied_version)
-    yield dg.AssetCheckEvaluation(
-        asset_key=check.asset_key, check_name=check.check_name, passed=check.passed,
-        severity=check.severity, metadata=check.metadata, description=check.description)
 
 
 @dg.job(name=RESYNC_JOB_NAME, executor_def=dg.in_process_executor,
