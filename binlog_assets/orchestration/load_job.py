@@ -111,6 +111,8 @@ def _progress(context: dg.OpExecutionContext, replica: str, table: str):  # noqa
         shown[0] = time.monotonic()
         context.log_event(dg.AssetObservation(
             asset_key=replica_key(replica), metadata={
+                # What the asset's page shows until the load is done.
+                "load_state": "loaded" if state.chunks_done == state.chunks else "loading",
                 "load_table": table,
                 "load_rows": dg.MetadataValue.int(state.rows),
                 "load_chunks_done": dg.MetadataValue.int(state.chunks_done),

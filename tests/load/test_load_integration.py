@@ -344,6 +344,7 @@ def test_the_load_job_loads_a_replica_and_reports_its_progress(
     done = [(m["load_chunks_done"].value, m["load_chunks"].value) for m in observed]
     total = done[-1][1]
     assert total >= ROWS // 50 + 1 and done == [(1, total), (total, total)]
+    assert [m["load_state"].value for m in observed] == ["loading", "loaded"]
     assert observed[-1]["load_chunks"].value >= ROWS // 50 + 1
     [materialized] = result.asset_materializations_for_node("apply_loaded")
     assert materialized.asset_key == dg.AssetKey(["replica", "names"])
