@@ -66,15 +66,15 @@ BULK_USER, BULK_PASSWORD = "binlake_load", "bench-pw"
 LOAD_SCRIPT = """
 import sys
 from binlog_assets.config import load_config
-from binlog_assets.load.tables import load_table, new_plan, replica_tables
+from binlog_assets.load.tables import load_table, new_plan
+from binlog_assets.parity.check import replica_sources
 from binlog_assets.parity.lineage import lineage_placer
-from binlog_assets.parity.source import connect
 pipeline = load_config(sys.argv[1])
-source = pipeline.sources[0]
-db = connect(source.connection)
-[table] = replica_tables(pipeline, "bulk", db, source)
-placer = lineage_placer(pipeline, source, db, dict(pipeline.kafka), pipeline.kafka["group.id"])
-done = load_table(pipeline, source, db, table, new_plan(pipeline, db, table), lineage=placer)
+for source, db, table in replica_sources(pipeline, "bulk"):
+    placer = lineage_placer(pipeline, source, db, dict(pipeline.kafka),
+                            pipeline.kafka["group.id"])
+    done = load_table(pipeline, source, db, table, new_plan(pipeline, db, table),
+                      lineage=placer)
 print(done.rows, done.seconds)
 """
 ROWS = 100

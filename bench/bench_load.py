@@ -139,20 +139,17 @@ def binlake_load(pipeline, rows: int) -> dict:
 
     from binlog_assets.lakehouse.replica.builder import ReplicaBuilder
     from binlog_assets.lakehouse.spark import get_spark
-    from binlog_assets.load.tables import load_table, new_plan, replica_tables
+    from binlog_assets.load.tables import load_table, new_plan
+    from binlog_assets.parity.check import replica_sources
     from binlog_assets.parity.lake import replica_uri
-    from binlog_assets.parity.source import connect
 
-    source = pipeline.sources[0]
-    db = connect(source.connection)
-    began = time.perf_counter()
-    [table] = replica_tables(pipeline, "wide", db, source)
-    plan = new_plan(pipeline, db, table)
-    planned = time.perf_counter() - began
-    t = time.perf_counter()
-    done = load_table(pipeline, source, db, table, plan, lineage=lambda p: FIRST_LINEAGE)
-    loaded = time.perf_counter() - t
-    db.close()
+    for source, db, table in replica_sources(pipeline, "wide"):
+        began = time.perf_counter()
+        plan = new_plan(pipeline, db, table)
+        planned = time.perf_counter() - began
+        t = time.perf_counter()
+        done = load_table(pipeline, source, db, table, plan, lineage=lambda p: FIRST_LINEAGE)
+        loaded = time.perf_counter() - t
     rss_self = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     rss_workers = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
     t = time.perf_counter()

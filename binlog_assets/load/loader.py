@@ -49,7 +49,7 @@ def slot_app_id(load_id: str, slot: int) -> str:
 class ChunkDone:
     index: int
     rows: int
-    position: BinlogPosition
+    position: BinlogPosition | None  # None: committed by an earlier attempt, not read
     version: int | None  # None: committed by an earlier attempt of the load
     seconds: float
 
@@ -112,7 +112,8 @@ def run_load(writer: ChangelogWriter, connection: SourceConnection, table: Sourc
         state.chunks_done += 1
         state.rows += chunk.rows
         state.skipped += chunk.version is None
-        if state.highest is None or chunk.position > state.highest:
+        if chunk.position is not None and (state.highest is None
+                                           or chunk.position > state.highest):
             state.highest = chunk.position
         progress(state, chunk)
 
@@ -198,7 +199,7 @@ def _load_slot(job: SlotJob, done: Callable[[ChunkDone], None]) -> None:
         columns = load_columns(db, job.table)
         for index in plan.slot_chunks(job.slot):
             if index + 1 <= committed:
-                done(ChunkDone(index, 0, _NOWHERE, None, 0.0))
+                done(ChunkDone(index, 0, None, None, 0.0))
                 continue
             began = time.monotonic()
             now = datetime.now(UTC)
@@ -215,12 +216,3 @@ def _load_slot(job: SlotJob, done: Callable[[ChunkDone], None]) -> None:
                 time.sleep(job.pause_seconds)
     finally:
         db.close()
-
-
-def _nowhere() -> BinlogPosition:
-    from binlog_assets.parity.source import BinlogPosition
-
-    return BinlogPosition(0, 0)
-
-
-_NOWHERE = _nowhere()

@@ -61,10 +61,13 @@ class LoadColumns:
     column whose driver value is not the stream's (None: kept as read)."""
 
     names: tuple[str, ...]
-    declared: str | None
-    converters: tuple[Callable[[Any], Any] | None, ...]
-    all_declared: bool
     declared_map: dict[str, str]
+    declared: str | None  # `declared_map` as JSON, written on every row
+    converters: tuple[Callable[[Any], Any] | None, ...]
+
+    @property
+    def all_declared(self) -> bool:
+        return len(self.declared_map) == len(self.names)
 
 
 def load_columns(db: Any, table: SourceTable) -> LoadColumns:
@@ -84,8 +87,8 @@ def load_columns(db: Any, table: SourceTable) -> LoadColumns:
         if canonical is not None:
             declared[name] = canonical
         converters.append(_converter(column_type.lower(), canonical))
-    return LoadColumns(tuple(n for n, _ in described), to_json(declared) if declared else None,
-                       tuple(converters), len(declared) == len(described), declared)
+    return LoadColumns(tuple(n for n, _ in described), declared,
+                       to_json(declared) if declared else None, tuple(converters))
 
 
 def _converter(column_type: str, canonical: str | None) -> Callable[[Any], Any] | None:
@@ -177,7 +180,7 @@ def _rows(batch: Any, table: SourceTable, columns: LoadColumns,
     converted = [(i, c) for i, c in enumerate(converters) if c is not None]
     key_columns = list(table.primary)
     key_at = [names.index(k) for k in table.primary]
-    declared, name = columns.declared, table.name
+    declared, name, all_declared = columns.declared, table.name, columns.all_declared
     for i, row in enumerate(batch, start):
         if converted:
             row = list(row)
@@ -185,7 +188,7 @@ def _rows(batch: Any, table: SourceTable, columns: LoadColumns,
                 row[j] = convert(row[j])
         after = dict(zip(names, row, strict=True))
         value_types = None
-        if not columns.all_declared:
+        if not all_declared:
             inferred = infer_types((after,), columns.declared_map)
             value_types = to_json(inferred) if inferred else None
         yield ("", -1, -1, i, name, OP_READ,

@@ -1,4 +1,4 @@
-"""The tables a replica loads, and one table's load from plan to its last chunk: where
+"""A table's load plan, and one table's load from plan to its last chunk: where
 its chunks' positions count (the source's lineage, placed before the load and checked
 after it), and what the load did."""
 
@@ -10,10 +10,9 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from binlog_assets.lakehouse.changelog import ChangelogWriter
-from binlog_assets.lakehouse.replica.routes import replica_route
 from binlog_assets.load.loader import ChunkDone, LoadProgress, run_load
 from binlog_assets.load.plan import LoadPlan, plan_load
-from binlog_assets.parity.source import BinlogPosition, Snapshot, SourceTable, source_tables
+from binlog_assets.parity.source import BinlogPosition, Snapshot, SourceTable
 
 if TYPE_CHECKING:
     import pymysql
@@ -32,14 +31,6 @@ class TableLoad:
     rows_per_second: float
     lineage: int
     highest: BinlogPosition | None
-
-
-def replica_tables(pipeline: PipelineConfig, replica: str, db: pymysql.Connection,
-                   source: SourceConfig) -> list[SourceTable]:
-    """The tables of `source` that `replica` reads, as the server describes them."""
-    from binlog_assets.parity.check import own_route
-
-    return source_tables(db, own_route(replica_route(pipeline, replica), source))
 
 
 def new_plan(pipeline: PipelineConfig, db: pymysql.Connection, table: SourceTable
@@ -66,7 +57,7 @@ def load_table(pipeline: PipelineConfig, source: SourceConfig, db: pymysql.Conne
     placed = lineage(before)
     state = run_load(ChangelogWriter(pipeline), source.connection, table, plan,
                      pipeline.load, placed, progress)
-    if state.highest is not None and state.highest.file > 0:
+    if state.highest is not None:  # some chunk read in this attempt
         after = lineage(state.highest)
         if after != placed:
             raise RuntimeError(

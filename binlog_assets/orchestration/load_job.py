@@ -39,27 +39,16 @@ class LoadJobConfig(dg.Config):
        description="Walk each source table's primary key into the load's chunks.")
 def plan_load(context: dg.OpExecutionContext, config: LoadJobConfig,
               binlake: BinlakeResource) -> dict:
-    from binlog_assets.load.tables import new_plan, replica_tables
-    from binlog_assets.parity.check import sources_of
-    from binlog_assets.parity.source import connect
+    from binlog_assets.load.tables import new_plan
+    from binlog_assets.parity.check import replica_sources
 
     pipeline = binlake.pipeline
     plans = []
-    for source in sources_of(pipeline, config.replica):
-        if source.connection is None:
-            raise ValueError(f"source {source.name!r} has no `connection` to load from")
-        db = connect(source.connection)
-        try:
-            for table in replica_tables(pipeline, config.replica, db, source):
-                if config.table and table.name != config.table:
-                    continue
-                plan = new_plan(pipeline, db, table)
-                context.log.info(f"{table.name}: load {plan.load_id}, {len(plan.uppers)} "
-                                 f"chunks of up to {pipeline.load.chunk_rows:,} keys, "
-                                 f"{plan.workers} workers")
-                plans.append({"source": source.name, "plan": plan.to_json()})
-        finally:
-            db.close()
+    for source, db, table in replica_sources(pipeline, config.replica, config.table):
+        plan = new_plan(pipeline, db, table)
+        context.log.info(f"{table.name}: load {plan.load_id}, {len(plan.uppers)} chunks of "
+                         f"up to {pipeline.load.chunk_rows:,} keys, {plan.workers} workers")
+        plans.append({"source": source.name, "plan": plan.to_json()})
     if not plans:
         raise ValueError(f"no source table {config.table!r} of replica {config.replica!r}")
     return {"replica": config.replica, "plans": plans}
@@ -70,31 +59,30 @@ def plan_load(context: dg.OpExecutionContext, config: LoadJobConfig,
 def load_chunks(context: dg.OpExecutionContext, planned: dict,
                 binlake: BinlakeResource) -> dict:
     from binlog_assets.load.plan import LoadPlan
-    from binlog_assets.load.tables import load_table, replica_tables
+    from binlog_assets.load.tables import load_table
+    from binlog_assets.parity.check import replica_sources
     from binlog_assets.parity.lineage import lineage_placer
-    from binlog_assets.parity.source import connect
 
     pipeline, replica = binlake.pipeline, planned["replica"]
-    sources = {s.name: s for s in pipeline.sources}
+    plans = {(e["source"], (p := LoadPlan.from_json(e["plan"])).table): p
+             for e in planned["plans"]}
     loads = []
-    for entry in planned["plans"]:
-        source, plan = sources[entry["source"]], LoadPlan.from_json(entry["plan"])
-        db = connect(source.connection)
-        try:
-            [table] = [t for t in replica_tables(pipeline, replica, db, source)
-                       if t.name == plan.table]
-            placer = lineage_placer(pipeline, source, db, binlake.kafka_conf(),
-                                    pipeline.kafka["group.id"])
-            done = load_table(pipeline, source, db, table, plan, lineage=placer,
-                              progress=_progress(context, replica, table.name))
-        finally:
-            db.close()
+    for source, db, table in replica_sources(pipeline, replica):
+        plan = plans.pop((source.name, table.name), None)
+        if plan is None:
+            continue  # not planned (one table of the replica asked for)
+        placer = lineage_placer(pipeline, source, db, binlake.kafka_conf(),
+                                pipeline.kafka["group.id"])
+        done = load_table(pipeline, source, db, table, plan, lineage=placer,
+                          progress=_progress(context, replica, table.name))
         context.log.info(f"{done.table}: {done.rows:,} rows in {done.chunks} chunks "
                          f"({done.resumed_chunks} committed by an earlier attempt), "
                          f"{done.rows_per_second:,.0f} rows/s, lineage {done.lineage}")
         loads.append({"table": done.table, "load_id": done.load_id, "rows": done.rows,
                       "chunks": done.chunks, "resumed_chunks": done.resumed_chunks,
                       "seconds": round(done.seconds, 1)})
+    if plans:
+        raise ValueError(f"planned tables the source no longer has: {sorted(plans)}")
     return {"replica": replica, "loads": loads}
 
 

@@ -50,48 +50,31 @@ def _key(text: str, field: str) -> tuple | None:
        description="Re-sync a replica's key range from its source into the changelog.")
 def resync_replica(context: dg.OpExecutionContext, config: ResyncConfig,
                    binlake: BinlakeResource) -> dict:
-    from binlog_assets.lakehouse.replica.routes import replica_route
-    from binlog_assets.parity.check import own_route, sources_of
+    from binlog_assets.parity.check import replica_sources
     from binlog_assets.parity.chunks import KeyRange
+    from binlog_assets.parity.lineage import lineage_placer
     from binlog_assets.parity.resync import resync_table
-    from binlog_assets.parity.source import connect, source_tables
 
     pipeline = binlake.pipeline
-    route = replica_route(pipeline, config.replica)
     lower, upper = _key(config.lower, "lower"), _key(config.upper, "upper")
     key_range = None if lower is None and upper is None else KeyRange(lower, upper)
     chunks = []
-    for source in sources_of(pipeline, config.replica):
-        if source.connection is None:
-            raise ValueError(f"source {source.name!r} has no `connection` to read from")
-        db = connect(source.connection)
-        try:
-            for table in source_tables(db, own_route(route, source)):
-                if config.table and table.name != config.table:
-                    continue
-                done = resync_table(pipeline, config.replica, db, table, key_range,
-                                    lineage=_placer(pipeline, source, db, binlake))
-                for c in done:
-                    context.log.info(f"{table.name} {c.key_range.label()} at binlog "
-                                     f"{c.position.name}:{c.position.pos}: {c.source_rows} "
-                                     f"source rows, {c.deleted} deleted, changelog version "
-                                     f"{c.version}")
-                chunks += [(table.name, c) for c in done]
-        finally:
-            db.close()
+    for source, db, table in replica_sources(pipeline, config.replica, config.table):
+        done = resync_table(pipeline, config.replica, db, table, key_range,
+                            lineage=lineage_placer(pipeline, source, db, binlake.kafka_conf(),
+                                                   pipeline.kafka["group.id"]))
+        for c in done:
+            context.log.info(f"{table.name} {c.key_range.label()} at binlog "
+                             f"{c.position.name}:{c.position.pos}: {c.source_rows} "
+                             f"source rows, {c.deleted} deleted, changelog version "
+                             f"{c.version}")
+        chunks += [(table.name, c) for c in done]
     if not chunks:
         raise ValueError(f"no source table {config.table!r} of replica {config.replica!r}")
     return {"replica": config.replica, "chunks": len(chunks),
             "source_rows": sum(c.source_rows for _, c in chunks),
             "deleted": sum(c.deleted for _, c in chunks),
             "ranges": [f"{t} {c.key_range.label()}" for t, c in chunks][:100]}
-
-
-def _placer(pipeline, source, db, binlake: BinlakeResource):  # noqa: ANN001, ANN202
-    """The lineage of a re-sync's snapshot position (`parity/lineage.py`)."""
-    from binlog_assets.parity.lineage import lineage_placer
-
-    return lineage_placer(pipeline, source, db, binlake.kafka_conf(), pipeline.kafka["group.id"])
 
 
 @dg.op(name="apply_resynced", pool=SPARK_POOL,

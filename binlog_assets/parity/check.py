@@ -32,7 +32,9 @@ from binlog_assets.parity.source import (
 )
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import Callable, Iterator
+
+    import pymysql
 
     from binlog_assets.config import PipelineConfig, SourceConfig
     from binlog_assets.parity.chunks import Key, KeyRange
@@ -113,6 +115,23 @@ def check_replica(pipeline: PipelineConfig, replica: str, kafka_conf: dict, grou
 
 def sources_of(pipeline: PipelineConfig, replica: str) -> list[SourceConfig]:
     return [s for s in pipeline.sources if any(t.replica == replica for t in s.tables)]
+
+
+def replica_sources(pipeline: PipelineConfig, replica: str, table: str = ""
+                    ) -> Iterator[tuple[SourceConfig, pymysql.Connection, SourceTable]]:
+    """Each source table `replica` reads (`table`: that one only, `db.table`), with its
+    source and that source's read-only connection, open while its tables are taken."""
+    route = replica_route(pipeline, replica)
+    for source in sources_of(pipeline, replica):
+        if source.connection is None:
+            raise ValueError(f"source {source.name!r} has no `connection` to read from")
+        db = connect(source.connection)
+        try:
+            for found in source_tables(db, own_route(route, source)):
+                if not table or found.name == table:
+                    yield source, db, found
+        finally:
+            db.close()
 
 
 def own_route(route: ReplicaRoute, source: SourceConfig) -> ReplicaRoute:

@@ -26,13 +26,12 @@ from binlog_assets.dev.mariadb import MariaDBServer
 from binlog_assets.lakehouse.changelog import changelog_uri
 from binlog_assets.lakehouse.replica.builder import ReplicaBuilder
 from binlog_assets.load.plan import LoadPlan
-from binlog_assets.load.tables import load_table, new_plan, replica_tables
+from binlog_assets.load.tables import load_table, new_plan
 from binlog_assets.orchestration.changelog_run_config import ChangelogRunConfig
 from binlog_assets.orchestration.partitions import partition_key
-from binlog_assets.parity.check import check_replica
+from binlog_assets.parity.check import check_replica, replica_sources
 from binlog_assets.parity.lake import replica_uri
 from binlog_assets.parity.lineage import lineage_placer
-from binlog_assets.parity.source import connect
 from binlog_assets.rounds.round import consume_partition
 
 pytestmark = pytest.mark.integration
@@ -129,17 +128,12 @@ def _consume(pipeline: PipelineConfig) -> None:
 
 def _load(pipeline: PipelineConfig, replica: str, plan: LoadPlan | None = None):
     """The replica's source tables loaded, one after another; the last one's load."""
-    source = pipeline.sources[0]
-    db = connect(source.connection)
-    try:
+    for source, db, table in replica_sources(pipeline, replica):
         placer = lineage_placer(pipeline, source, db, dict(pipeline.kafka),
                                 pipeline.kafka["group.id"])
-        for table in replica_tables(pipeline, replica, db, source):
-            done = load_table(pipeline, source, db, table,
-                              plan or new_plan(pipeline, db, table), lineage=placer)
-        return done
-    finally:
-        db.close()
+        done = load_table(pipeline, source, db, table, plan or new_plan(pipeline, db, table),
+                          lineage=placer)
+    return done
 
 
 def _children(pid: int) -> list[int]:
@@ -267,11 +261,8 @@ def test_a_killed_load_resumes_and_commits_each_chunk_once(
     from deltalake import DeltaTable
 
     pipeline = _pipeline(streamed, mariadb.port, chunk_rows=10, pause_seconds=0.3)
-    source = pipeline.sources[0]
-    db = connect(source.connection)
-    [table] = replica_tables(pipeline, "wide", db, source)
-    plan = new_plan(pipeline, db, table)
-    db.close()
+    [plan] = [new_plan(pipeline, db, table)
+              for _, db, table in replica_sources(pipeline, "wide")]
     assert len(plan.uppers) == ROWS // 10 + 1 and plan.workers == 2
     config = tmp_path / "binlake.yaml"
     config.write_text(yaml.safe_dump(pipeline.model_dump(mode="json", exclude_none=True)))
