@@ -50,9 +50,13 @@ def test_an_interrupted_run_commits_what_its_handlers_finished_and_ends(
     child = subprocess.Popen([sys.executable, str(CHILD), keys[0], keys[-1]], env=env,
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
-    def busy() -> bool:  # the worker and the run's own threads are handling events
-        pids = {pid for pid, _, _ in handled_events(handled)}
-        return child.pid in pids and len(pids) == 2
+    def busy() -> bool:  # the worker and the run's threads have each handled an event
+        events = handled_events(handled)
+        pids = {pid for pid, _, _ in events}
+        started = {p for _, p, _ in events}
+        # On a loaded host a thread's partition can start later than the others': the
+        # interrupt waits for all five, or one would end with nothing committed.
+        return child.pid in pids and len(pids) == 2 and started == set(range(5))
 
     ended, err = interrupt_when(child, busy, timeout=120)
     # Reading on would have taken 12 s for the partitions running and 12 more for the
