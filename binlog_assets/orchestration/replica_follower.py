@@ -22,9 +22,9 @@ from the launchpad, or dbt on an embedded catalog).
 import queue
 import time
 from collections.abc import Callable, Iterator
-from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING, NamedTuple, TypeVar
 
 import dagster as dg
 from pydantic import Field
@@ -113,83 +113,127 @@ class FollowOptions:
     rounds: bool = False
 
 
+class Poll(NamedTuple):
+    """A poll of `follow`'s: the changelog's version, and the replicas whose applies
+    were still running then (not yet applied up to it)."""
+
+    version: int
+    busy: frozenset[str] = frozenset()
+
+
 def follow(apply: Callable[[str, int], object], names: list[str], *, changelog: ChangelogView,
            options: FollowOptions, stop: Callable[[], bool],
            waiting: Callable[[], None] | None = None) -> Iterator[tuple[str | None, object]]:
     """Apply each new changelog version to the replicas it touches until `stop()` says
     so; yields (replica, result) for every apply, as each ends, and with `rounds`
-    (None, version) at every poll, so the caller can report between applies.
+    (None, `Poll`) at every poll, so the caller can report between applies.
 
-    The first round applies every replica (whatever is pending); later rounds apply those
+    The first poll applies every replica (whatever is pending); later polls apply those
     that `changelog.touched(seen, current)` names (None: all), and any not applied for
-    `stale` versions, `workers` at a time (`options`). A replica whose apply fails is
-    yielded with its error and rests `retry` seconds, then is applied again (at the
-    version then current, new or not): the others go on following meanwhile. While a
-    round's applies run, `waiting()` is called every `poll` seconds none of them ends (the
-    caller reports on the calls they wait for).
+    `stale` versions, `workers` at a time (`options`). With more than one worker a long
+    apply holds one of them only: the next polls go on applying the other replicas, and
+    a replica touched while its apply runs is applied again once it ends. A replica
+    whose apply fails is yielded with its error and rests `retry` seconds, then is
+    applied again (at the version then current, new or not): the others go on
+    following meanwhile. While applies run, `waiting()` is called every `poll` seconds
+    none of them ends (the caller reports on the calls they wait for). Once `stop()`
+    holds, the applies running end and no more start.
     """
-    poll, workers, stale = options.poll, options.workers, options.stale
+    poll, stale = options.poll, options.stale
     seen = None
     brought: dict[str, int] = {}  # replica -> the version its last apply went up to
     resting: dict[str, float] = {}  # replica whose last apply failed -> when to try again
-    pool = (ThreadPoolExecutor(workers, thread_name_prefix="follow")
-            if workers > 1 or waiting is not None else None)
+    owed: set[str] = set()  # replicas touched since their last apply began
+    applies = _Applies(apply, options.workers, waiting)
     try:
         while True:
             current = changelog.version()
-            now = time.monotonic()
-            due = [n for n, at in resting.items() if at <= now]
             if current != seen:
                 hit = None if seen is None else changelog.touched(seen, current)
-                due += [n for n in names if n not in resting
-                        and (hit is None or n in hit or current - brought.get(n, -1) >= stale)]
-            for name, result in _applied(apply, due, current, pool, poll, waiting):
+                owed.update(n for n in names if n not in resting and (
+                    hit is None or n in hit or current - brought.get(n, -1) >= stale))
+                seen = current
+            now, busy = time.monotonic(), applies.busy()
+            due = [n for n, at in resting.items() if at <= now and n not in busy]
+            due += [n for n in names if n in owed and n not in busy and n not in due]
+            owed.difference_update(due)
+            for name, version, result in applies.start(due, current, poll):
                 if isinstance(result, Exception):
                     resting[name] = time.monotonic() + options.retry
                 else:
                     resting.pop(name, None)
-                    brought[name] = current
+                    brought[name] = version
                 yield name, result
-            seen = current
             if options.rounds:
-                yield None, current
+                # Touched but not applied up to it yet: running, or to start next poll.
+                yield None, Poll(current, frozenset(applies.busy() | owed))
             if stop():
                 break
-            time.sleep(poll)
+            if not applies.busy():
+                time.sleep(poll)
+        for name, _version, result in applies.drain(poll):
+            yield name, result
     except BaseException:
         # Terminated (SIGINT) or closed: start no more applies, and wait for none (the
         # caller cancels the running ones' Spark jobs).
-        if pool is not None:
-            pool.shutdown(wait=False, cancel_futures=True)
+        applies.close(wait=False)
         raise
-    if pool is not None:
-        pool.shutdown()
+    applies.close(wait=True)
 
 
-def _applied(apply: Callable[[str, int], object], names: list[str], version: int,
-             pool: ThreadPoolExecutor | None, every: float = 1.0,
-             waiting: Callable[[], None] | None = None) -> Iterator[tuple[str, object]]:
-    """(name, result or the exception it raised) of each apply; in order without a pool,
-    as each ends with one, calling `waiting()` every `every` seconds none ends."""
-    def apply_one(name: str) -> object:
+class _Applies:
+    """`follow`'s applies: in turn on the caller's thread with one worker and no
+    `waiting`, else on a pool of `workers` threads, each apply's result taken as it
+    ends."""
+
+    def __init__(self, apply: Callable[[str, int], object], workers: int,
+                 waiting: Callable[[], None] | None) -> None:
+        self.apply, self.waiting = apply, waiting
+        self.pool = (ThreadPoolExecutor(workers, thread_name_prefix="follow")
+                     if workers > 1 or waiting is not None else None)
+        self.running: dict[Future, tuple[str, int, int]] = {}  # -> name, version, order
+        self.started = 0
+
+    def busy(self) -> set[str]:
+        return {name for name, _, _ in self.running.values()}
+
+    def start(self, names: list[str], version: int, every: float
+              ) -> Iterator[tuple[str, int, object]]:
+        """Starts an apply of each of `names` up to `version`; yields (name, version,
+        result or the exception it raised) of those that end within `every` seconds
+        (of all of them, in order, without a pool)."""
+        if self.pool is None:
+            for name in names:
+                yield name, version, self._one(name, version)
+            return
+        for name in names:
+            self.running[self.pool.submit(self._one, name, version)] = (
+                name, version, self.started)
+            self.started += 1
+        if self.running:
+            yield from self._ended(every)
+
+    def drain(self, every: float) -> Iterator[tuple[str, int, object]]:
+        while self.running:  # no poll to come back to: wait for `waiting` alone
+            yield from self._ended(every if self.waiting is not None else None)
+
+    def close(self, *, wait: bool) -> None:
+        if self.pool is not None:
+            self.pool.shutdown(wait=wait, cancel_futures=not wait)
+
+    def _one(self, name: str, version: int) -> object:
         try:
-            return apply(name, version)
+            return self.apply(name, version)
         except Exception as exc:  # the run reports it at its end
             return exc
 
-    if pool is None:
-        for name in names:
-            yield name, apply_one(name)
-        return
-    futures = {pool.submit(apply_one, name): name for name in names}
-    order = {future: i for i, future in enumerate(futures)}
-    pending = set(futures)
-    while pending:
-        done, pending = wait(pending, timeout=every, return_when=FIRST_COMPLETED)
-        for future in sorted(done, key=order.__getitem__):
-            yield futures[future], future.result()
-        if not done and waiting is not None:
-            waiting()
+    def _ended(self, every: float | None) -> Iterator[tuple[str, int, object]]:
+        done, _ = wait(self.running, timeout=every, return_when=FIRST_COMPLETED)
+        if not done and self.waiting is not None:
+            self.waiting()
+        for future in sorted(done, key=lambda f: self.running[f][2]):
+            name, version, _ = self.running.pop(future)
+            yield name, version, future.result()
 
 
 def changed(result: "ReplicaResult") -> bool:
@@ -296,7 +340,8 @@ class ReplicaFollower:
 
     def take(self, name: str | None, outcome: object) -> Iterator:
         """What one of `follow`'s outcomes reports: a poll (`name` None, every replica
-        applied up to `outcome` but the failed), a failed apply, or an applied one."""
+        applied up to `outcome.version` but the failed and the busy), a failed apply, or
+        an applied one."""
         if name is None:
             yield from self._polled(outcome)
         elif isinstance(outcome, Exception):
@@ -310,11 +355,12 @@ class ReplicaFollower:
             if changed(result):
                 yield from self._applied(name, result, columns)
 
-    def _polled(self, version: object) -> Iterator:
+    def _polled(self, poll: Poll) -> Iterator:
         self.log_applied()
         yield from self.delays.due(time.monotonic())
         yield from self.checks.due(time.monotonic())
-        broken = set(self.failed)
+        broken = set(self.failed) | poll.busy
+        version = poll.version
         times = self.clock.advance(version)
         yield from self.sync.due([n for n in self.names if n not in broken], version,
                                  time.monotonic(),
