@@ -20,7 +20,8 @@ rounds of applies, and a round's span), and the host's CPU use and load while pr
 `--load-rows N`: during the probes, an initial load of `bulk.wide`, a table of N rows
 (bench_load.py's, in a database the connector does not capture), into the replica `bulk`,
 as `load_replica_job` reads it, in a process of its own; the replica follower then
-applies it. Printed too: the load's seconds, and the probes' p95 against 10 s (the
+applies it; the probes go on until the replica holds the load's rows. Printed too: the
+load's seconds, when its rows were in the replica, and the probes' p95 against 10 s (the
 target while a table loads).
 
     .venv/bin/python bench/bench_freshness_load.py --tables 50 --rate 200 [--probes 15]
@@ -136,6 +137,13 @@ class Writer(threading.Thread):
 
     def achieved(self) -> float:
         return self.done / max(1e-9, time.monotonic() - self.began)
+
+
+def replica_rows(uri: str) -> int:
+    """Rows in the replica's files (0 before its first commit)."""
+    if not DeltaTable.is_deltatable(uri):
+        return 0
+    return DeltaTable(uri).to_pyarrow_dataset().count_rows()
 
 
 def visible(uri: str, ident: int) -> bool:
@@ -294,7 +302,11 @@ def main() -> int:
                 load_began = time.monotonic()
             probing = time.time()
             cpu0 = cpu_times()
-            for i in range(args.probes):
+            bulk_applied = None  # seconds from the load's start to its rows in the replica
+            i = 0
+            # While a table loads, the probes go on until its replica holds the load's
+            # rows: the follower's apply of them is part of the load's cost to the others.
+            while i < args.probes or (args.load_rows and bulk_applied is None):
                 name = names[i % args.tables]
                 ident = PROBE_BASE + i
                 with conn.cursor() as cur:
@@ -309,6 +321,15 @@ def main() -> int:
                 seconds.append(time.time() - committed)
                 print(f"probe {i + 1:2d} ({name}): {seconds[-1]:5.1f}s; load "
                       f"{os.getloadavg()[0]:.2f}", flush=True)
+                if args.load_rows and bulk_applied is None and replica_rows(
+                        table_uri(pipeline, "bulk")) >= args.load_rows:
+                    bulk_applied = time.monotonic() - load_began
+                    print(f"the replica bulk holds the load's rows {bulk_applied:.0f}s "
+                          f"after the load began", flush=True)
+                if time.time() - probing > args.timeout:
+                    raise TimeoutError(f"the replica bulk lacks the load's rows after "
+                                       f"{args.timeout:.0f}s")
+                i += 1
                 time.sleep(args.pause)
             cpu1 = cpu_times()
             rate = writer.achieved()
