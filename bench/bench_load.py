@@ -1,5 +1,5 @@
 """L1: a big table's way in. binlake's initial load (chunks read in parallel, each in its
-own consistent snapshot, into the changelog; then the replica build) beside the plain
+own consistent snapshot, into the changelog and straight into the replica) beside the plain
 Spark job a data engineer would write instead (`spark.read.jdbc` partitioned over the
 key, a Delta write by path, no consistency), on the same table in one run.
 
@@ -16,9 +16,12 @@ Timed, each side in turn (`--order` says which first):
   resolves it); Spark's start, then `spark.read.jdbc` with `--spark-partitions` ranges
   of the key and a Delta write by path (then, untimed in the ratio, the JDBC read alone
   into Spark's `noop` sink: Spark's read against binlake's);
-- binlake, as `load_replica_job` runs it: the plan (the key walked), the load
-  (`load.workers` processes into the changelog; its peak RSS, parent and workers), the
-  replica build by Spark (its start timed apart), then the replica's row count checked.
+- binlake, as `load_replica_job` runs it: the plan (the key walked), Spark's start, the
+  replica made of the first chunk, the load (`load.workers` processes into the changelog
+  and the replica, typed as Arrow and appended by delta-rs; its peak RSS, parent and
+  workers), the apply after it, then the replica's row count checked. With
+  `--through-changelog`, the way a replica that takes no direct load goes: the load into
+  the changelog alone, then the replica built from it by Spark.
 
 Printed: the load average, each part's seconds, rows/s, peak RSS, and binlake ÷ Spark
 (target <= 1.5). The source has no stream here (no connector, no broker): the chunks
@@ -40,6 +43,7 @@ import sys
 import tempfile
 import time
 from datetime import UTC, datetime
+from functools import partial
 from pathlib import Path
 
 from binlog_assets.config import parse_config
@@ -132,38 +136,56 @@ def spark_copy(pipeline, port: int, rows: int, partitions: int, path: str) -> di
     return answer
 
 
-def binlake_load(pipeline, rows: int) -> dict:
-    """As `load_replica_job` runs it: the plan, the chunks into the changelog, the
-    replica's apply."""
+def binlake_load(pipeline, rows: int, direct: bool) -> dict:
+    """As `load_replica_job` runs it: the plan, (`direct`: Spark's start, the replica
+    made of the first chunk and held,) the chunks into the changelog (`direct`: and the
+    replica), the replica's apply."""
     from deltalake import DeltaTable
 
     from binlog_assets.lakehouse.replica.builder import ReplicaBuilder
     from binlog_assets.lakehouse.spark import get_spark
-    from binlog_assets.load.tables import load_table, new_plan
+    from binlog_assets.load.direct import finish_direct, prepare_direct
+    from binlog_assets.load.tables import load_first_chunk, load_table, new_plan
     from binlog_assets.parity.check import replica_sources
     from binlog_assets.parity.lake import replica_uri
 
+    t = time.perf_counter()
+    spark = get_spark(pipeline) if direct else None
+    started = time.perf_counter() - t
+    prepared = 0.0
+    target = None
     for source, db, table in replica_sources(pipeline, "wide"):
         began = time.perf_counter()
         plan = new_plan(pipeline, db, table)
         planned = time.perf_counter() - began
+        if direct:
+            t = time.perf_counter()
+            target = prepare_direct(spark, pipeline, "wide", plan.load_id, partial(
+                load_first_chunk, pipeline, source, db, table, plan,
+                lineage=lambda p: FIRST_LINEAGE))
+            prepared = time.perf_counter() - t
         t = time.perf_counter()
-        done = load_table(pipeline, source, db, table, plan, lineage=lambda p: FIRST_LINEAGE)
+        done = load_table(pipeline, source, db, table, plan, lineage=lambda p: FIRST_LINEAGE,
+                          direct=target)
         loaded = time.perf_counter() - t
     rss_self = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     rss_workers = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
+    if spark is None:
+        t = time.perf_counter()
+        spark = get_spark(pipeline)
+        started = time.perf_counter() - t
     t = time.perf_counter()
-    spark = get_spark(pipeline)
-    started = time.perf_counter() - t
-    t = time.perf_counter()
+    if target is not None:
+        finish_direct(spark, pipeline, target)
     result = ReplicaBuilder(spark, pipeline).apply("wide")
     built = time.perf_counter() - t
     count = DeltaTable(replica_uri(pipeline, "wide")).count()
-    if count != rows or done.rows != rows:
+    # A direct load's first chunk came in before the load (`prepare`).
+    if count != rows or (target is None and done.rows != rows):
         raise SystemExit(f"binlake's replica has {count} rows (loaded {done.rows}), not {rows}")
-    return {"plan": planned, "load": loaded, "chunks": done.chunks, "spark_start": started,
-            "build": built, "rss_parent": rss_self, "rss_worker": rss_workers,
-            "result": str(result)}
+    return {"plan": planned, "prepare": prepared, "load": loaded, "chunks": done.chunks,
+            "spark_start": started, "build": built, "rss_parent": rss_self,
+            "rss_worker": rss_workers, "result": str(result)}
 
 
 def main() -> None:
@@ -172,6 +194,10 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--chunk-rows", type=int, default=50_000)
     parser.add_argument("--spark-partitions", type=int, default=4)
+    parser.add_argument("--through-changelog", action="store_true",
+                        help="binlake's load into the changelog alone, the replica built "
+                             "from it by Spark (the way a replica that takes no direct load "
+                             "goes)")
     parser.add_argument("--order", choices=("spark-first", "binlake-first"),
                         default="spark-first")
     args = parser.parse_args()
@@ -198,16 +224,19 @@ def main() -> None:
                 figures[side] = spark_copy(pipeline, server.port, args.rows,
                                            args.spark_partitions, str(work / "copy"))
             else:
-                figures[side] = binlake_load(pipeline, args.rows)
+                figures[side] = binlake_load(pipeline, args.rows,
+                                             direct=not args.through_changelog)
             print(f"{side} done, load average {load_average()}")
         s, b = figures["spark"], figures["binlake"]
         spark_total = s["wall"] - s["read"]  # the copy as its own process, without the extra read
-        binlake_total = b["plan"] + b["load"] + b["spark_start"] + b["build"]
+        binlake_total = b["plan"] + b["prepare"] + b["load"] + b["spark_start"] + b["build"]
         print(f"spark copy: {spark_total:.1f}s as a process (Spark start {s['start']:.1f}s, "
               f"read.jdbc x{args.spark_partitions} + Delta write {s['copy']:.1f}s, "
               f"{args.rows / s['copy']:,.0f} rows/s; the JDBC read alone, after it, "
               f"{s['read']:.1f}s, {args.rows / s['read']:,.0f} rows/s)")
-        print(f"binlake: {binlake_total:.1f}s (plan {b['plan']:.1f}s, load {b['load']:.1f}s "
+        way = "through the changelog" if args.through_changelog else "straight to the replica"
+        print(f"binlake, {way}: {binlake_total:.1f}s (plan {b['plan']:.1f}s, "
+              f"replica made of the first chunk {b['prepare']:.1f}s, load {b['load']:.1f}s "
               f"in {b['chunks']} chunks by {args.workers} workers, "
               f"{args.rows / b['load']:,.0f} rows/s; Spark start {b['spark_start']:.1f}s, "
               f"replica build {b['build']:.1f}s); peak RSS of the load: parent "

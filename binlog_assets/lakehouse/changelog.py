@@ -416,11 +416,14 @@ class ChangelogWriter:
         return version
 
     def append_rows(self, rows: Sequence[tuple], tag: str, now: datetime,
-                    txn: tuple[str, int] | None = None) -> int | None:
+                    txn: tuple[str, int] | None = None,
+                    loaded: dict[str, int] | None = None) -> int | None:
         """Append `event_row` tuples ingested at `now` in one commit tagged `tag`; its
         version. With `txn` (app id, version), the commit carries that transaction and is
         skipped (None) when the table holds the app id at that version or past it: an
-        initial load's worker resumes after its last committed chunk, exactly once."""
+        initial load's worker resumes after its last committed chunk, exactly once.
+        `loaded`: rows a direct load's replica holds already, by the load's topic
+        (`changelog_rows.commit_metadata`)."""
         from deltalake import CommitProperties, Transaction, write_deltalake
 
         with self._lock:
@@ -433,7 +436,8 @@ class ChangelogWriter:
                 table, arrow_table(rows, now), mode="append",
                 commit_properties=CommitProperties(
                     custom_metadata={"userMetadata": commit_metadata(
-                        f"{tag}#{uuid.uuid4().hex}", survey_of_rows(rows), source_times(rows))},
+                        f"{tag}#{uuid.uuid4().hex}", survey_of_rows(rows), source_times(rows),
+                        loaded=loaded)},
                     app_transactions=None if txn is None else [Transaction(*txn)]),
             )
             return table.version()

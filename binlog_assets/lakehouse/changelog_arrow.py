@@ -24,7 +24,7 @@ if TYPE_CHECKING:
 # The columns an Arrow apply reads. delta-rs builds a SQL projection from the names
 # without quoting them, and `table` or `offset` after another name does not parse: they
 # come first and last.
-RANGE_COLUMNS = ("offset", "op", "key", "before", "after", "pos_phase", "pos_file",
+RANGE_COLUMNS = ("offset", "topic", "op", "key", "before", "after", "pos_phase", "pos_file",
                  "pos_pos", "pos_row", "row_index", "source_ts", "_commit_version", "table")
 # The range kept for the next replica holds at most this many rows (a catch-up's whole
 # backlog is read per replica, by its tables, instead).
@@ -36,9 +36,11 @@ _kept: dict[str, tuple[str, int, int, pa.Table]] = {}
 
 
 def changes_of(pipeline: PipelineConfig, after_version: int | None, up_to: int,
-               tables: list[str], ops: tuple[str, ...]) -> pa.Table:
+               tables: list[str], ops: tuple[str, ...], without_topics: list[str] = ()
+               ) -> pa.Table:
     """Rows of changelog versions (`after_version`, `up_to`] (the table as of `up_to`
-    when None) whose table is one of `tables` and op one of `ops`, columns `RANGE_COLUMNS`."""
+    when None) whose table is one of `tables` and op one of `ops`, columns `RANGE_COLUMNS`;
+    `without_topics`: but those of these topics (a direct load's, `replica/loads.py`)."""
     import pyarrow as pa
     import pyarrow.compute as pc
     from deltalake import DeltaTable, QueryBuilder
@@ -51,15 +53,19 @@ def changes_of(pipeline: PipelineConfig, after_version: int | None, up_to: int,
         # file's footer, a cost per replica that grows with the number of tables.
         columns = ", ".join(f'"{c}"' for c in RANGE_COLUMNS if c != "_commit_version")
         query = QueryBuilder().register("changelog", DeltaTable(uri, version=up_to))
+        unloaded = (f' AND "topic" NOT IN ({_sql_list(list(without_topics))})'
+                    if without_topics else "")
         reader = query.execute(
             f'SELECT {columns} FROM changelog WHERE "table" IN ({_sql_list(tables)}) '
-            f'AND "op" IN ({_sql_list(list(ops))})')
+            f'AND "op" IN ({_sql_list(list(ops))}){unloaded}')
         return _plain(pa.table(reader.read_all()))
     log = open_log(uri)
     # A changelog made again at the same location counts its versions from 0 again.
     table_id = log.metadata().id
     first = after_version + 1
-    rows = _kept_rows(log, uri, table_id, first, up_to)
+    # A range with a direct load's rows is read without them, and kept for no other.
+    rows = (_read(log, first, up_to, tables, without_topics) if without_topics
+            else _kept_rows(log, uri, table_id, first, up_to))
     if rows is None:
         rows = _read(log, first, up_to, None)
         if rows.num_rows > KEPT_ROWS:
@@ -100,13 +106,17 @@ def _kept_rows(log: DeltaTable, uri: str, table_id: str, first: int, last: int
     return rows
 
 
-def _read(log: DeltaTable, first: int, last: int, tables: list[str] | None
-          ) -> pa.Table:
-    """Versions `first`..`last` of the append-only changelog `log`: the rows they added."""
+def _read(log: DeltaTable, first: int, last: int, tables: list[str] | None,
+          without_topics: list[str] = ()) -> pa.Table:
+    """Versions `first`..`last` of the append-only changelog `log`: the rows they added
+    (of `tables`, not of `without_topics`)."""
     import pyarrow as pa
 
     # Files hold one partition's events each, so their `table` statistics skip most.
     predicate = None if tables is None else f"`table` IN ({_sql_list(tables)})"
+    if without_topics:
+        predicate = " AND ".join(
+            p for p in (predicate, f"`topic` NOT IN ({_sql_list(list(without_topics))})") if p)
     reader = log.load_cdf(starting_version=first, ending_version=last,
                           columns=list(RANGE_COLUMNS), predicate=predicate)
     return _plain(pa.table(reader.read_all()))

@@ -173,6 +173,17 @@ def read_survey(spark: SparkSession | None, pipeline: PipelineConfig, after_vers
     return groups
 
 
+def loaded_rows(pipeline: PipelineConfig, after_version: int | None, up_to: int,
+                topics: list[str]) -> int:
+    """Of the rows `read_survey` counts in the same versions, those the loads `topics`
+    wrote straight into their replica as well (their commits' `loaded`)."""
+    log = _changelog_log(pipeline)
+    first = 0 if after_version is None else after_version + 1
+    found = None if log is None or not topics else _commit_docs(log, first, up_to)
+    return sum(doc.get("loaded", {}).get(topic, 0) for _, doc in found or ()
+               for topic in topics)
+
+
 def _merged_surveys(log: DeltaTable, first: int, up_to: int) -> list[SurveyGroup] | None:
     found = _commit_docs(log, first, up_to)
     if found is None:

@@ -193,10 +193,12 @@ def source_origins(rows: Sequence[tuple]) -> dict[str, list]:
 def commit_metadata(tag: str, survey: list[list] | None,
                     times: dict[str, int] | None = None,
                     max_bytes: int = SURVEY_MAX_BYTES,
-                    origins: dict[str, list] | None = None) -> str:
+                    origins: dict[str, list] | None = None,
+                    loaded: dict[str, int] | None = None) -> str:
     """A changelog commit's `userMetadata`: the survey, the tables' latest source times
-    (`times`) and the origins of their furthest changes (`origins`), left out when the
-    survey is None or larger than `max_bytes`."""
+    (`times`), the origins of their furthest changes (`origins`) and the rows of the
+    survey that a direct load's replica holds already, by the load's topic (`loaded`),
+    left out when the survey is None or larger than `max_bytes`."""
     bare = orjson.dumps({"tag": tag}).decode()
     if survey is None:
         return bare
@@ -205,6 +207,8 @@ def commit_metadata(tag: str, survey: list[list] | None,
         doc["times"] = times
     if origins:
         doc["origins"] = origins
+    if loaded:
+        doc["loaded"] = loaded
     full = orjson.dumps(doc).decode()
     return full if len(full) <= max_bytes else bare
 

@@ -29,12 +29,13 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
-from binlog_assets.load.reader import connect_reader, load_columns, read_chunk
+from binlog_assets.load.reader import LoadColumns, connect_reader, load_columns, read_chunk
 
 if TYPE_CHECKING:
     from binlog_assets.config.load import LoadConfig
     from binlog_assets.config.parity import SourceConnection
     from binlog_assets.lakehouse.changelog import ChangelogWriter
+    from binlog_assets.load.direct import DirectTarget, ReplicaAppend
     from binlog_assets.load.plan import LoadPlan
     from binlog_assets.parity.source import BinlogPosition, SourceTable
 
@@ -95,17 +96,19 @@ class SlotJob:
     slot: int
     lineage: int
     pause_seconds: float
+    direct: DirectTarget | None = None  # the replica the chunks are appended to as well
 
 
 def run_load(writer: ChangelogWriter, connection: SourceConnection, table: SourceTable,
              plan: LoadPlan, settings: LoadConfig, lineage: int,
-             progress: Callable[[LoadProgress, ChunkDone], None] = lambda p, c: None
-             ) -> LoadProgress:
+             progress: Callable[[LoadProgress, ChunkDone], None] = lambda p, c: None,
+             direct: DirectTarget | None = None) -> LoadProgress:
     """Load every chunk of `plan` not committed yet; the load's progress at its end.
     `lineage` is the source lineage the chunks' positions count in (the caller places
-    the source's position in it before and checks it after)."""
-    jobs = [SlotJob(writer, connection, table, plan, slot, lineage, settings.pause_seconds)
-            for slot in range(plan.workers)]
+    the source's position in it before and checks it after); `direct`: the replica the
+    chunks from `direct.first` on are appended to as well (`direct.py`)."""
+    jobs = [SlotJob(writer, connection, table, plan, slot, lineage, settings.pause_seconds,
+                    direct) for slot in range(plan.workers)]
     state = LoadProgress(len(plan.uppers))
 
     def done(chunk: ChunkDone) -> None:
@@ -187,8 +190,12 @@ def serve_slot(job: SlotJob, out: Any) -> None:
 
 def _load_slot(job: SlotJob, done: Callable[[ChunkDone], None]) -> None:
     """Slot `job.slot`'s chunks in order, each read in its snapshot and committed with
-    the slot's transaction; chunks an earlier attempt committed are reported, not read."""
+    the slot's transaction; chunks an earlier attempt committed are reported, not read.
+    A direct chunk the changelog holds but the replica lacks (a kill between the two
+    commits) is read again for the replica alone."""
     from deltalake import DeltaTable
+
+    from binlog_assets.load.direct import ReplicaAppend
 
     plan, writer = job.plan, job.writer
     app_id = slot_app_id(plan.load_id, job.slot)
@@ -197,22 +204,44 @@ def _load_slot(job: SlotJob, done: Callable[[ChunkDone], None]) -> None:
     db = connect_reader(job.connection)
     try:
         columns = load_columns(db, job.table)
+        direct = None if job.direct is None else ReplicaAppend(job.direct, columns.names)
+        in_replica = 0 if direct is None else direct.replica_version(app_id)
         for index in plan.slot_chunks(job.slot):
-            if index + 1 <= committed:
+            straight = direct if direct is not None and index >= direct.target.first else None
+            if index + 1 <= committed and (straight is None or index + 1 <= in_replica):
                 done(ChunkDone(index, 0, None, None, 0.0))
                 continue
-            began = time.monotonic()
-            now = datetime.now(UTC)
-            rows: list[tuple] = []
-            read = read_chunk(db, job.table, columns, plan.chunk(index), (job.lineage, now),
-                              rows)
-            version = writer.append_rows(
-                rows, f"load/{plan.load_id}/{plan.table}/{index}", now,
-                txn=(app_id, index + 1))
-            done(ChunkDone(index, read.rows, read.position, version,
-                           time.monotonic() - began))
-            del rows
+            done(load_chunk(job, db, columns, index, straight,
+                            changelog=index + 1 > committed))
             if job.pause_seconds:
                 time.sleep(job.pause_seconds)
     finally:
         db.close()
+
+
+def load_chunk(job: SlotJob, db: Any, columns: LoadColumns, index: int,
+               direct: ReplicaAppend | None, *, changelog: bool = True) -> ChunkDone:
+    """Chunk `index` read in its snapshot and committed with its slot's transaction: to
+    the changelog (unless `changelog` is False: an earlier attempt committed it there),
+    and with `direct`, its rows the replica takes appended to it too."""
+    plan = job.plan
+    app_id = slot_app_id(plan.load_id, job.slot)
+    began = time.monotonic()
+    now = datetime.now(UTC)
+    rows: list[tuple] = []
+    values: list[list] | None = None if direct is None else []
+    read = read_chunk(db, job.table, columns, plan.chunk(index), (job.lineage, now), rows,
+                      values)
+    typed = None
+    if direct is not None:
+        rows, typed = direct.split(rows, values, now)
+    version = None
+    if changelog:
+        loaded = None if typed is None else {direct.target.topic: typed.num_rows}
+        version = job.writer.append_rows(rows, f"load/{plan.load_id}/{plan.table}/{index}",
+                                         now, txn=(app_id, index + 1), loaded=loaded)
+    if typed is not None:
+        direct.append(typed, app_id, index + 1)
+    if not changelog:  # for the replica alone: the changelog's rows are an earlier read's
+        return ChunkDone(index, 0, None, None, time.monotonic() - began)
+    return ChunkDone(index, read.rows, read.position, version, time.monotonic() - began)

@@ -57,10 +57,16 @@ class LoadPlan:
                          for u in doc["uppers"]), int(doc["workers"]))
 
 
+# The first chunk's keys at most: small, since an apply reads it before the load goes on.
+FIRST_ROWS = 1000
+
+
 def plan_load(db: Any, table: SourceTable, chunk_rows: int, workers: int,
               pause: Callable[[], None] = lambda: None) -> LoadPlan:
     """Walk `table`'s primary key on `db` in steps of `chunk_rows` keys (an index walk, one
-    short query per chunk) into a new plan."""
+    short query per chunk) into a new plan; the first step is of at most `FIRST_ROWS`
+    keys (a direct load makes its replica of the first chunk, by an apply, before the
+    others are read: `direct.prepare_direct`)."""
     if not table.primary:
         raise ValueError(f"{table.name} has no primary key: a load reads a table by chunks "
                          f"of its primary key, and a keyless table has none (it comes in "
@@ -68,7 +74,8 @@ def plan_load(db: Any, table: SourceTable, chunk_rows: int, workers: int,
     uppers: list[Key | None] = []
     lower: Key | None = None
     while True:
-        sql, params = next_upper_sql(table.sql_name, table.primary, lower, chunk_rows)
+        step = chunk_rows if uppers else min(chunk_rows, FIRST_ROWS)
+        sql, params = next_upper_sql(table.sql_name, table.primary, lower, step)
         with db.cursor() as cur:
             cur.execute(sql, params)
             found = cur.fetchone()

@@ -149,11 +149,13 @@ class ChunkRead:
 
 
 def read_chunk(db: Any, table: SourceTable, columns: LoadColumns, key_range: KeyRange,
-               at: tuple[int, datetime], into: list[tuple]) -> ChunkRead:
+               at: tuple[int, datetime], into: list[tuple],
+               values: list[list] | None = None) -> ChunkRead:
     """The rows of `key_range` read in one consistent snapshot, appended to `into` as
     `event_row` tuples (`lakehouse/changelog_rows.py`) at the snapshot's position of
     lineage `at[0]`, ingested at `at[1]`; as a re-sync's rows, with no topic, partition
-    and offset -1."""
+    and offset -1. With `values`, each row's values (in `columns.names` order, as the
+    stream's decoder gives them) are appended to it too."""
     import MySQLdb.cursors
 
     lineage, now = at
@@ -166,7 +168,7 @@ def read_chunk(db: Any, table: SourceTable, columns: LoadColumns, key_range: Key
             cur.execute(f"SELECT {names} FROM {table.sql_name} WHERE {where}", params)
             while batch := cur.fetchmany(FETCH_ROWS):
                 into.extend(_rows(batch, table, columns, (lineage, position), now,
-                                  start=read.rows))
+                                  start=read.rows, values=values))
                 read.rows += len(batch)
         finally:
             cur.close()
@@ -174,7 +176,8 @@ def read_chunk(db: Any, table: SourceTable, columns: LoadColumns, key_range: Key
 
 
 def _rows(batch: Any, table: SourceTable, columns: LoadColumns,
-          at: tuple[int, BinlogPosition], now: datetime, start: int) -> Iterator[tuple]:
+          at: tuple[int, BinlogPosition], now: datetime, start: int,
+          values: list[list] | None = None) -> Iterator[tuple]:
     lineage, position = at
     names, converters = columns.names, columns.converters
     converted = [(i, c) for i, c in enumerate(converters) if c is not None]
@@ -186,6 +189,8 @@ def _rows(batch: Any, table: SourceTable, columns: LoadColumns,
             row = list(row)
             for j, convert in converted:
                 row[j] = convert(row[j])
+        if values is not None:
+            values.append(row)
         after = dict(zip(names, row, strict=True))
         value_types = None
         if not all_declared:

@@ -10,14 +10,16 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from binlog_assets.lakehouse.changelog import ChangelogWriter
-from binlog_assets.load.loader import ChunkDone, LoadProgress, run_load
+from binlog_assets.load.loader import ChunkDone, LoadProgress, SlotJob, load_chunk, run_load
 from binlog_assets.load.plan import LoadPlan, plan_load
+from binlog_assets.load.reader import connect_reader, load_columns
 from binlog_assets.parity.source import BinlogPosition, Snapshot, SourceTable
 
 if TYPE_CHECKING:
     import pymysql
 
     from binlog_assets.config import PipelineConfig, SourceConfig
+    from binlog_assets.load.direct import DirectTarget
 
 
 @dataclass(frozen=True)
@@ -42,21 +44,16 @@ def new_plan(pipeline: PipelineConfig, db: pymysql.Connection, table: SourceTabl
 def load_table(pipeline: PipelineConfig, source: SourceConfig, db: pymysql.Connection,
                table: SourceTable, plan: LoadPlan, *,
                lineage: Callable[[BinlogPosition], int],
-               progress: Callable[[LoadProgress, ChunkDone], None] = lambda p, c: None
-               ) -> TableLoad:
+               progress: Callable[[LoadProgress, ChunkDone], None] = lambda p, c: None,
+               direct: DirectTarget | None = None) -> TableLoad:
     """Load `plan`'s chunks of `table` not committed yet. `lineage` places a position
     read on `db` in the source's lineages: the load's chunks count in the lineage of
     the source's position before the load, and a load whose last position is in
-    another (the source failed over meanwhile) fails, saying so."""
-    if source.connection is None:
-        raise ValueError(f"source {source.name!r} has no `connection` to load from")
-    if plan.table != table.name:
-        raise ValueError(f"the plan {plan.load_id} is for {plan.table}, not {table.name}")
-    with Snapshot(db) as before:
-        pass
-    placed = lineage(before)
+    another (the source failed over meanwhile) fails, saying so. `direct`: the replica
+    the chunks are appended to as well (`direct.prepare_direct`)."""
+    placed = _placed(source, db, table, plan, lineage)
     state = run_load(ChangelogWriter(pipeline), source.connection, table, plan,
-                     pipeline.load, placed, progress)
+                     pipeline.load, placed, progress, direct)
     if state.highest is not None:  # some chunk read in this attempt
         after = lineage(state.highest)
         if after != placed:
@@ -66,3 +63,29 @@ def load_table(pipeline: PipelineConfig, source: SourceConfig, db: pymysql.Conne
     seconds = time.monotonic() - state.started
     return TableLoad(table.name, plan.load_id, state.chunks, state.rows, state.skipped,
                      seconds, state.rows_per_second, placed, state.highest)
+
+
+def load_first_chunk(pipeline: PipelineConfig, source: SourceConfig, db: pymysql.Connection,
+                     table: SourceTable, plan: LoadPlan, *,
+                     lineage: Callable[[BinlogPosition], int]) -> ChunkDone:
+    """The plan's first chunk into the changelog, as its worker slot would commit it:
+    the rows a new replica is made of before a direct load appends the others."""
+    placed = _placed(source, db, table, plan, lineage)
+    job = SlotJob(ChangelogWriter(pipeline), source.connection, table, plan, 0, placed, 0.0)
+    job.writer.ensure_table()
+    reader = connect_reader(source.connection)
+    try:
+        return load_chunk(job, reader, load_columns(reader, table), 0, None)
+    finally:
+        reader.close()
+
+
+def _placed(source: SourceConfig, db: pymysql.Connection, table: SourceTable, plan: LoadPlan,
+            lineage: Callable[[BinlogPosition], int]) -> int:
+    if source.connection is None:
+        raise ValueError(f"source {source.name!r} has no `connection` to load from")
+    if plan.table != table.name:
+        raise ValueError(f"the plan {plan.load_id} is for {plan.table}, not {table.name}")
+    with Snapshot(db) as before:
+        pass
+    return lineage(before)

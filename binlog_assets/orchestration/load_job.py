@@ -1,13 +1,17 @@
 """`load_replica_job`: a replica's initial load from the launchpad (README: Initial load),
-while streaming goes on. Three ops, so a run re-executed from its failure resumes where
+while streaming goes on. Four ops, so a run re-executed from its failure resumes where
 it stopped:
 
 - `plan_load` walks each source table's primary key on the source's read-only
   connection into chunks; its output (the plans) is kept by the run's IO manager;
+- `prepare_load` (in the `spark` pool) makes the replica ready for a load appended
+  straight to it where the replica takes one (`load/direct.py`): made of the first
+  chunk where it does not exist yet, then held by the load until `apply_loaded`;
 - `load_chunks` reads the chunks in parallel (`load.workers`), each in its own consistent
-  snapshot, into the changelog (`binlog_assets/load`); every chunk is committed once,
-  whatever attempt commits it, and the replica's asset gets an observation per step of
-  progress (rows, chunks, rows/s, time to go: the UI plots them);
+  snapshot, into the changelog (`binlog_assets/load`) and, prepared so, the replica;
+  every chunk is committed once, whatever attempt commits it, and the replica's asset
+  gets an observation per step of progress (rows, chunks, rows/s, time to go: the UI
+  plots them);
 - `apply_loaded` applies the replica as a replica run would, in the `spark` pool, and
   reports it with its row-count check.
 """
@@ -54,10 +58,48 @@ def plan_load(context: dg.OpExecutionContext, config: LoadJobConfig,
     return {"replica": config.replica, "plans": plans}
 
 
+@dg.op(name="prepare_load", out=dg.Out(dict), pool=SPARK_POOL,
+       description="Make the replica ready for a load written straight into it, where it "
+                   "takes one (one table keyed by its primary key, no replica or a small "
+                   "one yet).")
+def prepare_load(context: dg.OpExecutionContext, planned: dict,
+                 binlake: BinlakeResource) -> dict:
+    from dataclasses import asdict
+    from functools import partial
+
+    from binlog_assets.load.direct import prepare_direct
+    from binlog_assets.load.plan import LoadPlan
+    from binlog_assets.load.tables import load_first_chunk
+    from binlog_assets.parity.check import replica_sources
+    from binlog_assets.parity.lineage import lineage_placer
+
+    pipeline, replica = binlake.pipeline, planned["replica"]
+    direct, first = None, []
+    if len(planned["plans"]) == 1:
+        [entry] = planned["plans"]
+        plan = LoadPlan.from_json(entry["plan"])
+        for source, db, table in replica_sources(pipeline, replica, plan.table):
+            placer = lineage_placer(pipeline, source, db, binlake.kafka_conf(),
+                                    pipeline.kafka["group.id"])
+            chunk = partial(load_first_chunk, pipeline, source, db, table, plan,
+                            lineage=placer)
+            target = prepare_direct(binlake.spark(), pipeline, replica, plan.load_id,
+                                    lambda chunk=chunk: first.append(chunk()))
+            direct = None if target is None else asdict(target)
+    context.log.info(f"replica {replica}: " + (
+        "the load goes through the changelog" if direct is None else
+        f"the load is appended to it from chunk {direct['first']} (its changelog rows "
+        f"under {direct['topic']})"))
+    # The first chunk's rows count in the load's, though they came in here.
+    return {**planned, "direct": direct, "first_rows": sum(c.rows for c in first)}
+
+
 @dg.op(name="load_chunks", out=dg.Out(dict),
-       description="Read the planned chunks in parallel into the changelog.")
+       description="Read the planned chunks in parallel into the changelog (and the "
+                   "replica, where the load goes straight into it).")
 def load_chunks(context: dg.OpExecutionContext, planned: dict,
                 binlake: BinlakeResource) -> dict:
+    from binlog_assets.load.direct import DirectTarget
     from binlog_assets.load.plan import LoadPlan
     from binlog_assets.load.tables import load_table
     from binlog_assets.parity.check import replica_sources
@@ -66,6 +108,8 @@ def load_chunks(context: dg.OpExecutionContext, planned: dict,
     pipeline, replica = binlake.pipeline, planned["replica"]
     plans = {(e["source"], (p := LoadPlan.from_json(e["plan"])).table): p
              for e in planned["plans"]}
+    direct = planned.get("direct")
+    target = None if direct is None else DirectTarget(**direct)
     loads = []
     for source, db, table in replica_sources(pipeline, replica):
         plan = plans.pop((source.name, table.name), None)
@@ -74,16 +118,17 @@ def load_chunks(context: dg.OpExecutionContext, planned: dict,
         placer = lineage_placer(pipeline, source, db, binlake.kafka_conf(),
                                 pipeline.kafka["group.id"])
         done = load_table(pipeline, source, db, table, plan, lineage=placer,
-                          progress=_progress(context, replica, table.name))
+                          progress=_progress(context, replica, table.name), direct=target)
         context.log.info(f"{done.table}: {done.rows:,} rows in {done.chunks} chunks "
                          f"({done.resumed_chunks} committed by an earlier attempt), "
                          f"{done.rows_per_second:,.0f} rows/s, lineage {done.lineage}")
-        loads.append({"table": done.table, "load_id": done.load_id, "rows": done.rows,
+        loads.append({"table": done.table, "load_id": done.load_id,
+                      "rows": done.rows + planned.get("first_rows", 0),
                       "chunks": done.chunks, "resumed_chunks": done.resumed_chunks,
                       "seconds": round(done.seconds, 1)})
     if plans:
         raise ValueError(f"planned tables the source no longer has: {sorted(plans)}")
-    return {"replica": replica, "loads": loads}
+    return {"replica": replica, "loads": loads, "direct": direct}
 
 
 def _progress(context: dg.OpExecutionContext, replica: str, table: str):  # noqa: ANN202
@@ -117,6 +162,10 @@ def _progress(context: dg.OpExecutionContext, replica: str, table: str):  # noqa
        description="Apply the loaded rows to the replica and check its row count.")
 def apply_loaded(context: dg.OpExecutionContext, loaded: dict, binlake: BinlakeResource
                  ) -> Iterator[dg.AssetMaterialization | dg.AssetCheckEvaluation | dg.Output]:
+    from binlog_assets.load.direct import DirectTarget, finish_direct
+
+    if loaded.get("direct") is not None:  # the replica's applies go on, without its rows
+        finish_direct(binlake.spark(), binlake.pipeline, DirectTarget(**loaded["direct"]))
     yield from applied_events(binlake, loaded["replica"], "loaded from the source", {
         "load_rows": dg.MetadataValue.int(sum(lo["rows"] for lo in loaded["loads"])),
         "load_chunks": dg.MetadataValue.int(sum(lo["chunks"] for lo in loaded["loads"])),
@@ -130,7 +179,7 @@ def apply_loaded(context: dg.OpExecutionContext, loaded: dict, binlake: BinlakeR
                     "on; re-executed from a failure, it resumes after the last committed "
                     "chunk.")
 def load_replica_job() -> None:
-    apply_loaded(load_chunks(plan_load()))
+    apply_loaded(load_chunks(prepare_load(plan_load())))
 
 
 def initial_load_sensor(pipeline: PipelineConfig) -> dg.SensorDefinition | None:

@@ -278,6 +278,7 @@ class ReplicaFollower:
         self.routes = {name: route for name, route in replica_routes(pipeline).items()
                        if name in self.names}
         self.failed: dict[str, Exception] = {}  # replica -> its last apply's error
+        self.held: set[str] = set()  # replicas a load appends to: not in sync meanwhile
         self.checks = _Checks(config.check_seconds, _row_count_evaluator(self.builders,
                                                                          pipeline))
         self.delays = _Delays(config.check_seconds)
@@ -352,6 +353,10 @@ class ReplicaFollower:
         else:
             self.failed.pop(name, None)
             result, columns = outcome
+            if result.held:
+                self.held.add(name)
+            else:
+                self.held.discard(name)
             if changed(result):
                 yield from self._applied(name, result, columns)
 
@@ -359,7 +364,7 @@ class ReplicaFollower:
         self.log_applied()
         yield from self.delays.due(time.monotonic())
         yield from self.checks.due(time.monotonic())
-        broken = set(self.failed) | poll.busy
+        broken = set(self.failed) | poll.busy | self.held
         version = poll.version
         times = self.clock.advance(version)
         yield from self.sync.due([n for n in self.names if n not in broken], version,

@@ -26,7 +26,7 @@ def _config(tables, **load):
 def test_the_job_plans_loads_and_applies() -> None:
     assert load_replica_job.name == LOAD_JOB_NAME
     ops = [n.name for n in load_replica_job.nodes_in_topological_order]
-    assert ops == ["plan_load", "load_chunks", "apply_loaded"]
+    assert ops == ["plan_load", "prepare_load", "load_chunks", "apply_loaded"]
 
 
 def _requested(sensor, instance, cursor=None):

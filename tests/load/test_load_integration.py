@@ -5,6 +5,7 @@ mid-way resumes and commits each chunk once."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -12,8 +13,10 @@ import sys
 import threading
 import time
 import uuid
+from dataclasses import asdict
 from datetime import datetime, timedelta
 from decimal import Decimal
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -25,10 +28,12 @@ from binlog_assets.dev.demo import wait_for_debezium
 from binlog_assets.dev.mariadb import MariaDBServer
 from binlog_assets.lakehouse.changelog import changelog_uri
 from binlog_assets.lakehouse.replica.builder import ReplicaBuilder
+from binlog_assets.load.direct import DirectTarget, direct_eligible, finish_direct, prepare_direct
 from binlog_assets.load.plan import LoadPlan
-from binlog_assets.load.tables import load_table, new_plan
+from binlog_assets.load.tables import load_first_chunk, load_table, new_plan
 from binlog_assets.orchestration.changelog_run_config import ChangelogRunConfig
 from binlog_assets.orchestration.partitions import partition_key
+from binlog_assets.orchestration.replica_reports import counted_rows, row_count_check
 from binlog_assets.parity.check import check_replica, replica_sources
 from binlog_assets.parity.lake import replica_uri
 from binlog_assets.parity.lineage import lineage_placer
@@ -126,14 +131,41 @@ def _consume(pipeline: PipelineConfig) -> None:
                           group=pipeline.kafka["group.id"])
 
 
-def _load(pipeline: PipelineConfig, replica: str, plan: LoadPlan | None = None):
+def _load(pipeline: PipelineConfig, replica: str, plan: LoadPlan | None = None,
+          direct: DirectTarget | None = None):
     """The replica's source tables loaded, one after another; the last one's load."""
     for source, db, table in replica_sources(pipeline, replica):
         placer = lineage_placer(pipeline, source, db, dict(pipeline.kafka),
                                 pipeline.kafka["group.id"])
         done = load_table(pipeline, source, db, table, plan or new_plan(pipeline, db, table),
-                          lineage=placer)
+                          lineage=placer, direct=direct)
     return done
+
+
+def _prepared(spark, pipeline: PipelineConfig, replica: str) -> tuple[LoadPlan,
+                                                                    DirectTarget | None]:
+    """A plan of the replica's one source table, and its replica prepared for a load
+    appended to it as `load_replica_job` prepares it (None: the replica does not take
+    one)."""
+    for source, db, table in replica_sources(pipeline, replica):
+        plan = new_plan(pipeline, db, table)
+        placer = lineage_placer(pipeline, source, db, dict(pipeline.kafka),
+                                pipeline.kafka["group.id"])
+        target = prepare_direct(spark, pipeline, replica, plan.load_id, partial(
+            load_first_chunk, pipeline, source, db, table, plan, lineage=placer))
+    return plan, target
+
+
+def _loaded(spark, pipeline: PipelineConfig, replica: str, *, direct: bool):
+    """The replica loaded, straight into it where it takes that and `direct` says so,
+    and applied."""
+    plan = target = None
+    if direct and direct_eligible(pipeline, replica):
+        plan, target = _prepared(spark, pipeline, replica)  # None: the table has no rows
+    done = _load(pipeline, replica, plan, target)
+    if target is not None:
+        finish_direct(spark, pipeline, target)
+    return done, ReplicaBuilder(spark, pipeline).apply(replica)
 
 
 def _children(pid: int) -> list[int]:
@@ -189,24 +221,49 @@ def test_a_keyless_table_is_refused_naming_the_rule(streamed: PipelineConfig,
         _load(_pipeline(streamed, mariadb.port), "logs")
 
 
+@pytest.mark.parametrize("direct", [False, True], ids=["changelog", "direct"])
 def test_a_loaded_replica_equals_the_streamed_one(streamed: PipelineConfig,
-                                                  mariadb: MariaDBServer, spark) -> None:
+                                                  mariadb: MariaDBServer, spark,
+                                                  direct: bool) -> None:
+    """Through the changelog alone, or appended straight to the replica where it takes
+    that (one table keyed by its primary key: wide, pairs, names), typed in the load's
+    workers: the same rows, value for value."""
+    from deltalake import DeltaTable
+
     pipeline = _pipeline(streamed, mariadb.port)
-    loads = {name: _load(pipeline, name) for name in REPLICAS}
+    applied = {name: _loaded(spark, pipeline, name, direct=direct) for name in REPLICAS}
+    loads = {name: done for name, (done, _) in applied.items()}
+    straight = ("wide", "pairs", "names") if direct else ()
+    # A direct load's first chunk makes the replica (an apply) before the others are
+    # read and appended, each by its worker slot; the apply after the load finds none
+    # of their rows to write.
+    first = {n: 1 if n in straight else 0 for n in TABLES}
+    for name in straight:
+        assert applied[name][1].written == 0, applied[name][1]
+        txns = DeltaTable(replica_uri(pipeline, name)).transaction_version
+        assert [txns(f"binlake-load/{loads[name].load_id}/{s}") for s in (0, 1)] == [5, 4]
     assert {n: (lo.rows, lo.resumed_chunks) for n, lo in loads.items()} == {
-        **{n: (ROWS, 0) for n in TABLES}, "orders": (140, 0)}  # the second shard's
+        **{n: (ROWS - 50 * first[n], first[n]) for n in TABLES},
+        "orders": (140, 0)}  # the second shard's
     assert all(loads[n].chunks == ROWS // 50 + 1 for n in TABLES)  # the last one open
-    builder = ReplicaBuilder(spark, pipeline)
     for name in REPLICAS:
-        builder.apply(name)
         loaded, stream = _rows(pipeline, name), _rows(streamed, name)
         assert len(loaded) == (240 if name == "orders" else ROWS)
         assert loaded == stream, name
     # Typed as the stream types them: the replica's columns are the streamed replica's.
-    from deltalake import DeltaTable
     for name in REPLICAS:
         assert DeltaTable(replica_uri(pipeline, name)).schema() == \
             DeltaTable(replica_uri(streamed, name)).schema()
+    # The changelog stays the truth: the row-count check agrees, and a rebuild from it
+    # (which drops the replica's record of the load) gives the same rows.
+    builder = ReplicaBuilder(spark, pipeline)
+    for name in straight:
+        rule = applied[name][1].key_rule
+        live = counted_rows(builder, name, rule)
+        check = row_count_check(builder, name, rule, live, applied[name][1].applied_version)
+        assert check.passed and live == ROWS, check.metadata
+        rebuilt = builder.rebuild(name)
+        assert rebuilt.written == ROWS and _rows(pipeline, name) == _rows(streamed, name)
 
 
 def test_a_load_while_the_source_changes_ends_equal(streamed: PipelineConfig,
@@ -238,8 +295,8 @@ def test_a_load_while_the_source_changes_ends_equal(streamed: PipelineConfig,
     worker = threading.Thread(target=workload)
     worker.start()
     try:
-        for name in REPLICAS:
-            _load(pipeline, name)
+        for name in REPLICAS:  # straight into the replica where it takes that
+            _loaded(spark, pipeline, name, direct=True)
     finally:
         stop.set()
         worker.join()
@@ -261,21 +318,27 @@ def test_a_killed_load_resumes_and_commits_each_chunk_once(
     from deltalake import DeltaTable
 
     pipeline = _pipeline(streamed, mariadb.port, chunk_rows=10, pause_seconds=0.3)
-    [plan] = [new_plan(pipeline, db, table)
-              for _, db, table in replica_sources(pipeline, "wide")]
+    # Prepared as the job's prepare_load does: the replica made of the first chunk and
+    # held; the load appends the others to it and the changelog (the job's load_chunks).
+    plan, target = _prepared(spark, pipeline, "wide")
+    assert target is not None and target.first == 1
     assert len(plan.uppers) == ROWS // 10 + 1 and plan.workers == 2
     config = tmp_path / "binlake.yaml"
     config.write_text(yaml.safe_dump(pipeline.model_dump(mode="json", exclude_none=True)))
     (tmp_path / "plan.json").write_text(plan.to_json())
+    (tmp_path / "target.json").write_text(json.dumps(asdict(target)))
     script = (
-        "import sys; from pathlib import Path\n"
+        "import json, sys; from pathlib import Path\n"
         "from binlog_assets.config import load_config\n"
+        "from binlog_assets.load.direct import DirectTarget\n"
         "from binlog_assets.load.plan import LoadPlan\n"
         "from tests.load.test_load_integration import _load\n"
         "plan = LoadPlan.from_json(Path(sys.argv[2]).read_text())\n"
-        "_load(load_config(sys.argv[1]), 'wide', plan)\n")
+        "target = DirectTarget(**json.loads(Path(sys.argv[3]).read_text()))\n"
+        "_load(load_config(sys.argv[1]), 'wide', plan, target)\n")
     proc = subprocess.Popen([sys.executable, "-c", script, str(config),
-                             str(tmp_path / "plan.json")], cwd=Path(__file__).parents[2])
+                             str(tmp_path / "plan.json"), str(tmp_path / "target.json")],
+                            cwd=Path(__file__).parents[2])
     uri = changelog_uri(pipeline)
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
@@ -294,14 +357,21 @@ def test_a_killed_load_resumes_and_commits_each_chunk_once(
     assert not any(_alive(w) for w in workers), "a load worker outlived its parent"
     committed = DeltaTable(uri).to_pyarrow_table(columns=["op"]).num_rows
     assert 0 < committed < ROWS
+    # Held by the load: an apply meanwhile writes nothing.
+    assert ReplicaBuilder(spark, pipeline).apply("wide").held
 
-    resumed = _load(pipeline, "wide", plan)
+    resumed = _load(pipeline, "wide", plan, target)
     assert resumed.resumed_chunks >= 4
     assert resumed.rows == ROWS - committed  # only the chunks not committed were read
     rows = DeltaTable(uri).to_pyarrow_table(columns=["key"]).column("key").to_pylist()
     assert len(rows) == len(set(rows)) == ROWS  # every key once: no chunk committed twice
+    # Nor twice to the replica: every key once there too, before the apply after the load.
+    ids = DeltaTable(replica_uri(pipeline, "wide")).to_pyarrow_table(
+        columns=["id"]).column("id").to_pylist()
+    assert len(ids) == len(set(ids)) == ROWS
+    finish_direct(spark, pipeline, target)
     wide = ReplicaBuilder(spark, pipeline).apply("wide")
-    assert len(_rows(pipeline, "wide")) == ROWS, wide
+    assert wide.written == 0 and len(_rows(pipeline, "wide")) == ROWS, wide
     # With the stream consumed over it, the replica is its source's.
     wait_for_debezium(dict(pipeline.kafka), list(TOPICS), fence=debezium_fence)
     _consume(pipeline)
@@ -331,10 +401,11 @@ def test_the_load_job_loads_a_replica_and_reports_its_progress(
     assert result.success
     observed = [e.event_specific_data.asset_observation.metadata for e in result.all_events
                 if e.event_type_value == "ASSET_OBSERVATION"]
-    # The first chunk's, then the end's (the load takes less than 10 s).
+    # The first chunk read by a worker (the plan's first one made the replica, before
+    # the load), then the end's (the load takes less than 10 s).
     done = [(m["load_chunks_done"].value, m["load_chunks"].value) for m in observed]
     total = done[-1][1]
-    assert total >= ROWS // 50 + 1 and done == [(1, total), (total, total)]
+    assert total >= ROWS // 50 + 1 and done == [(2, total), (total, total)]
     assert [m["load_state"].value for m in observed] == ["loading", "loaded"]
     assert observed[-1]["load_chunks"].value >= ROWS // 50 + 1
     [materialized] = result.asset_materializations_for_node("apply_loaded")

@@ -246,15 +246,17 @@ def above_marks(changes: pa.Table, marks: list[tuple[str, str, tuple]]) -> pa.Ta
 
 
 def batch_changes(pipeline: PipelineConfig, after_version: int | None, up_to: int,
-                  survey: Survey, rule: KeyRule) -> pa.Table:
+                  survey: Survey, rule: KeyRule, without_topics: list[str] = ()) -> pa.Table:
     """The batch's changes of the replica's source tables, read once for the replica
     and its history table: row changes, with the truncates where the batch has some,
-    or every merged op for an append-only replica."""
+    or every merged op for an append-only replica; without the rows of the loads the
+    replica holds (`without_topics`)."""
     from deltalake.exceptions import DeltaError
 
     try:
         return changes_of(pipeline, after_version, up_to, survey.tables,
-                          MERGED_OPS if rule.append or survey.truncates else ROW_OPS)
+                          MERGED_OPS if rule.append or survey.truncates else ROW_OPS,
+                          without_topics)
     except DeltaError as exc:
         # Versions no longer in the log, say: Spark's read of them checks and says so.
         raise NeedsSpark(f"the changelog's versions: {exc}") from exc

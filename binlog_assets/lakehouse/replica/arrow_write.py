@@ -20,6 +20,7 @@ from binlog_assets.lakehouse.replica.arrow_apply import (
 )
 from binlog_assets.lakehouse.replica.arrow_commit import commit_appended, commit_arrow
 from binlog_assets.lakehouse.replica.history_arrow import merge_history_versions
+from binlog_assets.lakehouse.replica.loads import recorded_loads
 from binlog_assets.lakehouse.replica.tables import history_name
 from binlog_assets.lakehouse.transactions import APP_ID
 
@@ -42,7 +43,8 @@ def write_arrow(spark: SparkSession, pipeline: PipelineConfig, rule: KeyRule, *,
     new, location, up_to = table.new, table.location, versions.up_to
     schema = new.schema if new is not None else (
         pa.schema(open_log(location).schema().to_arrow()))
-    batch = batch_changes(pipeline, versions.start, up_to, survey, rule)
+    batch = batch_changes(pipeline, versions.start, up_to, survey, rule,
+                          sorted(recorded_loads(table.props)))
     # The history keeps every version, as Spark's way does; a keyed replica drops
     # changes below its truncates, stored and the batch's, as Spark's apply does (an
     # append-only one logs them all).

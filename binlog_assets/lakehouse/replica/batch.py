@@ -12,6 +12,7 @@ from binlog_assets.lakehouse.changelog_reader import read_changelog
 from binlog_assets.lakehouse.ddl import DdlPlan
 from binlog_assets.lakehouse.replica.cutover import CUTOVERS_PROPERTY, Cutover, plan_cutovers
 from binlog_assets.lakehouse.replica.ddl_apply import note_adds, read_ddl
+from binlog_assets.lakehouse.replica.loads import recorded_loads
 from binlog_assets.lakehouse.replica.plan import (
     APPEND_ONLY,
     Found,
@@ -46,7 +47,8 @@ def plan_batch(spark: SparkSession, pipeline: PipelineConfig, batch: LazyRange, 
     """What the batch holds for `found`'s replica; see the module docstring."""
     route = found.route
     start, up_to = versions.start, versions.up_to
-    survey = survey_batch(spark, pipeline, batch.frame, route, start, up_to)
+    survey = survey_batch(spark, pipeline, batch.frame, route, start, up_to,
+                          sorted(recorded_loads(found.table.props)))
     # A small batch in one partition: its reduce then needs no shuffle (a stage and a
     # job of its own, most of a small apply's Spark time).
     batch.single = survey.rows <= pipeline.lakehouse.arrow_commit_rows

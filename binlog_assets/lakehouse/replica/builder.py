@@ -35,6 +35,7 @@ from binlog_assets.lakehouse.replica.arrow_apply import NeedsSpark, arrow_applie
 from binlog_assets.lakehouse.replica.arrow_write import write_arrow
 from binlog_assets.lakehouse.replica.batch import plan_batch
 from binlog_assets.lakehouse.replica.cutover import record_cutovers
+from binlog_assets.lakehouse.replica.loads import loading, without_loads
 from binlog_assets.lakehouse.replica.plan import (
     APPEND_ONLY,
     ReplicaError,
@@ -130,11 +131,20 @@ class ReplicaBuilder:
             return ReplicaResult(route.replica, applied_version=-1 if done is None else done,
                                  skipped=True, key_rule=stored_rule,
                                  warning=fallback_warning(route, stored_rule))
+        held = loading(found.table.props)
+        if held:  # a load appends to it: its changes wait for the load's end
+            done = applied[found.table.name]
+            return ReplicaResult(route.replica, applied_version=-1 if done is None else done,
+                                 skipped=True, key_rule=stored_rule, held=True,
+                                 warning=f"replica {route.replica}: held by its load "
+                                         f"({', '.join(held)})")
         starts = [applied[t] for t in behind]
         versions = Versions(None if None in starts else min(starts), up_to, behind)
 
         # Read by Spark only when the batch needs it: an Arrow apply reads it so.
-        batch = LazyRange(lambda: read_changelog(spark, pipeline, versions.start, up_to))
+        props = found.table.props
+        batch = LazyRange(lambda: without_loads(
+            read_changelog(spark, pipeline, versions.start, up_to), props))
         plan = plan_batch(spark, pipeline, batch, found=found, versions=versions,
                           evaluation=self._evaluation)
         rule, survey = plan.rule, plan.survey

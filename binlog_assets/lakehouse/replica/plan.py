@@ -28,6 +28,7 @@ from binlog_assets.formats.event import (
 from binlog_assets.identifiers import check_columns
 from binlog_assets.lakehouse.changelog_reader import (
     SurveyGroup,
+    loaded_rows,
     read_survey,
     survey_of_frame,
 )
@@ -107,6 +108,7 @@ class ReplicaResult:
     # The server id and GTID the furthest change applied was written with, where said.
     last_server_id: int | None = None
     last_gtid: str | None = None
+    held: bool = False  # a load appends to the replica: nothing applied until it ends
 
 
 def applied_result(route: ReplicaRoute, survey: Survey, up_to: int, rule: KeyRule,
@@ -242,16 +244,24 @@ class RowShape:
 
 
 def survey_batch(spark: SparkSession, pipeline: PipelineConfig, batch: Callable[[], DataFrame],
-                 route: ReplicaRoute, start: int | None, up_to: int) -> Survey:
+                 route: ReplicaRoute, start: int | None, up_to: int,
+                 loads: list[str] = ()) -> Survey:
     """Tables, types, keys and truncates of the batch: from the surveys its commits
     carry in the Delta log (`changelog.read_survey`), else in one aggregate job over
-    `batch()`."""
+    `batch()`. `loads`: the topics of the loads the replica holds (`batch()` is without
+    their rows, and so is the survey)."""
     groups = read_survey(spark, pipeline, start, up_to)
+    held = 0
     if groups is None:
         groups = survey_of_frame(batch())
+    elif loads:
+        held = loaded_rows(pipeline, start, up_to, list(loads))
     tables = route.select({g.table for g in groups})
     survey = Survey(tables, 0, None, {}, {}, set(), {})
     add_groups(survey, groups)
+    # A load's rows are snapshot reads of one table: upserts, all of them.
+    survey.rows -= held
+    survey.upserts -= held
     return survey
 
 
