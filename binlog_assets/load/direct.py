@@ -19,7 +19,8 @@ import math
 from dataclasses import dataclass
 from datetime import date, datetime, timedelta
 from decimal import Decimal
-from typing import TYPE_CHECKING, Any
+from operator import itemgetter
+from typing import TYPE_CHECKING
 
 import orjson
 from pyspark.sql import types as T
@@ -50,20 +51,22 @@ _FAST_TYPES: dict[type, type] = {
     T.TimestampType: datetime, T.TimestampNTZType: datetime, T.BooleanType: bool}
 _EPOCH = datetime(1970, 1, 1)
 # event_row indexes (`lakehouse/changelog_rows.py`).
-_TOPIC, _OFFSET, _ROW_INDEX, _AFTER, _LINEAGE, _FILE, _POS, _ROW, _SOURCE_TS = (
-    0, 2, 3, 9, 10, 11, 12, 13, 14)
+_OFFSET, _ROW_INDEX, _TABLE, _OP, _AFTER, _LINEAGE, _FILE, _POS, _ROW, _SOURCE_TS = (
+    2, 3, 4, 5, 9, 10, 11, 12, 13, 14)
 
 
 @dataclass(frozen=True)
 class DirectTarget:
     """Where a direct load appends: the replica's table, the load's changelog topic, the
     first chunk written straight (earlier ones went the changelog's way), the replica's
-    key, and its columns' Spark types (JSON, as the Delta log holds them)."""
+    version before the load appended to it, its key, and its columns' Spark types (JSON,
+    as the Delta log holds them)."""
 
     replica: str
     uri: str
     topic: str
     first: int
+    version: int
     key: tuple[str, ...]
     columns: dict[str, str]
 
@@ -80,14 +83,15 @@ def direct_eligible(pipeline: PipelineConfig, replica: str) -> bool:
 
 class ReplicaAppend:
     """One worker's side of a direct load: the replica's schema and the keys it held when
-    the load began (the replica changes only by the load's appends until it ends)."""
+    the load began (at most a chunk's and the first chunk's: read as of that version,
+    whatever a resumed load appended since)."""
 
     def __init__(self, target: DirectTarget, names: tuple[str, ...]) -> None:
         import pyarrow as pa
         from deltalake import DeltaTable
 
         self.target = target
-        table = DeltaTable(target.uri)
+        table = DeltaTable(target.uri, version=target.version)
         self.schema = pa.schema(table.schema().to_arrow())
         held = pa.table(table.to_pyarrow_table(columns=list(target.key)))
         self.held = set(zip(*(held.column(k).to_pylist() for k in target.key), strict=True))
@@ -99,6 +103,7 @@ class ReplicaAppend:
                              f"loaded table: load it through the changelog")
         self.index = {n: by_lower[n.lower()] for n in self.types}
         self.names = names
+        self._held_array: pa.Array | None = None
 
     def replica_version(self, app_id: str) -> int:
         from deltalake import DeltaTable
@@ -107,25 +112,41 @@ class ReplicaAppend:
 
     def split(self, rows: list[tuple], values: list[list], now: datetime
               ) -> tuple[list[tuple], pa.Table]:
-        """The chunk's changelog rows (those the replica takes now under the load's
-        topic) and the replica's rows of them, typed."""
+        """The chunk's changelog rows, read under the load's topic, with those the replica
+        does not take now moved back to none; and the replica's rows of the others, typed."""
         import pyarrow as pa
 
-        n = len(rows)
-        straight = [True] * n
+        straight = [True] * len(rows)
         images = _Images(rows)
-        arrays = {name: self._column(name, values, images, straight)
+        by_column = list(zip(*values, strict=True)) or [()] * len(self.names)
+        arrays = {name: self._column(name, by_column[self.index[name]], images, straight)
                   for name in self.types}
-        keys = zip(*(arrays[k].to_pylist() for k in self.target.key), strict=True)
-        for i, key in enumerate(keys):
-            if key in self.held:
+        for i, held in enumerate(self._held_of(arrays)):
+            if held:
                 straight[i] = False
-        topic = self.target.topic
-        logged = [(topic, *row[1:]) if straight[i] else row for i, row in enumerate(rows)]
+        for i, kept in enumerate(straight):
+            if not kept:
+                rows[i] = ("", *rows[i][1:])
         columns = [arrays[f.name] if f.name in arrays else _meta(f, rows, now)
                    for f in self.schema]
         typed = pa.Table.from_arrays(columns, schema=self.schema)
-        return logged, typed.filter(pa.array(straight, type=pa.bool_()))
+        return rows, typed.filter(pa.array(straight, type=pa.bool_()))
+
+    def _held_of(self, arrays: dict[str, pa.Array]) -> list[bool]:
+        """Per row, whether the replica held its key before the load."""
+        import pyarrow as pa
+        import pyarrow.compute as pc
+
+        key = self.target.key
+        if not self.held:
+            return []
+        if len(key) == 1:  # by Arrow, not a Python lookup per row
+            if self._held_array is None:
+                self._held_array = pa.array([k for (k,) in self.held],
+                                            type=arrays[key[0]].type)
+            return pc.is_in(arrays[key[0]], value_set=self._held_array).to_pylist()
+        keys = zip(*(arrays[k].to_pylist() for k in key), strict=True)
+        return [k in self.held for k in keys]
 
     def append(self, typed: pa.Table, app_id: str, version: int) -> None:
         """Appends the chunk's typed rows to the replica with its slot's transaction."""
@@ -135,15 +156,14 @@ class ReplicaAppend:
                         commit_properties=CommitProperties(
                             app_transactions=[Transaction(app_id, version)]))
 
-    def _column(self, name: str, values: list[list], images: _Images,
+    def _column(self, name: str, column: tuple, images: _Images,
                 straight: list[bool]) -> pa.Array:
         import pyarrow as pa
 
         data_type, at = self.types[name], self.index[name]
         arrow_type = self.schema.field(name).type
-        column = [row[at] for row in values]
         kind = _FAST_TYPES.get(type(data_type))
-        if kind is not None and all(v is None or _fast(v, kind) for v in column):
+        if kind is not None and _all_of(column, kind):
             try:
                 return pa.array(column, type=arrow_type)
             except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError):
@@ -153,10 +173,14 @@ class ReplicaAppend:
                         type=arrow_type)
 
 
-def _fast(value: Any, kind: type) -> bool:
-    if type(value) is not kind:
+def _all_of(column: tuple, kind: type) -> bool:
+    """Every value of `column` is of type `kind` exactly, or None (a float finite: JSON
+    has no NaN, so the changelog's image holds null for one)."""
+    types = set(map(type, column))
+    types.discard(type(None))
+    if not types <= {kind}:
         return False
-    return kind is not float or math.isfinite(value)
+    return kind is not float or all(math.isfinite(v) for v in column if v is not None)
 
 
 class _Images:
@@ -199,20 +223,22 @@ def _meta(field: pa.Field, rows: list[tuple], now: datetime) -> pa.Array:
         sources = {"phase": _LINEAGE, "file": _FILE, "pos": _POS, "row": _ROW,
                    "offset": _OFFSET, "row_index": _ROW_INDEX}
         return pa.StructArray.from_arrays(
-            [pa.array([r[sources[f.name]] for r in rows], type=f.type) for f in field.type],
-            fields=list(field.type))
+            [pa.array(list(map(itemgetter(sources[f.name]), rows)), type=f.type)
+             for f in field.type], fields=list(field.type))
     if name == "_op":
-        return pa.array([r[5] for r in rows], type=field.type)
+        return pa.array(list(map(itemgetter(_OP), rows)), type=field.type)
     if name == "_source_ts":
-        return pa.array([None if r[_SOURCE_TS] is None
-                         else _EPOCH + timedelta(milliseconds=r[_SOURCE_TS]) for r in rows],
+        times = list(map(itemgetter(_SOURCE_TS), rows))
+        return pa.array([None if ts is None else _EPOCH + timedelta(milliseconds=ts)
+                         for ts in times] if any(t is not None for t in times) else [None] * n,
                         type=field.type)
     if name == "_applied_at":
         return pa.array([now] * n, type=field.type)
     if name in ("_source_db", "_source_table"):
-        parts = [split_table(r[4]) for r in rows]
-        return pa.array([p[0 if name == "_source_db" else 1] for p in parts],
-                        type=field.type)
+        part = 0 if name == "_source_db" else 1
+        # A chunk is of one table: each name split once.
+        names = {t: split_table(t)[part] for t in set(map(itemgetter(_TABLE), rows))}
+        return pa.array([names[t] for t in map(itemgetter(_TABLE), rows)], type=field.type)
     raise ValueError(f"replica column {name!r}: a direct load does not fill it")
 
 
@@ -222,6 +248,8 @@ def prepare_direct(spark: SparkSession, pipeline: PipelineConfig, replica: str, 
     where it goes the changelog's way (not eligible, or a replica holding more than a
     chunk's rows already: a reload). `first_chunk()` loads the plan's first chunk the
     changelog's way; it is called when the replica does not exist yet, to make it."""
+    from deltalake import DeltaTable
+
     from binlog_assets.lakehouse.delta_log import found_detail
     from binlog_assets.lakehouse.replica.builder import ReplicaBuilder
     from binlog_assets.lakehouse.replica.plan import KEY_PROPERTY
@@ -247,14 +275,18 @@ def prepare_direct(spark: SparkSession, pipeline: PipelineConfig, replica: str, 
             return None
         else:
             first = 0
-    props = dict(detail["properties"] or {})
+    props, location = dict(detail["properties"] or {}), str(detail["location"])
     key = tuple(orjson.loads(props.get(KEY_PROPERTY, "[]")))
     if not key:
         return None
-    if recorded_loads(props).get(topic) is None:
-        record_load(spark, name, props, topic, state=LOADING, first=first)
+    recorded = recorded_loads(props).get(topic)
+    if recorded is None:
+        version = DeltaTable(location).version()
+        record_load(spark, name, props, topic, state=LOADING, first=first, version=version)
+    else:
+        version = int(recorded["version"])
     columns = {n: t.json() for n, t in source_columns(spark, name).items()}
-    return DirectTarget(replica, str(detail["location"]), topic, first, key, columns)
+    return DirectTarget(replica, location, topic, first, version, key, columns)
 
 
 def finish_direct(spark: SparkSession, pipeline: PipelineConfig, target: DirectTarget) -> None:
@@ -263,7 +295,8 @@ def finish_direct(spark: SparkSession, pipeline: PipelineConfig, target: DirectT
 
     name = (pipeline.lakehouse.database, target.replica)
     props = dict(found_detail(spark, *name)["properties"] or {})
-    record_load(spark, name, props, target.topic, state=LOADED, first=target.first)
+    record_load(spark, name, props, target.topic, state=LOADED, first=target.first,
+                version=target.version)
 
 
 def _stored_rows(location: str) -> int:

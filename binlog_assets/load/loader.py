@@ -231,7 +231,7 @@ def load_chunk(job: SlotJob, db: Any, columns: LoadColumns, index: int,
     rows: list[tuple] = []
     values: list[list] | None = None if direct is None else []
     read = read_chunk(db, job.table, columns, plan.chunk(index), (job.lineage, now), rows,
-                      values)
+                      values, topic="" if direct is None else direct.target.topic)
     typed = None
     if direct is not None:
         rows, typed = direct.split(rows, values, now)

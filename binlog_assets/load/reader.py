@@ -150,12 +150,13 @@ class ChunkRead:
 
 def read_chunk(db: Any, table: SourceTable, columns: LoadColumns, key_range: KeyRange,
                at: tuple[int, datetime], into: list[tuple],
-               values: list[list] | None = None) -> ChunkRead:
+               values: list[list] | None = None, topic: str = "") -> ChunkRead:
     """The rows of `key_range` read in one consistent snapshot, appended to `into` as
     `event_row` tuples (`lakehouse/changelog_rows.py`) at the snapshot's position of
     lineage `at[0]`, ingested at `at[1]`; as a re-sync's rows, with no topic, partition
-    and offset -1. With `values`, each row's values (in `columns.names` order, as the
-    stream's decoder gives them) are appended to it too."""
+    and offset -1 (`topic`: a direct load's, `direct.py`). With `values`, each row's
+    values (in `columns.names` order, as the stream's decoder gives them) are appended
+    to it too."""
     import MySQLdb.cursors
 
     lineage, now = at
@@ -168,7 +169,7 @@ def read_chunk(db: Any, table: SourceTable, columns: LoadColumns, key_range: Key
             cur.execute(f"SELECT {names} FROM {table.sql_name} WHERE {where}", params)
             while batch := cur.fetchmany(FETCH_ROWS):
                 into.extend(_rows(batch, table, columns, (lineage, position), now,
-                                  start=read.rows, values=values))
+                                  start=read.rows, values=values, topic=topic))
                 read.rows += len(batch)
         finally:
             cur.close()
@@ -177,7 +178,7 @@ def read_chunk(db: Any, table: SourceTable, columns: LoadColumns, key_range: Key
 
 def _rows(batch: Any, table: SourceTable, columns: LoadColumns,
           at: tuple[int, BinlogPosition], now: datetime, start: int,
-          values: list[list] | None = None) -> Iterator[tuple]:
+          values: list[list] | None = None, topic: str = "") -> Iterator[tuple]:
     lineage, position = at
     names, converters = columns.names, columns.converters
     converted = [(i, c) for i, c in enumerate(converters) if c is not None]
@@ -196,7 +197,7 @@ def _rows(batch: Any, table: SourceTable, columns: LoadColumns,
         if not all_declared:
             inferred = infer_types((after,), columns.declared_map)
             value_types = to_json(inferred) if inferred else None
-        yield ("", -1, -1, i, name, OP_READ,
+        yield (topic, -1, -1, i, name, OP_READ,
                to_json({k: row[j] for k, j in zip(key_columns, key_at, strict=True)}),
                key_columns, None, to_json(after), lineage, position.file, position.pos, 0,
                None, None, declared, value_types, None, now, None, None)

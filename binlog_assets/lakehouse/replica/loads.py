@@ -30,7 +30,8 @@ def load_topic(load_id: str) -> str:
 
 
 def recorded_loads(props: dict[str, str]) -> dict[str, dict]:
-    """topic -> {"state": LOADING or LOADED, "first": first chunk written straight}."""
+    """topic -> {"state": LOADING or LOADED, "first": first chunk written straight,
+    "version": the replica's version before the load appended to it}."""
     text = props.get(LOADS_PROPERTY)
     return {} if not text else dict(json.loads(text))
 
@@ -41,9 +42,10 @@ def loading(props: dict[str, str]) -> list[str]:
 
 
 def record_load(spark: SparkSession, table: tuple[str, str], props: dict[str, str],
-                topic: str, *, state: str, first: int) -> dict[str, str]:
+                topic: str, *, state: str, first: int, version: int) -> dict[str, str]:
     """Records the load `topic` in `state` on the replica; its properties after."""
-    loads = {**recorded_loads(props), topic: {"state": state, "first": first}}
+    loads = {**recorded_loads(props),
+             topic: {"state": state, "first": first, "version": version}}
     text = json.dumps(loads, sort_keys=True)
     set_properties(spark, table, {LOADS_PROPERTY: text})
     return {**props, LOADS_PROPERTY: text}
