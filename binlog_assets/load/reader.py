@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, date, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from binlog_assets.formats.event import OP_READ
@@ -47,11 +47,37 @@ def connect_reader(conn: SourceConnection) -> Any:
         options["ssl"] = ssl
     db = MySQLdb.connect(host=conn.host, port=conn.port, user=conn.user,
                          password=conn.password, charset="utf8mb4", autocommit=True,
-                         connect_timeout=max(1, int(conn.connect_timeout_seconds)), **options)
+                         connect_timeout=max(1, int(conn.connect_timeout_seconds)),
+                         conv=_conversions(), **options)
     with db.cursor() as cur:
         cur.execute("SET SESSION time_zone = '+00:00'")
         cur.execute("SET SESSION TRANSACTION READ ONLY")
     return db
+
+
+def _conversions() -> dict:
+    """mysqlclient's conversions, with dates and times of day parsed in C: its own
+    parser, in Python, was a tenth of a load's time per DATETIME column (the same
+    values, None for a zero or invalid date as before)."""
+    from MySQLdb.constants import FIELD_TYPE
+    from MySQLdb.converters import conversions
+
+    return {**conversions, FIELD_TYPE.DATETIME: _datetime, FIELD_TYPE.TIMESTAMP: _datetime,
+            FIELD_TYPE.DATE: _date}
+
+
+def _datetime(text: str) -> datetime | None:
+    try:
+        return datetime.fromisoformat(text)
+    except ValueError:
+        return None
+
+
+def _date(text: str) -> date | None:
+    try:
+        return date.fromisoformat(text)
+    except ValueError:
+        return None
 
 
 @dataclass(frozen=True)

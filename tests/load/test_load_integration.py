@@ -401,11 +401,13 @@ def test_the_load_job_loads_a_replica_and_reports_its_progress(
     assert result.success
     observed = [e.event_specific_data.asset_observation.metadata for e in result.all_events
                 if e.event_type_value == "ASSET_OBSERVATION"]
-    # The first chunk read by a worker (the plan's first one made the replica, before
-    # the load), then the end's (the load takes less than 10 s).
+    # The first chunk read by a worker, then the end's (the load takes less than 10 s).
+    # The plan's first chunk made the replica before the load: it counts as done when
+    # its worker says so, before or after the other worker's first chunk.
     done = [(m["load_chunks_done"].value, m["load_chunks"].value) for m in observed]
     total = done[-1][1]
-    assert total >= ROWS // 50 + 1 and done == [(2, total), (total, total)]
+    assert total >= ROWS // 50 + 1 and len(done) == 2 and done[1] == (total, total)
+    assert done[0][0] in (1, 2), done
     assert [m["load_state"].value for m in observed] == ["loading", "loaded"]
     assert observed[-1]["load_chunks"].value >= ROWS // 50 + 1
     [materialized] = result.asset_materializations_for_node("apply_loaded")
