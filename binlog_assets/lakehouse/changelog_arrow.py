@@ -24,7 +24,7 @@ if TYPE_CHECKING:
 # The columns an Arrow apply reads. delta-rs builds a SQL projection from the names
 # without quoting them, and `table` or `offset` after another name does not parse: they
 # come first and last.
-RANGE_COLUMNS = ("offset", "topic", "op", "key", "before", "after", "pos_phase", "pos_file",
+RANGE_COLUMNS = ("offset", "op", "key", "before", "after", "pos_phase", "pos_file",
                  "pos_pos", "pos_row", "row_index", "source_ts", "_commit_version", "table")
 # The range kept for the next replica holds at most this many rows (a catch-up's whole
 # backlog is read per replica, by its tables, instead).
